@@ -1,0 +1,48 @@
+# One entry point for developers and CI. Every target sets up what it needs itself.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+MODELS := models
+
+GATEWAY_PORT ?= 8080
+SERVING_PORT ?= 8500
+
+.PHONY: venv proto proto-check models test lint typecheck pytest run bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[serving,dev]'
+	touch $(STAMP)
+
+# Regenerates gateway/proto/ from proto/*.proto (committed; tests fail when it is stale).
+proto: $(STAMP)
+	$(PY) proto/generate.py
+
+# Exports the reference SavedModels (version 1) into models/ unless they are already there.
+models: $(STAMP)
+	$(PY) -m serving.export --out $(MODELS) --if-missing
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest
+
+test: lint typecheck pytest
+
+run: $(STAMP) models
+	$(PY) -m gateway.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) --serving-port $(SERVING_PORT)
+
+bench: $(STAMP) models
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) $(MODELS) .mypy_cache .ruff_cache .pytest_cache
