@@ -1,0 +1,115 @@
+"""Exports the reference detectors as TF Serving model versions, laid out like OD API exports.
+
+For each model: <out>/<name>/<version>/ holds the SavedModel (signature `serving_default`, the
+OD API TF2 exporter's inputs and outputs, tfserving.md §5) plus assets.extra/label_map.pbtxt
+and assets.extra/tf_serving_warmup_requests.
+
+CLI: python -m serving.export --out models [--version N] [--model detector ...] [--if-missing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import tensorflow as tf
+
+from serving import detector, warmup
+
+LABEL_MAP_PATH = Path(__file__).with_name("label_map.pbtxt")
+ASSETS_EXTRA = "assets.extra"
+LABEL_MAP_FILENAME = "label_map.pbtxt"
+
+# Model name -> (module factory taking the version, whether the input is encoded image bytes).
+MODELS: dict[str, tuple[Callable[[int], tf.Module], bool]] = {
+    "detector": (detector.ImageTensorDetector, False),
+    "detector_encoded": (detector.EncodedImageDetector, True),
+}
+
+
+def export_model(out_dir: Path, name: str, version: int = 1) -> Path:
+    """Exports model `name` as <out_dir>/<name>/<version>/ and returns that directory.
+
+    The version is written to a temporary sibling and renamed into place at the end, so a
+    TF Serving instance polling the base path never sees a half-written version (it ignores
+    non-numeric directory names), and an interrupted export leaves no version behind.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+    if version < 1:
+        raise ValueError(f"version must be a positive integer, got {version}")
+    factory, encoded_input = MODELS[name]
+    base = out_dir / name
+    base.mkdir(parents=True, exist_ok=True)
+    version_dir = base / str(version)
+    if version_dir.exists():
+        raise FileExistsError(f"{version_dir} already exists; remove it or pick another version")
+
+    staging = Path(tempfile.mkdtemp(prefix=f".export-{version}-", dir=base))
+    # mkdtemp creates 0700; TF Serving may run as another user (e.g. in a container).
+    staging.chmod(0o755)
+    try:
+        module = factory(version)
+        signature = module.__call__.get_concrete_function()
+        tf.saved_model.save(module, str(staging), signatures={"serving_default": signature})
+        extra = staging / ASSETS_EXTRA
+        extra.mkdir(exist_ok=True)
+        shutil.copyfile(LABEL_MAP_PATH, extra / LABEL_MAP_FILENAME)
+        warmup.write_warmup_file(
+            extra / warmup.WARMUP_FILENAME, warmup.warmup_requests(name, encoded_input)
+        )
+        staging.rename(version_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return version_dir
+
+
+def export_models(
+    out_dir: Path,
+    version: int = 1,
+    names: Sequence[str] = ("detector", "detector_encoded"),
+    if_missing: bool = False,
+) -> dict[str, Path]:
+    """Exports each named model as <out_dir>/<name>/<version>/; returns the version dirs.
+
+    With `if_missing`, a model whose version directory already exists is left untouched.
+    """
+    result = {}
+    for name in names:
+        version_dir = Path(out_dir) / name / str(version)
+        if if_missing and version_dir.exists():
+            result[name] = version_dir
+            continue
+        result[name] = export_model(Path(out_dir), name, version)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m serving.export",
+        description="Export the reference detection SavedModels for TF Serving.",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="model repository root")
+    parser.add_argument("--version", type=int, default=1, help="version number (default 1)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        choices=sorted(MODELS),
+        help="model to export; repeat for several (default: all)",
+    )
+    parser.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="skip models whose version directory already exists",
+    )
+    args = parser.parse_args(argv)
+    names = args.model or list(MODELS)
+    for name, path in export_models(args.out, args.version, names, args.if_missing).items():
+        print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Deterministic test scenes for the reference detector: coloured rectangles on a background.
+
+TensorFlow-free (numpy and Pillow only) so that gateway tests can import it. The colour
+palette lives here, next to the only other code that paints it; `serving.detector` imports
+it from this module.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class PaletteColour:
+    """One detectable class: its label map id and name and the RGB colour it is painted in."""
+
+    class_id: int
+    name: str
+    display_name: str
+    rgb: tuple[int, int, int]
+
+
+# Class ids are 1-based like TF Object Detection API label maps (0 is background).
+# The colours are saturated and far apart (>= 190 in RGB distance), so JPEG chroma blur
+# between two of them never lands near a third.
+PALETTE: tuple[PaletteColour, ...] = (
+    PaletteColour(1, "red_box", "red box", (230, 25, 25)),
+    PaletteColour(2, "green_box", "green box", (25, 200, 25)),
+    PaletteColour(3, "blue_box", "blue box", (25, 25, 230)),
+    PaletteColour(4, "yellow_box", "yellow box", (240, 220, 20)),
+)
+
+# A random background colour must be at least this far (Euclidean RGB distance) from every
+# palette colour; the detector's colour threshold is well below it (see serving.detector).
+MIN_BACKGROUND_DISTANCE = 160.0
+
+# Rectangles are at least this many pixels wide and high, and at least GAP pixels apart.
+MIN_RECT_SIDE = 8
+RECT_GAP = 4
+
+
+@dataclass(frozen=True)
+class GroundTruthBox:
+    """A painted rectangle in pixel coordinates; x_max and y_max are exclusive."""
+
+    class_id: int
+    label: str
+    x_min: int
+    y_min: int
+    x_max: int
+    y_max: int
+
+
+@dataclass
+class Scene:
+    """A generated image (uint8, height x width x 3, RGB) and the rectangles painted on it."""
+
+    pixels: np.ndarray
+    boxes: list[GroundTruthBox] = field(default_factory=list)
+    background: tuple[int, int, int] = (128, 128, 128)
+    noise_sigma: float = 0.0
+
+    @property
+    def height(self) -> int:
+        return int(self.pixels.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.pixels.shape[1])
+
+
+def palette_distance(rgb: tuple[int, int, int] | np.ndarray) -> float:
+    """Smallest Euclidean RGB distance from `rgb` to any palette colour."""
+    colours = np.array([c.rgb for c in PALETTE], dtype=np.float64)
+    return float(np.min(np.linalg.norm(colours - np.asarray(rgb, dtype=np.float64), axis=1)))
+
+
+def random_background(rng: np.random.Generator) -> tuple[int, int, int]:
+    """A random RGB colour at least MIN_BACKGROUND_DISTANCE away from the palette."""
+    while True:
+        r, g, b = (int(v) for v in rng.integers(0, 256, size=3))
+        if palette_distance((r, g, b)) >= MIN_BACKGROUND_DISTANCE:
+            return (r, g, b)
+
+
+def _overlaps(box: GroundTruthBox, others: list[GroundTruthBox], gap: int) -> bool:
+    """True if `box`, grown by `gap` pixels on every side, intersects any of `others`."""
+    for o in others:
+        if (
+            box.x_min - gap < o.x_max
+            and o.x_min < box.x_max + gap
+            and box.y_min - gap < o.y_max
+            and o.y_min < box.y_max + gap
+        ):
+            return True
+    return False
+
+
+def _random_box(
+    rng: np.random.Generator, width: int, height: int, min_side: int, max_side: int
+) -> GroundTruthBox:
+    colour = PALETTE[int(rng.integers(len(PALETTE)))]
+    w = int(rng.integers(min_side, min(max_side, width) + 1))
+    h = int(rng.integers(min_side, min(max_side, height) + 1))
+    x0 = int(rng.integers(0, width - w + 1))
+    y0 = int(rng.integers(0, height - h + 1))
+    # Snap to an image border now and then: boxes touching the border are a classic edge case.
+    if rng.random() < 0.15:
+        x0 = 0 if rng.random() < 0.5 else width - w
+    if rng.random() < 0.15:
+        y0 = 0 if rng.random() < 0.5 else height - h
+    return GroundTruthBox(colour.class_id, colour.name, x0, y0, x0 + w, y0 + h)
+
+
+def generate_scene(
+    rng: np.random.Generator,
+    width: int,
+    height: int,
+    n_rects: int,
+    noise_sigma: float = 0.0,
+    background: tuple[int, int, int] | None = None,
+    min_side: int = MIN_RECT_SIDE,
+    max_side: int | None = None,
+    gap: int = RECT_GAP,
+    max_attempts: int = 200,
+) -> Scene:
+    """Paints up to `n_rects` non-overlapping palette rectangles on a (noisy) background.
+
+    Rectangles are placed by rejection sampling (each needs `gap` pixels of background around
+    it); when one does not fit after `max_attempts` tries, the scene simply has fewer. Gaussian
+    noise of `noise_sigma` is added to the whole image, rectangles included. The result depends
+    only on the state of `rng` and the arguments.
+    """
+    if width < min_side or height < min_side:
+        raise ValueError(f"a {width}x{height} image cannot hold a {min_side}-pixel rectangle")
+    if background is None:
+        background = random_background(rng)
+    if max_side is None:
+        # About a third of the short side leaves room for several rectangles.
+        max_side = max(min_side, min(width, height) // 3)
+
+    boxes: list[GroundTruthBox] = []
+    for _ in range(n_rects):
+        for _ in range(max_attempts):
+            box = _random_box(rng, width, height, min_side, max_side)
+            if not _overlaps(box, boxes, gap):
+                boxes.append(box)
+                break
+
+    image = np.empty((height, width, 3), dtype=np.float64)
+    image[:, :] = background
+    colours = {c.class_id: c.rgb for c in PALETTE}
+    for box in boxes:
+        image[box.y_min : box.y_max, box.x_min : box.x_max] = colours[box.class_id]
+    if noise_sigma > 0:
+        image += rng.normal(0.0, noise_sigma, size=image.shape)
+    pixels = np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    return Scene(pixels=pixels, boxes=boxes, background=background, noise_sigma=noise_sigma)
+
+
+def encode(pixels: np.ndarray, fmt: Literal["PNG", "JPEG"] = "PNG", quality: int = 90) -> bytes:
+    """Encodes an RGB uint8 image as PNG or JPEG (Pillow defaults, so JPEG is 4:2:0)."""
+    buffer = io.BytesIO()
+    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8))
+    if fmt == "JPEG":
+        image.save(buffer, format="JPEG", quality=quality)
+    elif fmt == "PNG":
+        image.save(buffer, format="PNG")
+    else:
+        raise ValueError(f"unsupported format {fmt!r}; use 'PNG' or 'JPEG'")
+    return buffer.getvalue()
+
+
+def decode(data: bytes) -> np.ndarray:
+    """Decodes image bytes to an RGB uint8 array (for round-tripping encoded test scenes)."""
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB"), dtype=np.uint8)
