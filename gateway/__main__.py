@@ -1,0 +1,27 @@
+"""`python -m gateway` / `detection-gateway`: run the detection gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from gateway import logs
+from gateway.config import parse_settings
+from gateway.labelmap import LabelMapError
+from gateway.server import serve
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    logs.setup(settings.log_level)
+    try:
+        asyncio.run(serve(settings))
+    except LabelMapError as e:
+        sys.exit(f"gateway: {e}")
+    except OSError as e:
+        sys.exit(f"gateway: cannot start: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The gateway's settings: one object, from command-line flags or GATEWAY_* variables.
+
+Every flag `--some-name` has the environment variable `GATEWAY_SOME_NAME`; a flag given on
+the command line wins over the variable, and the variable over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+# Headroom over the payload for the rest of a message (shape, names, model spec).
+MESSAGE_OVERHEAD = 1 * MIB
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Where the gateway listens. 0.0.0.0 serves every interface, as a pod must.
+    host: str = "0.0.0.0"
+    port: int = 50051
+    # TF Serving's gRPC target: host:port, or dns:///headless-service:8500 with
+    # upstream_lb=round_robin to spread calls over every pod (a plain ClusterIP Service pins
+    # one gateway replica to one TF Serving pod, because gRPC keeps one HTTP/2 connection).
+    upstream: str = "127.0.0.1:8500"
+    upstream_lb: str = "pick_first"
+    # The model used when a request names none.
+    model: str = "detector"
+    # Per-model OD API label maps: model name -> label_map.pbtxt.
+    label_maps: Mapping[str, Path] = field(default_factory=dict)
+    # Defaults for requests that leave min_score / max_detections at 0.
+    min_score: float = 0.5
+    max_detections: int = 100
+    # Longest a TF Serving call may take when the client set no shorter deadline. Detection
+    # runs 50 ms to a few seconds on CPU; 30 s leaves room for a cold model and a full queue.
+    upstream_timeout: float = 30.0
+    # Encoded image size limit. 32 MiB covers any camera JPEG and a 4K PNG with room to spare.
+    max_image_bytes: int = 32 * MIB
+    # Decoded size limit, checked from the header before decoding (decompression bombs).
+    # 50 megapixels is above 8K (33 MP) and keeps one decoded image under 150 MB.
+    max_pixels: int = 50_000_000
+    # gRPC message limits; 0 means "derived from the image limits" (see below).
+    max_receive_message_bytes: int = 0
+    upstream_max_send_bytes: int = 0
+    # OD API responses are small once output_filter drops the raw_* tensors; 64 MiB still
+    # fits a model that returns masks.
+    upstream_max_receive_bytes: int = 64 * MIB
+    # Requests the gateway works on at once; more are refused with RESOURCE_EXHAUSTED so a
+    # burst sheds load instead of queueing decoded images in memory.
+    max_concurrent_requests: int = 64
+    # Frames of one DetectStream in flight at once; the stream stops reading until the
+    # oldest result is sent.
+    stream_window: int = 4
+    # Threads for image decoding (CPU-bound, releases the GIL in Pillow).
+    decode_threads: int = field(default_factory=lambda: os.cpu_count() or 2)
+    # Prometheus metrics on http://host:metrics_port/metrics; 0 disables.
+    metrics_port: int = 9090
+    # How often TF Serving's model status is polled for health checks.
+    health_interval: float = 5.0
+    # Time in-flight requests get to finish after SIGTERM (pods get 30 s by default).
+    shutdown_grace: float = 20.0
+    log_level: str = "INFO"
+
+    @property
+    def server_max_receive_bytes(self) -> int:
+        """Gateway server receive limit: any image within max_image_bytes fits."""
+        return self.max_receive_message_bytes or self.max_image_bytes + MESSAGE_OVERHEAD
+
+    @property
+    def upstream_send_bytes(self) -> int:
+        """Upstream send limit: any image within max_pixels fits as a uint8 tensor."""
+        payload = max(3 * self.max_pixels, self.max_image_bytes)
+        return self.upstream_max_send_bytes or payload + MESSAGE_OVERHEAD
+
+    def validate(self) -> None:
+        if self.upstream_lb not in ("pick_first", "round_robin"):
+            raise ValueError(
+                f"upstream-lb must be pick_first or round_robin, got {self.upstream_lb!r}"
+            )
+        if not 0.0 <= self.min_score <= 1.0:
+            raise ValueError(f"min-score must be in [0, 1], got {self.min_score}")
+        for name in (
+            "max_detections",
+            "max_image_bytes",
+            "max_pixels",
+            "max_concurrent_requests",
+            "stream_window",
+            "decode_threads",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        if self.upstream_timeout <= 0 or self.health_interval <= 0:
+            raise ValueError("upstream-timeout and health-interval must be positive")
+
+
+def env_name(field_name: str) -> str:
+    return "GATEWAY_" + field_name.upper()
+
+
+def _parse_label_maps(text: str) -> dict[str, Path]:
+    maps: dict[str, Path] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, path = part.partition("=")
+        if not sep or not name or not path:
+            raise argparse.ArgumentTypeError(
+                f"label map {part!r} must be MODEL=PATH (several separated by commas)"
+            )
+        maps[name] = Path(path)
+    return maps
+
+
+_HELP = {
+    "host": "address to listen on",
+    "port": "gRPC port",
+    "upstream": "TF Serving gRPC target (host:port or dns:///service:port)",
+    "upstream_lb": "client-side load balancing over the target's addresses",
+    "model": "model used when a request names none",
+    "label_maps": "MODEL=PATH[,MODEL=PATH...] OD API label_map.pbtxt per model",
+    "min_score": "default minimum score",
+    "max_detections": "default maximum detections per image",
+    "upstream_timeout": "seconds a TF Serving call may take",
+    "max_image_bytes": "largest encoded image accepted",
+    "max_pixels": "largest image accepted, in pixels (width x height)",
+    "max_receive_message_bytes": "gateway server receive limit (0: max-image-bytes + 1 MiB)",
+    "upstream_max_send_bytes": "limit on requests to TF Serving (0: 3 x max-pixels + 1 MiB)",
+    "upstream_max_receive_bytes": "limit on responses from TF Serving",
+    "max_concurrent_requests": "requests worked on at once; more get RESOURCE_EXHAUSTED",
+    "stream_window": "frames of one DetectStream in flight",
+    "decode_threads": "image decoding threads",
+    "metrics_port": "Prometheus metrics port (0 disables)",
+    "health_interval": "seconds between TF Serving model status checks",
+    "shutdown_grace": "seconds in-flight requests get after SIGTERM",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+}
+
+
+def _converter(name: str, default: Any) -> Callable[[str], Any]:
+    if name == "label_maps":
+        return _parse_label_maps
+    return type(default)
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from flags, then GATEWAY_* variables, then defaults. Exits on bad input."""
+    environ = os.environ if environ is None else environ
+    defaults = Settings()
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway",
+        description="Detection gateway: typed gRPC API in front of TensorFlow Serving. "
+        "Each flag can also be set with the environment variable shown.",
+    )
+    for f in fields(Settings):
+        default = getattr(defaults, f.name)
+        convert = _converter(f.name, default)
+        env = env_name(f.name)
+        value = default
+        if env in environ:
+            try:
+                value = convert(environ[env])
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                parser.error(f"{env}={environ[env]!r}: {e}")
+        shown = (
+            ",".join(f"{k}={v}" for k, v in default.items()) if f.name == "label_maps" else default
+        )
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=convert,
+            default=value,
+            help=f"{_HELP[f.name]} [{env}; default {shown}]",
+        )
+    args = parser.parse_args(argv)
+    settings = Settings(**vars(args))
+    try:
+        settings.validate()
+    except ValueError as e:
+        parser.error(str(e))
+    return settings

@@ -1,0 +1,27 @@
+"""Prometheus metrics, served on their own HTTP port (GATEWAY_METRICS_PORT)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+# Decode takes ~1-100 ms, TF Serving ~20 ms to seconds: buckets cover 1 ms .. 30 s.
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+REQUESTS = Counter(
+    "detection_gateway_requests",
+    "Images processed, by RPC method and gRPC status code (one per DetectStream frame).",
+    ["method", "code"],
+)
+LATENCY = Histogram(
+    "detection_gateway_latency_seconds",
+    "Time per image by stage: decode (image to tensor), upstream (TF Serving call), total.",
+    ["method", "stage"],
+    buckets=_BUCKETS,
+)
+IN_FLIGHT = Gauge("detection_gateway_in_flight_requests", "Images being processed now.")
+
+
+def serve(port: int, host: str) -> None:
+    """Starts the metrics HTTP server in a daemon thread (no-op for port 0)."""
+    if port:
+        start_http_server(port, addr=host)

@@ -1,0 +1,232 @@
+"""The TF Serving hop: one gRPC channel, the exact TF Serving RPC paths, no TensorFlow.
+
+Messages are our wire-compatible copies (gateway/proto/tfswire); the paths are TF Serving's,
+so the other end can be the real `tensorflow_model_server` or the local stand-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+import grpc
+import numpy as np
+
+from gateway import errors
+from gateway.config import Settings
+from gateway.detections import REQUIRED_OUTPUTS
+from gateway.domain import ModelRef
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tensors import TensorDecodeError, dtype_name, shape_of, to_array
+
+PREDICT = "/tensorflow.serving.PredictionService/Predict"
+GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
+GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
+SIGNATURE = "serving_default"
+SIGNATURE_DEF_MAP_TYPE = "tensorflow.serving.SignatureDefMap"
+
+
+class StaleSignature(errors.GatewayError):
+    """TF Serving now serves a version whose input dtype differs from the cached signature."""
+
+
+class InputMode(Enum):
+    """How an image is handed to the model, from its signature's single input."""
+
+    PIXELS = "uint8 [1,H,W,3] pixels"  # OD API image_tensor
+    FLOAT_PIXELS = "float32 [1,H,W,3] pixels"  # OD API float_image_tensor
+    ENCODED = "string [N] encoded images"  # OD API encoded_image_string_tensor
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """What the gateway needs to know about one served model version."""
+
+    name: str
+    version: int
+    input_key: str
+    mode: InputMode
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    version: int
+    outputs: dict[str, np.ndarray]
+
+
+def channel_options(settings: Settings) -> list[tuple[str, object]]:
+    options: list[tuple[str, object]] = [
+        ("grpc.max_send_message_length", settings.upstream_send_bytes),
+        ("grpc.max_receive_message_length", settings.upstream_max_receive_bytes),
+        # Detect a dead TF Serving pod behind a silent network path within ~30 s.
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+    if settings.upstream_lb == "round_robin":
+        config = {"loadBalancingConfig": [{"round_robin": {}}]}
+        options.append(("grpc.service_config", json.dumps(config)))
+    return options
+
+
+def _describe_tensors(infos: dict[str, tfs.TensorInfo]) -> str:
+    parts = []
+    for key in sorted(infos):
+        shape = shape_of(infos[key].tensor_shape)
+        shown = "unknown rank" if shape is None else str(list(shape)).replace(" ", "")
+        parts.append(f"{key}: {dtype_name(infos[key].dtype)} {shown}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def signature_from_def(name: str, version: int, sig: tfs.SignatureDef) -> ModelSignature:
+    """Checks a serving signature is an OD API detection signature and picks the input mode."""
+    inputs, outputs = dict(sig.inputs), dict(sig.outputs)
+    mode = None
+    if len(inputs) == 1:
+        key, info = next(iter(inputs.items()))
+        shape = shape_of(info.tensor_shape)
+        if info.dtype == tfs.DT_STRING and shape is not None and len(shape) == 1:
+            mode = InputMode.ENCODED
+        elif shape is not None and len(shape) == 4 and shape[3] in (3, -1):
+            mode = {tfs.DT_UINT8: InputMode.PIXELS, tfs.DT_FLOAT: InputMode.FLOAT_PIXELS}.get(
+                info.dtype
+            )
+    missing = [k for k in REQUIRED_OUTPUTS if k not in outputs]
+    if mode is None or missing:
+        raise errors.failed_precondition(
+            f"model '{name}' version {version} cannot be used by the gateway: its "
+            f"'{SIGNATURE}' signature has inputs {_describe_tensors(inputs)} and outputs "
+            f"{_describe_tensors(outputs)}; the gateway needs one image input (uint8 or float32 "
+            f"[1,-1,-1,3], or string [-1] of encoded images) and the outputs "
+            f"{', '.join(REQUIRED_OUTPUTS)} (a TF Object Detection API export)"
+        )
+    return ModelSignature(name, version, key, mode, tuple(sorted(outputs)))
+
+
+def _model_spec(model: ModelRef, signature: bool) -> tfs.ModelSpec:
+    spec = tfs.ModelSpec(name=model.name, signature_name=SIGNATURE if signature else "")
+    if model.version is not None:
+        spec.version.value = model.version
+    elif model.label is not None:
+        spec.version_label = model.label
+    return spec
+
+
+class TFServingClient:
+    """Async calls to TF Serving with deadlines, plus a cache of model signatures.
+
+    The cache is keyed by what the caller asked for (name, version or label). Each Predict
+    response names the version that served it; when that differs from the cached one, the
+    entry is dropped so the next request reads the new version's signature.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.target = settings.upstream
+        self._settings = settings
+        self._channel = grpc.aio.insecure_channel(
+            settings.upstream, options=channel_options(settings)
+        )
+        self._predict = self._channel.unary_unary(
+            PREDICT,
+            request_serializer=tfs.PredictRequest.SerializeToString,
+            response_deserializer=tfs.PredictResponse.FromString,
+        )
+        self._metadata = self._channel.unary_unary(
+            GET_MODEL_METADATA,
+            request_serializer=tfs.GetModelMetadataRequest.SerializeToString,
+            response_deserializer=tfs.GetModelMetadataResponse.FromString,
+        )
+        self._status = self._channel.unary_unary(
+            GET_MODEL_STATUS,
+            request_serializer=tfs.GetModelStatusRequest.SerializeToString,
+            response_deserializer=tfs.GetModelStatusResponse.FromString,
+        )
+        self._signatures: dict[ModelRef, ModelSignature] = {}
+        self._locks: dict[ModelRef, asyncio.Lock] = {}
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def _error(self, e: grpc.RpcError, model: ModelRef) -> errors.GatewayError:
+        return errors.from_upstream(e, target=self.target, model=model)
+
+    async def signature(self, model: ModelRef, timeout: float) -> ModelSignature:
+        cached = self._signatures.get(model)
+        if cached is not None:
+            return cached
+        lock = self._locks.setdefault(model, asyncio.Lock())
+        async with lock:  # one metadata call per model, however many requests wait
+            cached = self._signatures.get(model)
+            if cached is None:
+                cached = await self._fetch_signature(model, timeout)
+                self._signatures[model] = cached
+            return cached
+
+    def forget(self, model: ModelRef) -> None:
+        self._signatures.pop(model, None)
+
+    async def _fetch_signature(self, model: ModelRef, timeout: float) -> ModelSignature:
+        request = tfs.GetModelMetadataRequest(
+            model_spec=_model_spec(model, signature=False), metadata_field=["signature_def"]
+        )
+        try:
+            response = await self._metadata(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise self._error(e, model) from None
+        version = response.model_spec.version.value
+        packed = response.metadata.get("signature_def")
+        if packed is None or not packed.type_url.endswith("/" + SIGNATURE_DEF_MAP_TYPE):
+            raise errors.failed_precondition(
+                f"TF Serving returned no signature_def metadata for {model.describe()}"
+            )
+        sig_map = tfs.SignatureDefMap.FromString(packed.value)
+        if SIGNATURE not in sig_map.signature_def:
+            raise errors.failed_precondition(
+                f"model '{model.name}' version {version} has no '{SIGNATURE}' signature "
+                f"(it has {sorted(sig_map.signature_def)})"
+            )
+        return signature_from_def(model.name, version, sig_map.signature_def[SIGNATURE])
+
+    async def predict(
+        self, model: ModelRef, signature: ModelSignature, tensor: tfs.TensorProto, timeout: float
+    ) -> Prediction:
+        request = tfs.PredictRequest(
+            model_spec=_model_spec(model, signature=True),
+            inputs={signature.input_key: tensor},
+            output_filter=list(REQUIRED_OUTPUTS),
+        )
+        try:
+            response = await self._predict(request, timeout=timeout)
+        except grpc.RpcError as e:
+            error = self._error(e, model)
+            if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "Expects arg[" in (
+                e.details() or ""
+            ):
+                # The served version changed to one with another input dtype: the caller
+                # refreshes the signature and tries once more.
+                self.forget(model)
+                raise StaleSignature(error.code, error.message) from None
+            raise error from None
+        version = response.model_spec.version.value
+        if version != signature.version:
+            self.forget(model)
+        try:
+            outputs = {k: to_array(v) for k, v in response.outputs.items()}
+        except TensorDecodeError as e:
+            raise errors.failed_precondition(
+                f"cannot read the output of model '{model.name}' version {version}: {e}"
+            ) from None
+        return Prediction(version, outputs)
+
+    async def model_available(self, name: str, timeout: float) -> bool:
+        """True when TF Serving reports some version of the model AVAILABLE."""
+        request = tfs.GetModelStatusRequest(model_spec=tfs.ModelSpec(name=name))
+        try:
+            response = await self._status(request, timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return any(
+            s.state == tfs.ModelVersionStatus.AVAILABLE for s in response.model_version_status
+        )
