@@ -1,0 +1,647 @@
+"""Tests for gateway.images, on real images built here with Pillow and numpy."""
+
+from __future__ import annotations
+
+import io
+import struct
+import time
+import tracemalloc
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import ExifTags, Image, ImageFile, ImageOps
+
+from gateway.images import (
+    CorruptImage,
+    EmptyImage,
+    ImageError,
+    ImageInfo,
+    ImageLimits,
+    ImageTooLarge,
+    UnsupportedImage,
+    decode_image,
+    encode_png,
+    inspect_image,
+    model_can_decode,
+    orient_box,
+)
+
+LIMITS = ImageLimits(max_bytes=20 * 2**20, max_pixels=50_000_000)
+PILLOW_DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+
+# name -> (Pillow format, save options)
+Savers = dict[str, tuple[str, dict[str, Any]]]
+LOSSLESS: Savers = {
+    "PNG": ("PNG", {}),
+    "BMP": ("BMP", {}),
+    "TIFF": ("TIFF", {}),
+    "TIFF deflate": ("TIFF", {"compression": "tiff_deflate"}),  # decoded through libtiff
+    "WebP lossless": ("WEBP", {"lossless": True}),
+}
+LOSSY: Savers = {
+    "JPEG": ("JPEG", {"quality": 95, "subsampling": 0}),
+    "WebP": ("WEBP", {"quality": 95}),
+}
+WITH_EXIF: Savers = {
+    "PNG": ("PNG", {}),
+    "JPEG": ("JPEG", {"quality": 90}),
+    "WebP": ("WEBP", {"lossless": True}),
+    "TIFF": ("TIFF", {}),
+    "TIFF deflate": ("TIFF", {"compression": "tiff_deflate"}),
+}
+
+
+def pattern(width: int = 48, height: int = 32) -> np.ndarray:
+    """Smooth RGB pattern that changes under every flip and rotation."""
+    y, x = np.mgrid[0:height, 0:width]
+    red = x * 255 // (width - 1)
+    green = y * 255 // (height - 1)
+    blue = 128 + 2 * (x - y)
+    return np.stack([red, green, blue], axis=-1).astype(np.uint8)
+
+
+def encode(image: Image.Image, fmt: str, **options: Any) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+def exif_with(orientation: int) -> Image.Exif:
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = orientation
+    return exif
+
+
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def raw_png(width: int, height: int, bit_depth: int, color_type: int, rows: list[bytes]) -> bytes:
+    """A PNG written by hand, for layouts Pillow cannot save (16-bit RGB, lying headers)."""
+    header = struct.pack(">IIBBBBB", width, height, bit_depth, color_type, 0, 0, 0)
+    scanlines = b"".join(b"\x00" + row for row in rows)  # filter type 0 on every row
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", header)
+        + png_chunk(b"IDAT", zlib.compress(scanlines))
+        + png_chunk(b"IEND", b"")
+    )
+
+
+def png_header_claiming(width: int, height: int) -> bytes:
+    """A valid PNG header for a huge RGB image, followed by a few bytes of pixel data."""
+    return raw_png(width, height, 8, 2, [b"\x00" * 300])
+
+
+def pillow_displayed(data: bytes) -> np.ndarray:
+    """The image as Pillow's exif_transpose shows it: the reference for orientation."""
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
+
+
+def rgb(gray: np.ndarray) -> np.ndarray:
+    return np.repeat(gray[..., np.newaxis], 3, axis=-1)
+
+
+# --- formats ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_lossless_formats_decode_to_the_exact_pixels(name: str) -> None:
+    fmt, options = LOSSLESS[name]
+    expected = pattern()
+    info, pixels = decode_image(encode(Image.fromarray(expected), fmt, **options), LIMITS)
+    assert info.format == fmt
+    assert (info.stored_width, info.stored_height) == (48, 32)
+    np.testing.assert_array_equal(pixels, expected)
+
+
+@pytest.mark.parametrize("name", LOSSY)
+def test_lossy_formats_decode_within_tolerance(name: str) -> None:
+    fmt, options = LOSSY[name]
+    expected = pattern()
+    info, pixels = decode_image(encode(Image.fromarray(expected), fmt, **options), LIMITS)
+    assert info.format == fmt
+    error = np.abs(pixels.astype(int) - expected.astype(int))
+    assert error.mean() < 2
+    assert error.max() < 16
+
+
+def test_gif_decodes_its_palette_colours_exactly() -> None:
+    indices = (np.arange(32 * 48).reshape(32, 48) % 256).astype(np.uint8)
+    palette = np.random.default_rng(1).integers(0, 256, (256, 3), dtype=np.uint8)
+    image = Image.frombytes("P", (48, 32), indices.tobytes())
+    image.putpalette(palette.tobytes())
+    info, pixels = decode_image(encode(image, "GIF"), LIMITS)
+    assert (info.format, info.mode) == ("GIF", "P")
+    np.testing.assert_array_equal(pixels, palette[indices])
+
+
+def test_animated_gif_decodes_the_first_frame() -> None:
+    red = Image.new("RGB", (20, 10), (255, 0, 0))
+    blue = Image.new("RGB", (20, 10), (0, 0, 255))
+    data = encode(red, "GIF", save_all=True, append_images=[blue], duration=100, loop=0)
+    with Image.open(io.BytesIO(data)) as check:
+        assert getattr(check, "n_frames", 1) == 2
+    _, pixels = decode_image(data, LIMITS)
+    np.testing.assert_array_equal(pixels, np.full((10, 20, 3), (255, 0, 0), np.uint8))
+
+
+def test_decoded_array_is_contiguous_uint8_height_width_rgb() -> None:
+    _, pixels = decode_image(encode(Image.fromarray(pattern(48, 32)), "PNG"), LIMITS)
+    assert pixels.dtype == np.uint8
+    assert pixels.shape == (32, 48, 3)
+    assert pixels.flags.c_contiguous
+
+
+@pytest.mark.parametrize(
+    ("fmt", "options", "mode"),
+    [
+        ("JPEG", {}, "RGB"),
+        ("PNG", {}, "RGB"),
+        ("GIF", {}, "P"),
+        ("BMP", {}, "RGB"),
+        ("WEBP", {}, "RGB"),
+        ("TIFF", {}, "RGB"),
+    ],
+)
+def test_inspect_reports_format_mode_and_size_from_the_header(
+    fmt: str, options: dict[str, Any], mode: str
+) -> None:
+    data = encode(Image.fromarray(pattern(48, 32)), fmt, **options)
+    info = inspect_image(data, LIMITS)
+    assert info == ImageInfo(fmt, mode, 48, 32, 1, 8)
+    assert (info.width, info.height) == (48, 32)
+
+
+# --- EXIF orientation -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("name", WITH_EXIF)
+def test_exif_orientation_gives_the_image_as_displayed(name: str, orientation: int) -> None:
+    fmt, options = WITH_EXIF[name]
+    data = encode(Image.fromarray(pattern(48, 32)), fmt, exif=exif_with(orientation), **options)
+    info, pixels = decode_image(data, LIMITS)
+    assert info.orientation == orientation
+    assert (info.stored_width, info.stored_height) == (48, 32)
+    assert (info.width, info.height) == ((32, 48) if orientation >= 5 else (48, 32))
+    assert inspect_image(data, LIMITS) == info
+    np.testing.assert_array_equal(pixels, pillow_displayed(data))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_orient_box_maps_a_stored_box_onto_the_box_seen_in_the_displayed_image(
+    orientation: int,
+) -> None:
+    height, width = 24, 40
+    top, left, bottom, right = 3, 5, 10, 17  # half-open pixel edges
+    stored = np.zeros((height, width, 3), np.uint8)
+    stored[top:bottom, left:right] = 255
+    data = encode(Image.fromarray(stored), "PNG", exif=exif_with(orientation))
+
+    _, displayed = decode_image(data, LIMITS)
+    rows, cols = np.nonzero(displayed[..., 0])
+    seen = (rows.min(), cols.min(), rows.max() + 1, cols.max() + 1)
+
+    ymin, xmin, ymax, xmax = orient_box(
+        (top / height, left / width, bottom / height, right / width), orientation
+    )
+    shown_height, shown_width = displayed.shape[:2]
+    mapped = (ymin * shown_height, xmin * shown_width, ymax * shown_height, xmax * shown_width)
+    assert mapped == pytest.approx(seen, abs=1e-9)
+
+
+def test_concurrent_decodes_in_a_thread_pool_do_not_interfere() -> None:
+    samples = [
+        encode(Image.fromarray(pattern()), fmt, exif=exif_with(orientation), **options)
+        for fmt, options in WITH_EXIF.values()
+        for orientation in (1, 3, 6)
+    ] * 4
+    expected = [pillow_displayed(data) for data in samples]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        decoded = list(pool.map(lambda data: decode_image(data, LIMITS)[1], samples))
+    for pixels, want in zip(decoded, expected, strict=True):
+        np.testing.assert_array_equal(pixels, want)
+
+
+def test_orient_box_refuses_an_orientation_outside_1_to_8() -> None:
+    with pytest.raises(ValueError, match=r"1\.\.8"):
+        orient_box((0.1, 0.2, 0.3, 0.4), 9)
+
+
+@pytest.mark.parametrize("orientation", [0, 9, 255])
+def test_invalid_orientation_is_ignored(orientation: int) -> None:
+    expected = pattern()
+    data = encode(Image.fromarray(expected), "PNG", exif=exif_with(orientation))
+    info, pixels = decode_image(data, LIMITS)
+    assert info.orientation == 1
+    np.testing.assert_array_equal(pixels, expected)
+
+
+PILLOW_DAMAGE_WARNINGS = "ignore::UserWarning:PIL.TiffImagePlugin"  # Pillow's own, expected
+
+
+@pytest.mark.filterwarnings(PILLOW_DAMAGE_WARNINGS)
+def test_damaged_exif_block_is_ignored() -> None:
+    jpeg = encode(Image.fromarray(pattern()), "JPEG", quality=95)
+    # An APP1 Exif segment whose TIFF header points its first IFD far past the end.
+    body = b"Exif\x00\x00MM\x00\x2a\x7f\xff\xff\xff"
+    app1 = b"\xff\xe1" + struct.pack(">H", len(body) + 2) + body
+    data = jpeg[:2] + app1 + jpeg[2:]
+    info, pixels = decode_image(data, LIMITS)
+    assert info.orientation == 1
+    assert pixels.shape == (32, 48, 3)
+
+
+# --- modes --------------------------------------------------------------------------------
+
+
+def test_grayscale_png_is_replicated_to_rgb() -> None:
+    gray = pattern()[..., 0]
+    info, pixels = decode_image(encode(Image.fromarray(gray), "PNG"), LIMITS)
+    assert info.mode == "L"
+    np.testing.assert_array_equal(pixels, rgb(gray))
+
+
+def test_one_bit_png_becomes_black_and_white() -> None:
+    bits = pattern()[..., 0] > 127
+    info, pixels = decode_image(encode(Image.fromarray(bits), "PNG"), LIMITS)
+    assert (info.mode, info.bit_depth) == ("1", 1)
+    np.testing.assert_array_equal(pixels, rgb(np.where(bits, 255, 0).astype(np.uint8)))
+
+
+def test_16_bit_grayscale_png_keeps_the_high_byte() -> None:
+    samples = np.linspace(0, 65535, 32 * 48).reshape(32, 48).astype(np.uint16)
+    info, pixels = decode_image(encode(Image.fromarray(samples), "PNG"), LIMITS)
+    assert (info.mode, info.bit_depth) == ("I;16", 16)
+    np.testing.assert_array_equal(pixels, rgb((samples >> 8).astype(np.uint8)))
+
+
+def test_16_bit_rgb_png_keeps_the_high_byte() -> None:
+    samples = (np.arange(4 * 6 * 3).reshape(4, 6, 3) * 900).astype(">u2")
+    data = raw_png(6, 4, 16, 2, [row.tobytes() for row in samples])
+    info, pixels = decode_image(data, LIMITS)
+    assert (info.mode, info.bit_depth) == ("RGB", 16)
+    np.testing.assert_array_equal(pixels, (samples >> 8).astype(np.uint8))
+
+
+def test_32_bit_integer_tiff_is_read_as_16_bit_data() -> None:
+    samples = np.array([[-5, 0, 255, 256, 40000, 65535, 70000]], dtype=np.int32)
+    info, pixels = decode_image(encode(Image.fromarray(samples), "TIFF"), LIMITS)
+    assert info.mode == "I"
+    np.testing.assert_array_equal(pixels, rgb(np.array([[0, 0, 0, 1, 156, 255, 255]], np.uint8)))
+
+
+def test_float_tiff_is_converted_as_pillow_converts_it() -> None:
+    samples = np.array([[-3.0, 0.0, 100.6, 254.9, 300.0]], dtype=np.float32)
+    info, pixels = decode_image(encode(Image.fromarray(samples), "TIFF"), LIMITS)
+    assert info.mode == "F"
+    np.testing.assert_array_equal(pixels, rgb(np.array([[0, 0, 100, 254, 255]], np.uint8)))
+
+
+def palette_image() -> tuple[Image.Image, np.ndarray, np.ndarray]:
+    indices = (np.arange(32 * 48).reshape(32, 48) % 7).astype(np.uint8)
+    palette = np.array(
+        [[255, 0, 0], [0, 255, 0], [0, 0, 255], [10, 20, 30], [200, 100, 0], [9, 9, 9], [1, 2, 3]],
+        np.uint8,
+    )
+    image = Image.frombytes("P", (48, 32), indices.tobytes())
+    image.putpalette(palette.tobytes())
+    return image, indices, palette
+
+
+def test_palette_png_is_expanded_to_its_colours() -> None:
+    image, indices, palette = palette_image()
+    info, pixels = decode_image(encode(image, "PNG"), LIMITS)
+    assert info.mode == "P"
+    np.testing.assert_array_equal(pixels, palette[indices])
+
+
+@pytest.mark.filterwarnings("error")  # Pillow warns when converting byte-wise palette alpha
+def test_palette_png_with_transparency_keeps_its_colours() -> None:
+    image, indices, palette = palette_image()
+    data = encode(image, "PNG", transparency=bytes([0, 128, 255, 0]))
+    with Image.open(io.BytesIO(data)) as check:
+        assert isinstance(check.info["transparency"], bytes)
+    info, pixels = decode_image(data, LIMITS)
+    assert info.mode == "P"
+    np.testing.assert_array_equal(pixels, palette[indices])
+
+
+def test_png_with_alpha_is_converted_to_rgb() -> None:
+    colours = pattern()
+    alpha = np.zeros((32, 48, 1), np.uint8)  # fully transparent: colours must still be kept
+    alpha[:16] = 128
+    data = encode(Image.fromarray(np.concatenate([colours, alpha], axis=-1)), "PNG")
+    info, pixels = decode_image(data, LIMITS)
+    assert info.mode == "RGBA"
+    np.testing.assert_array_equal(pixels, colours)
+
+
+def test_grayscale_png_with_alpha_is_converted_to_rgb() -> None:
+    gray = pattern()[..., 0]
+    la = np.stack([gray, np.full_like(gray, 7)], axis=-1)
+    info, pixels = decode_image(encode(Image.fromarray(la), "PNG"), LIMITS)
+    assert info.mode == "LA"
+    np.testing.assert_array_equal(pixels, rgb(gray))
+
+
+def test_adobe_cmyk_jpeg_is_converted_to_rgb() -> None:
+    cmyk_colours = [(0, 255, 255, 0), (255, 0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 255)]
+    rgb_colours = [(255, 0, 0), (0, 255, 255), (255, 255, 255), (0, 0, 0)]
+    image = Image.new("CMYK", (64, 16))
+    for i, colour in enumerate(cmyk_colours):
+        image.paste(colour, (16 * i, 0, 16 * i + 16, 16))
+    data = encode(image, "JPEG", quality=95)
+    assert b"Adobe" in data  # libjpeg stores CMYK inverted and says so in an APP14 marker
+
+    info, pixels = decode_image(data, LIMITS)
+    assert info.mode == "CMYK"
+    for i, expected in enumerate(rgb_colours):
+        block = pixels[4:12, 16 * i + 4 : 16 * i + 12].astype(int)
+        assert np.abs(block - expected).max() <= 8, (expected, block[0, 0])
+
+
+def test_lab_tiff_is_unsupported() -> None:
+    data = encode(Image.new("LAB", (8, 8), (50, 0, 0)), "TIFF")
+    with pytest.raises(UnsupportedImage, match="mode LAB"):
+        inspect_image(data, LIMITS)
+
+
+# --- limits -------------------------------------------------------------------------------
+
+
+def test_image_over_the_byte_limit_is_refused() -> None:
+    data = encode(Image.fromarray(pattern()), "PNG")
+    limits = ImageLimits(max_bytes=len(data) - 1, max_pixels=LIMITS.max_pixels)
+    for function in (inspect_image, decode_image):
+        with pytest.raises(ImageTooLarge) as caught:
+            function(data, limits)
+        error = caught.value
+        assert (error.limit, error.actual, error.maximum) == ("bytes", len(data), len(data) - 1)
+        assert str(error).startswith(f"image is {len(data)} bytes; the limit is {len(data) - 1}")
+        assert str(error).endswith("raise GATEWAY_MAX_IMAGE_BYTES")
+
+
+def test_image_at_exactly_the_limits_is_accepted() -> None:
+    data = encode(Image.fromarray(pattern(48, 32)), "PNG")
+    _, pixels = decode_image(data, ImageLimits(max_bytes=len(data), max_pixels=48 * 32))
+    assert pixels.shape == (32, 48, 3)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP", "WEBP", "TIFF"])
+def test_image_over_the_pixel_limit_is_refused(fmt: str) -> None:
+    data = encode(Image.fromarray(pattern(48, 32)), fmt)
+    limits = ImageLimits(max_bytes=LIMITS.max_bytes, max_pixels=48 * 32 - 1)
+    for function in (inspect_image, decode_image):
+        with pytest.raises(ImageTooLarge) as caught:
+            function(data, limits)
+        error = caught.value
+        assert (error.limit, error.actual, error.maximum) == ("pixels", 1536, 1535)
+        assert str(error) == (
+            "image is 48x32 pixels (1536 pixels); the limit is 1535 pixels: "
+            "send a smaller image or raise GATEWAY_MAX_PIXELS"
+        )
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_pixel_limit_is_checked_before_the_pixel_data_is_read(fmt: str) -> None:
+    data = encode(Image.fromarray(pattern(320, 240)), fmt)
+    truncated = data[: len(data) // 2]  # decoding would fail with CorruptImage
+    limits = ImageLimits(max_bytes=LIMITS.max_bytes, max_pixels=100)
+    with pytest.raises(ImageTooLarge):
+        decode_image(truncated, limits)
+
+
+def test_pixel_limit_message_speaks_megapixels_for_photos() -> None:
+    with pytest.raises(ImageTooLarge) as caught:
+        inspect_image(png_header_claiming(41000, 30000), LIMITS)
+    assert str(caught.value) == (
+        "image is 41000x30000 pixels (1230.0 megapixels); the limit is 50.0 megapixels: "
+        "send a smaller image or raise GATEWAY_MAX_PIXELS"
+    )
+
+
+@pytest.mark.filterwarnings("error")
+def test_png_header_claiming_100000x100000_is_refused_without_allocating() -> None:
+    data = png_header_claiming(100_000, 100_000)
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        for function in (inspect_image, decode_image):
+            with pytest.raises(ImageTooLarge) as caught:
+                function(data, LIMITS)
+            assert caught.value.actual == 10**10
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 0.5
+    assert peak < 1_000_000  # 10 gigapixels of RGB would be 30 GB
+
+
+@pytest.mark.filterwarnings("error")
+def test_gif_whose_first_frame_outgrows_the_screen_is_refused_before_pillow_allocates() -> None:
+    # 1x1 logical screen; the first frame is 20000x20000 and asks to be disposed to the
+    # background, which makes Pillow allocate a frame-sized buffer while merely opening it.
+    screen = b"GIF89a" + struct.pack("<HHBBB", 1, 1, 0, 0, 0)
+    control = b"\x21\xf9\x04\x08\x00\x00\x00\x00"
+    frame = b"\x2c" + struct.pack("<4HB", 0, 0, 20000, 20000, 0) + b"\x02\x02\x44\x01\x00"
+    data = screen + control + frame + b"\x3b"
+    with pytest.raises(ImageTooLarge) as caught:
+        inspect_image(data, LIMITS)
+    assert "20000x20000" in str(caught.value)
+
+
+@pytest.mark.filterwarnings("error")
+def test_webp_header_claiming_a_huge_canvas_is_refused_before_libwebp_allocates() -> None:
+    vp8x = b"\x00\x00\x00\x00" + (16000 - 1).to_bytes(3, "little") * 2
+    data = b"RIFF" + struct.pack("<I", 4 + 8 + len(vp8x)) + b"WEBPVP8X"
+    data += struct.pack("<I", len(vp8x)) + vp8x
+    with pytest.raises(ImageTooLarge) as caught:
+        inspect_image(data, LIMITS)
+    assert caught.value.actual == 16000 * 16000
+
+
+@pytest.mark.filterwarnings("error")
+def test_image_between_our_limit_and_pillows_is_refused_by_us_without_a_pillow_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", PILLOW_DEFAULT_MAX_PIXELS)
+    # 100 megapixels: over Pillow's warning threshold, under its error threshold.
+    with pytest.raises(ImageTooLarge, match="10000x10000"):
+        inspect_image(png_header_claiming(10_000, 10_000), LIMITS)
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP", "WEBP", "TIFF"])
+def test_pillow_bomb_check_does_not_refuse_what_our_limit_allows(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # as if an operator raised our limit
+    data = encode(Image.fromarray(pattern(48, 32)), fmt)
+    _, pixels = decode_image(data, ImageLimits(max_bytes=LIMITS.max_bytes, max_pixels=5000))
+    assert pixels.shape == (32, 48, 3)
+    assert Image.MAX_IMAGE_PIXELS == 5000
+
+
+@pytest.mark.parametrize("ceiling", [None, 10**12])
+def test_pillow_ceiling_is_never_lowered(
+    ceiling: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", ceiling)
+    decode_image(encode(Image.fromarray(pattern()), "PNG"), LIMITS)
+    assert ceiling == Image.MAX_IMAGE_PIXELS
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        ImageLimits(max_bytes=0, max_pixels=1)
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+def test_empty_image_is_refused() -> None:
+    for function in (inspect_image, decode_image):
+        with pytest.raises(EmptyImage) as caught:
+            function(b"", LIMITS)
+        assert str(caught.value) == (
+            "image is empty: set DetectRequest.image to the encoded image bytes"
+        )
+
+
+def test_random_bytes_are_an_unsupported_format() -> None:
+    data = b"not an image" + np.random.default_rng(7).bytes(1000)
+    with pytest.raises(UnsupportedImage) as caught:
+        decode_image(data, LIMITS)
+    assert str(caught.value).startswith(
+        "image data could not be decoded as any supported format (JPEG, PNG, GIF, BMP, WebP, TIFF)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "name"),
+    [
+        (b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic", "HEIF"),
+        (b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1", "AVIF"),
+        (encode(Image.new("RGB", (16, 16)), "ICO"), "ICO"),
+    ],
+)
+def test_well_known_unsupported_formats_are_named(data: bytes, name: str) -> None:
+    with pytest.raises(UnsupportedImage, match=f"image format {name} is not supported"):
+        inspect_image(data, LIMITS)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_truncated_image_passes_inspection_but_fails_decoding(fmt: str) -> None:
+    data = encode(Image.fromarray(pattern(320, 240)), fmt)  # large enough to cut the pixels
+    truncated = data[: len(data) // 2]
+    assert inspect_image(truncated, LIMITS).format == fmt  # the header is intact
+    with pytest.raises(CorruptImage, match=f"looks like {fmt} but could not be decoded"):
+        decode_image(truncated, LIMITS)
+
+
+def test_png_signature_followed_by_garbage_is_corrupt() -> None:
+    with pytest.raises(CorruptImage, match="looks like PNG"):
+        inspect_image(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10, LIMITS)
+
+
+def test_truncated_images_are_never_loaded_leniently() -> None:
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is False
+
+
+DAMAGEABLE: Savers = {**LOSSLESS, **LOSSY, "GIF": ("GIF", {})}
+
+
+@pytest.mark.filterwarnings(PILLOW_DAMAGE_WARNINGS)
+@pytest.mark.parametrize("name", DAMAGEABLE)
+def test_damaged_images_raise_only_image_errors(name: str) -> None:
+    fmt, options = DAMAGEABLE[name]
+    data = encode(Image.fromarray(pattern()), fmt, **options)
+    rng = np.random.default_rng(sum(name.encode()))
+    damaged = [data[:cut] for cut in rng.integers(1, len(data), 15)]
+    for _ in range(25):
+        mutable = bytearray(data)
+        for position in rng.integers(0, len(data), 3):
+            mutable[position] = int(rng.integers(0, 256))
+        damaged.append(bytes(mutable))
+    for sample in damaged:
+        try:
+            _, pixels = decode_image(sample, LIMITS)
+        except ImageError:
+            continue
+        assert pixels.dtype == np.uint8 and pixels.ndim == 3 and pixels.shape[2] == 3
+
+
+# --- TF compatibility and transcoding -----------------------------------------------------
+
+
+def _jpeg(mode: str) -> bytes:
+    return encode(Image.new(mode, (16, 16)), "JPEG")
+
+
+def _png(mode: str) -> bytes:
+    return encode(Image.new(mode, (16, 16)), "PNG")
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        pytest.param(_jpeg("RGB"), True, id="JPEG RGB"),
+        pytest.param(_jpeg("L"), True, id="JPEG L"),
+        pytest.param(_jpeg("CMYK"), False, id="JPEG CMYK"),
+        pytest.param(_png("L"), True, id="PNG L"),
+        pytest.param(_png("LA"), True, id="PNG LA"),
+        pytest.param(_png("RGB"), True, id="PNG RGB"),
+        pytest.param(_png("RGBA"), True, id="PNG RGBA"),
+        pytest.param(_png("P"), True, id="PNG P 1-bit indices"),
+        pytest.param(
+            encode(Image.fromarray(pattern()).quantize(256), "PNG"), True, id="PNG P 8-bit indices"
+        ),
+        pytest.param(raw_png(2, 1, 4, 0, [b"\x1f"]), False, id="PNG 4-bit gray"),
+        pytest.param(_png("1"), False, id="PNG 1-bit"),
+        pytest.param(_png("I;16"), False, id="PNG 16-bit gray"),
+        pytest.param(raw_png(1, 1, 16, 2, [b"\x00" * 6]), False, id="PNG 16-bit RGB"),
+        pytest.param(raw_png(1, 1, 16, 6, [b"\x00" * 8]), False, id="PNG 16-bit RGBA"),
+        pytest.param(encode(Image.new("RGB", (16, 16)), "GIF"), False, id="GIF"),
+        pytest.param(encode(Image.new("RGB", (16, 16)), "BMP"), False, id="BMP"),
+        pytest.param(encode(Image.new("RGB", (16, 16)), "WEBP"), False, id="WebP"),
+        pytest.param(encode(Image.new("RGB", (16, 16)), "TIFF"), False, id="TIFF"),
+    ],
+)
+def test_model_can_decode_only_what_tf_decodes_to_the_same_pixels(
+    data: bytes, expected: bool
+) -> None:
+    assert model_can_decode(inspect_image(data, LIMITS)) is expected
+
+
+def test_encode_png_round_trips_exactly() -> None:
+    pixels = pattern()
+    info, decoded = decode_image(encode_png(pixels), LIMITS)
+    assert (info.format, info.mode) == ("PNG", "RGB")
+    np.testing.assert_array_equal(decoded, pixels)
+
+
+def test_encode_png_accepts_decoded_and_non_contiguous_arrays() -> None:
+    _, decoded = decode_image(encode(Image.fromarray(pattern()), "PNG"), LIMITS)
+    flipped = decoded[:, ::-1]
+    _, again = decode_image(encode_png(flipped), LIMITS)
+    np.testing.assert_array_equal(again, flipped)
+
+
+@pytest.mark.parametrize(
+    "pixels",
+    [
+        np.zeros((4, 4, 3), np.float32),
+        np.zeros((4, 4), np.uint8),
+        np.zeros((4, 4, 4), np.uint8),
+    ],
+)
+def test_encode_png_refuses_anything_but_uint8_rgb(pixels: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="uint8"):
+        encode_png(pixels)
