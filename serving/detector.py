@@ -131,40 +131,98 @@ def _run_extent(lines: tf.Tensor, pos: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor,
     return start, end, inside
 
 
-def _box_sums(integral: tf.Tensor, k: tf.Tensor, boxes: tf.Tensor) -> tf.Tensor:
-    """Sums of class-k values in pixel boxes [S, 4] (y0, x0, y1, x1) from integral [K, H+1, W+1]."""
-    y0, x0, y1, x1 = tf.unstack(boxes, axis=1)
+def _integral(channels: tf.Tensor) -> tf.Tensor:
+    """Integral images [C, H+1, W+1] of int32 channels [H, W, C] (exact, unlike float32)."""
+    per_channel = tf.transpose(channels, [2, 0, 1])
+    return tf.pad(tf.cumsum(tf.cumsum(per_channel, axis=1), axis=2), [[0, 0], [1, 0], [1, 0]])
+
+
+def _region_mean(
+    integral: tf.Tensor,
+    channel: tf.Tensor,
+    y0: tf.Tensor,
+    x0: tf.Tensor,
+    y1: tf.Tensor,
+    x1: tf.Tensor,
+) -> tf.Tensor:
+    """Mean of `channel` [S] over pixel regions [y0, y1) x [x0, x1) [S]; 0 for empty regions.
+
+    Coordinates are clipped to the image first, so strips beyond a border are empty.
+    """
+    height = tf.shape(integral)[1] - 1
+    width = tf.shape(integral)[2] - 1
+    y0, y1 = tf.clip_by_value(y0, 0, height), tf.clip_by_value(y1, 0, height)
+    x0, x1 = tf.clip_by_value(x0, 0, width), tf.clip_by_value(x1, 0, width)
 
     def at(y: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
-        return tf.gather_nd(integral, tf.stack([k, y, x], axis=1))
+        return tf.gather_nd(integral, tf.stack([channel, y, x], axis=1))
 
-    return at(y1, x1) - at(y0, x1) - at(y1, x0) + at(y0, x0)
+    total = at(y1, x1) - at(y0, x1) - at(y1, x0) + at(y0, x0)
+    area = tf.maximum(y1 - y0, 0) * tf.maximum(x1 - x0, 0)
+    return tf.cast(total, tf.float32) / tf.cast(tf.maximum(area, 1), tf.float32)
+
+
+def _refine_edges(
+    integral: tf.Tensor, channel: tf.Tensor, box: tuple[tf.Tensor, ...]
+) -> tuple[tf.Tensor, ...]:
+    """Moves each edge of the boxes by one pixel where a majority vote of the mask says so.
+
+    The middle row/column can cross a JPEG jag, leaving an edge 1 px off. An edge moves out
+    when the line just outside it is mostly mask, and in when its own line is mostly not
+    mask. The lines skip the corner pixels.
+    """
+    y0, x0, y1, x1 = box
+
+    def moved(edge: tf.Tensor, outside: tf.Tensor, own: tf.Tensor, out_step: int) -> tf.Tensor:
+        return tf.where(outside > 0.5, edge + out_step, tf.where(own < 0.5, edge - out_step, edge))
+
+    top_out = _region_mean(integral, channel, y0 - 1, x0 + 1, y0, x1 - 1)
+    top_own = _region_mean(integral, channel, y0, x0 + 1, y0 + 1, x1 - 1)
+    bottom_out = _region_mean(integral, channel, y1, x0 + 1, y1 + 1, x1 - 1)
+    bottom_own = _region_mean(integral, channel, y1 - 1, x0 + 1, y1, x1 - 1)
+    left_out = _region_mean(integral, channel, y0 + 1, x0 - 1, y1 - 1, x0)
+    left_own = _region_mean(integral, channel, y0 + 1, x0, y1 - 1, x0 + 1)
+    right_out = _region_mean(integral, channel, y0 + 1, x1, y1 - 1, x1 + 1)
+    right_own = _region_mean(integral, channel, y0 + 1, x1 - 1, y1 - 1, x1)
+    return (
+        moved(y0, top_out, top_own, -1),
+        moved(x0, left_out, left_own, -1),
+        moved(y1, bottom_out, bottom_own, 1),
+        moved(x1, right_out, right_own, 1),
+    )
 
 
 def _score_boxes(
-    closeness_q: tf.Tensor, k: tf.Tensor, boxes: tf.Tensor, height: tf.Tensor, width: tf.Tensor
+    integral: tf.Tensor,
+    closeness_channel: tf.Tensor,
+    mask_channel: tf.Tensor,
+    box: tuple[tf.Tensor, ...],
 ) -> tf.Tensor:
-    """Mean closeness over each box times (1 - worst class coverage of a 1-px strip outside)."""
-    per_class = tf.transpose(closeness_q, [2, 0, 1])  # [K, H, W]
-    integral = tf.pad(tf.cumsum(tf.cumsum(per_class, axis=1), axis=2), [[0, 0], [1, 0], [1, 0]])
-    y0, x0, y1, x1 = tf.unstack(boxes, axis=1)
-    area = tf.cast((y1 - y0) * (x1 - x0), tf.float32)
-    inside = tf.cast(_box_sums(integral, k, boxes), tf.float32) / _CLOSENESS_SCALE
-    fill_closeness = inside / tf.maximum(area, 1.0)
+    """Scores boxes: colour closeness x fill x (1 - leak), in [0, 1].
 
-    # One-pixel strips just outside each side, clipped to the image (empty at a border).
+    - closeness: mean closeness over the box minus its 1-px rim, and
+    - fill: the fraction of that same inner box covered by the cleaned class mask. The rim is
+      left out of both because JPEG blends it with the background (and a box may be 1 px
+      off), which would unfairly sink small rectangles.
+    - leak: the largest mean closeness of a 1-px line parallel to a side, 2 px outside it
+      (nothing beyond an image border). A box covering only part of a region leaks on the
+      cut side and scores low; a box that is right to within 1 px does not.
+    """
+    y0, x0, y1, x1 = box
+    closeness = _region_mean(integral, closeness_channel, y0 + 1, x0 + 1, y1 - 1, x1 - 1)
+    closeness = closeness / _CLOSENESS_SCALE
+    fill = _region_mean(integral, mask_channel, y0 + 1, x0 + 1, y1 - 1, x1 - 1)
     strips = [
-        (tf.maximum(y0 - 1, 0), x0, y0, x1),  # above
-        (y1, x0, tf.minimum(y1 + 1, height), x1),  # below
-        (y0, tf.maximum(x0 - 1, 0), y1, x0),  # left
-        (y0, x1, y1, tf.minimum(x1 + 1, width)),  # right
+        (y0 - 2, x0, y0 - 1, x1),  # above
+        (y1 + 1, x0, y1 + 2, x1),  # below
+        (y0, x0 - 2, y1, x0 - 1),  # left
+        (y0, x1 + 1, y1, x1 + 2),  # right
     ]
-    leak = tf.zeros_like(fill_closeness)
-    for sy0, sx0, sy1, sx1 in strips:
-        strip_area = tf.cast((sy1 - sy0) * (sx1 - sx0), tf.float32)
-        strip_sum = tf.cast(_box_sums(integral, k, tf.stack([sy0, sx0, sy1, sx1], 1)), tf.float32)
-        leak = tf.maximum(leak, strip_sum / _CLOSENESS_SCALE / tf.maximum(strip_area, 1.0))
-    return tf.clip_by_value(fill_closeness * (1.0 - leak), 0.0, 1.0)
+    leak = tf.zeros_like(closeness)
+    for strip in strips:
+        leak = tf.maximum(leak, _region_mean(integral, closeness_channel, *strip))
+    leak = leak / _CLOSENESS_SCALE
+    return tf.clip_by_value(closeness * fill * (1.0 - leak), 0.0, 1.0)
 
 
 def _pad_rows(x: tf.Tensor, rows: int) -> tf.Tensor:
@@ -216,11 +274,16 @@ def detect_image(image: tf.Tensor, palette: tf.Tensor | None = None) -> dict[str
         x0, x1, valid_row = measure_row(ym, xm)
         y0, y1, valid_col = measure_col(ym, xm)
         valid = tf.logical_and(valid, tf.logical_and(valid_row, valid_col))
-    valid = tf.logical_and(valid, tf.logical_and(y1 - y0 >= MIN_SIDE, x1 - x0 >= MIN_SIDE))
 
-    pixel_boxes = tf.stack([y0, x0, y1, x1], axis=1)
-    scores = _score_boxes(closeness_q, k, pixel_boxes, height, width)
-    scores = tf.where(valid, scores, 0.0)
+    # Channels 0..K-1: closeness per class; K..2K-1: cleaned mask per class.
+    integral = _integral(tf.concat([closeness_q, tf.cast(mask, tf.int32)], axis=2))
+    box = (y0, x0, y1, x1)
+    for _ in range(2):
+        box = _refine_edges(integral, k + NUM_CLASSES, box)
+    y0, x0, y1, x1 = box
+    valid = tf.logical_and(valid, tf.logical_and(y1 - y0 >= MIN_SIDE, x1 - x0 >= MIN_SIDE))
+    scores = tf.where(valid, _score_boxes(integral, k, k + NUM_CLASSES, box), 0.0)
+    pixel_boxes = tf.stack(box, axis=1)
     size = tf.cast(tf.stack([height, width, height, width]), tf.float32)
     boxes = tf.cast(pixel_boxes, tf.float32) / size
     classes = k + 1  # label map ids are 1-based
@@ -259,11 +322,24 @@ def detect_image(image: tf.Tensor, palette: tf.Tensor | None = None) -> dict[str
 
 
 def detect_batch(images: tf.Tensor, palette: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
-    """Runs detect_image over a uint8 [B, H, W, 3] batch (any B: TF Serving checks no shapes)."""
+    """Runs detect_image over a uint8 [B, H, W, 3] batch, whatever B is at run time.
+
+    TF Serving does not check request shapes, so a batch of 2 can reach a [1, H, W, 3]
+    signature. tf.map_fn over `images` would trust the static batch size and silently process
+    only the first image, so the loop runs over a tf.range of the run-time batch size. The
+    outputs keep the declared batch size as their static shape, as OD API signatures do
+    ((1, 100, 4)).
+    """
     signature = {key: tf.TensorSpec(shape, tf.float32) for key, shape in OUTPUT_SHAPES.items()}
+    # Reshaping to [-1, H, W, 3] hides the static batch size from constant folding, which
+    # would otherwise turn tf.shape(images)[0] into the declared 1.
+    dynamic = tf.reshape(images, tf.concat([[-1], tf.shape(images)[1:]], axis=0))
+    indices = tf.range(tf.shape(dynamic)[0])
     result: dict[str, tf.Tensor] = tf.map_fn(
-        lambda image: detect_image(image, palette), images, fn_output_signature=signature
+        lambda i: detect_image(dynamic[i], palette), indices, fn_output_signature=signature
     )
+    for key, value in result.items():
+        value.set_shape([images.shape[0], *OUTPUT_SHAPES[key]])
     return result
 
 
