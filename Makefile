@@ -5,10 +5,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 MODELS := models
 
-GATEWAY_PORT ?= 8080
+BUF    := .tools/node_modules/.bin/buf
+
+GATEWAY_PORT ?= 50051
 SERVING_PORT ?= 8500
 
-.PHONY: venv proto proto-check models test lint typecheck pytest run bench clean
+.PHONY: venv proto models test lint typecheck pytest run bench clean
 
 venv: $(STAMP)
 
@@ -26,9 +28,14 @@ proto: $(STAMP)
 models: $(STAMP)
 	$(PY) -m serving.export --out $(MODELS) --if-missing
 
-lint: $(STAMP)
+# buf (npm package @bufbuild/buf, pinned) lints the public API with its default rules.
+$(BUF):
+	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0
+
+lint: $(STAMP) $(BUF)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	cd proto && ../$(BUF) lint
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
@@ -45,4 +52,4 @@ bench: $(STAMP) models
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) $(MODELS) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache

@@ -102,8 +102,8 @@ class DetectionService(pb_grpc.DetectionServiceServicer):
             async for request in request_iterator:
                 request_id = request.request_id or f"{stream_id}-{index}"
                 index += 1
-                task = self._process("DetectStream", request, request_id, context)
-                pending.append(asyncio.ensure_future(task))
+                work = self._process("DetectStream", request, request_id, context)
+                pending.append(asyncio.ensure_future(work))
                 # Back-pressure: with a full window, stop reading frames until the oldest
                 # result has been handed to gRPC (which waits on the client's flow control).
                 if len(pending) >= self._settings.stream_window:
@@ -113,8 +113,8 @@ class DetectionService(pb_grpc.DetectionServiceServicer):
         except errors.GatewayError as e:
             await context.abort(e.code, e.message)
         finally:
-            for task in pending:
-                task.cancel()
+            for left in pending:
+                left.cancel()
 
     async def _process(
         self,

@@ -66,7 +66,7 @@ def channel_options(settings: Settings) -> list[tuple[str, object]]:
         ("grpc.keepalive_timeout_ms", 10_000),
     ]
     if settings.upstream_lb == "round_robin":
-        config = {"loadBalancingConfig": [{"round_robin": {}}]}
+        config: dict[str, object] = {"loadBalancingConfig": [{"round_robin": {}}]}
         options.append(("grpc.service_config", json.dumps(config)))
     return options
 
