@@ -108,7 +108,11 @@ class LocalServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C on pytest does not hit the server twice
             )
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.kill()  # never leave a half-started server behind
+            raise
 
     def wait_ready(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
         """Waits until the gRPC port accepts an HTTP/2 connection.

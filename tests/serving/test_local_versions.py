@@ -200,6 +200,11 @@ def test_new_version_is_served_and_old_ones_unloaded_without_restart(
         "--file_system_poll_wait_seconds=1",
         "--enable_batching",
         "--batching_parameters_file=serving/batching.config",
+        # Accepted and applied (gRPC server arguments, thread counts); no visible effect here.
+        "--grpc_channel_arguments=grpc.max_connection_age_ms=600000,grpc.http2.max_pings_without_data=0",
+        "--grpc_max_threads=8",
+        "--tensorflow_intra_op_parallelism=2",
+        "--tensorflow_inter_op_parallelism=2",
     ]
     with run_local_server(args, log_dir=tmp_path) as server:
         client = client_of(server)
@@ -224,6 +229,8 @@ def test_new_version_is_served_and_old_ones_unloaded_without_restart(
         log = server.log_text()
         assert "No versions of servable detector found under base path" in log
         assert "the local server runs every request unbatched" in log
+        assert server.stop() == 0
+        assert server.log_text().rstrip().endswith("Server stopped")
 
 
 def test_startup_waits_until_a_version_directory_appears(two_versions, tmp_path):
