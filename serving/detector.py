@@ -44,9 +44,9 @@ RAW_DETECTIONS = 200
 # on pathological inputs (seeds beyond it, in raster order, are ignored).
 MAX_SEEDS = 2048
 # A pixel belongs to a class when its RGB distance to the class colour is below this.
-# Backgrounds are >= 160 away from the palette (serving.scenes.MIN_BACKGROUND_DISTANCE), noise
-# of sigma 12 rarely moves a pixel by more than 40, and a pixel that is a 50/50 JPEG blend of
-# rectangle and background sits at >= 80, so 80 keeps edges at the half-way point.
+# Backgrounds are >= 160 away from the palette (serving.scenes.MIN_BACKGROUND_DISTANCE) and
+# noise of sigma 12 rarely moves a pixel by more than 40, so 80 separates them with margin.
+# JPEG-blended edge pixels may fall either side; the colour edge refinement settles those.
 COLOUR_THRESHOLD = 80.0
 # Candidates thinner than this (pixels) are noise; test rectangles are at least 8x8.
 MIN_SIDE = 4
@@ -55,8 +55,8 @@ NMS_IOU_THRESHOLD = 0.5
 # Detections scoring below this are not reported (the rest of the 100 rows are zero padding).
 MIN_SCORE = 0.05
 # Closeness is summed in int32 fixed point (exact, unlike float32 sums over millions of
-# pixels); 64 steps per pixel allow images of up to 2**31 / 64 = 33 megapixels.
-_CLOSENESS_SCALE = 64
+# pixels); 32 steps per pixel allow images of up to 2**31 / 32 = 67 megapixels.
+_CLOSENESS_SCALE = 32
 
 PALETTE_RGB = tf.constant([c.rgb for c in PALETTE], dtype=tf.float32)
 
@@ -219,6 +219,10 @@ def _line_mean(
     """Mean colour [S, 3] of pixels start..end-1 of each row (rows=True, prefix along_rows)
     or each column (rows=False, prefix along_cols) numbered `line`."""
     line = tf.clip_by_value(line, 0, tf.shape(prefix)[0 if rows else 1] - 1)
+    # Degenerate boxes (tiny images, candidates that collapsed) give an empty span.
+    length = tf.shape(prefix)[1 if rows else 0] - 1
+    start = tf.clip_by_value(start, 0, length)
+    end = tf.clip_by_value(end, start, length)
 
     def at(position: tf.Tensor) -> tf.Tensor:
         index = [line, position] if rows else [position, line]

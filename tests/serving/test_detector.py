@@ -120,8 +120,8 @@ def _random_case(seed: int) -> tuple[int, int, int, float]:
     return width, height, int(rng.integers(0, 13)), float(rng.choice([0.0, 6.0, 12.0]))
 
 
-# 16 seeds x (PNG, JPEG): sizes, counts and noise levels are spread over the whole range.
-RANDOM_SEEDS = range(100, 116)
+# 24 seeds x (PNG, JPEG): sizes, counts and noise levels are spread over the whole range.
+RANDOM_SEEDS = range(100, 124)
 # Corner cases the random draw might miss: the size extremes, crowded scenes, no rectangles.
 FIXED_CASES = [
     pytest.param(1, 64, 64, 12, 12.0, id="64x64-crowded-noisy"),
@@ -318,3 +318,18 @@ def test_gif_and_bmp_are_decoded_in_graph(fmt: str, encoded_model: Model) -> Non
     outputs = encoded_model(_encoded_batch(buffer.getvalue()))
     scores = _assert_finds_exactly(scene, outputs)
     assert np.all(scores > 0.99)
+
+
+@pytest.mark.parametrize(("height", "width"), [(1, 1), (3, 3), (2, 50), (8, 8)])
+def test_tiny_images_and_image_filling_rectangles(
+    height: int, width: int, image_model: Model
+) -> None:
+    # Whole image one palette colour: a rectangle if it is big enough, else nothing (no crash).
+    pixels = np.full((1, height, width, 3), scenes.PALETTE[0].rgb, dtype=np.uint8)
+    outputs = image_model(pixels)
+    _assert_well_formed(outputs)
+    if min(height, width) >= detector.MIN_SIDE:
+        assert outputs["num_detections"].tolist() == [1.0]
+        np.testing.assert_array_equal(outputs["detection_boxes"][0, 0], [0, 0, 1, 1])
+    else:
+        assert outputs["num_detections"].tolist() == [0.0]
