@@ -16,6 +16,7 @@ from importlib import metadata
 from serving.local.config import read_startup_config
 from serving.local.errors import ServingError, report_startup_failure
 from serving.local.flags import FlagError, HelpRequested, Options, parse_flags, usage
+from serving.local.signals import block_stop_signals
 
 _EXIT_USAGE = 2
 
@@ -37,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(options: Options) -> int:
+    block_stop_signals()  # before TensorFlow or gRPC start any thread; see signals.py
     _configure_environment()
     logging.basicConfig(
         level=logging.INFO,

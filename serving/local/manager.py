@@ -119,7 +119,8 @@ class ModelManager:
                         model.config = None
                 for config in configs:
                     self._models.setdefault(config.name, _Model(config)).config = config
-            self.poll()
+            if self._settings.file_system_poll_wait_seconds >= 0:  # negative: never poll (TFS)
+                self.poll()
             self._await_available(new_models)
 
     def poll(self) -> None:

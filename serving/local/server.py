@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 from concurrent import futures
 from dataclasses import dataclass
-from types import FrameType
 
 import grpc
 import tensorflow as tf
@@ -25,6 +23,7 @@ from serving.local.errors import ServingError, invalid_argument, report_startup_
 from serving.local.flags import Options, parse_channel_arguments
 from serving.local.manager import ManagerSettings, ModelManager, Stopped
 from serving.local.servicers import ModelServicer, PredictionServicer
+from serving.local.signals import watch_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,6 @@ class _Running:
     """What a started server consists of, for shutdown."""
 
     server: grpc.Server
-    manager: ModelManager
     health: health.HealthServicer | None
     config_poller: threading.Thread | None
 
@@ -57,56 +55,51 @@ def serve(options: Options, startup: config.StartupConfig) -> int:
     """Loads the models and serves until a signal; returns the process exit code."""
     tf.get_logger().setLevel(logging.ERROR)  # the v1 loader's deprecation warnings
     stop = threading.Event()
-    manager_box: list[ModelManager] = []
+    manager = ModelManager(_manager_settings(options, startup))
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("Received signal %d, shutting down", signum)
+    def on_stop() -> None:
         stop.set()
-        for manager in manager_box:
-            manager.interrupt()
+        manager.interrupt()  # also ends a startup that is still loading or waiting
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    watch_stop_signals(on_stop)
     try:
-        running = _start(options, startup, stop, manager_box)
+        running = _start(options, startup, manager, stop)
     except ServingError as exc:
-        _stop_managers(manager_box)
+        manager.stop()
         return report_startup_failure(exc)
     except Stopped:
-        _stop_managers(manager_box)
+        manager.stop()
         return 0
     stop.wait()
-    _shutdown(running, stop)
+    _shutdown(running, manager)
     return 0
+
+
+def _manager_settings(options: Options, startup: config.StartupConfig) -> ManagerSettings:
+    return ManagerSettings(
+        session=startup.session,
+        file_system_poll_wait_seconds=options.file_system_poll_wait_seconds,
+        enable_model_warmup=options.enable_model_warmup,
+        num_request_iterations_for_warmup=options.num_request_iterations_for_warmup,
+        max_num_load_retries=options.max_num_load_retries,
+        load_retry_interval_micros=options.load_retry_interval_micros,
+        allow_version_labels_for_unavailable_models=(
+            options.allow_version_labels_for_unavailable_models
+        ),
+        check_method_name=options.enable_signature_method_name_check,
+        batching=startup.batching,
+    )
 
 
 def _start(
     options: Options,
     startup: config.StartupConfig,
+    manager: ModelManager,
     stop: threading.Event,
-    manager_box: list[ModelManager],
 ) -> _Running:
-    manager = ModelManager(
-        ManagerSettings(
-            session=startup.session,
-            file_system_poll_wait_seconds=options.file_system_poll_wait_seconds,
-            enable_model_warmup=options.enable_model_warmup,
-            num_request_iterations_for_warmup=options.num_request_iterations_for_warmup,
-            max_num_load_retries=options.max_num_load_retries,
-            load_retry_interval_micros=options.load_retry_interval_micros,
-            allow_version_labels_for_unavailable_models=(
-                options.allow_version_labels_for_unavailable_models
-            ),
-            check_method_name=options.enable_signature_method_name_check,
-            batching=startup.batching,
-        )
-    )
-    manager_box.append(manager)
-    if stop.is_set():
-        raise Stopped()
+    """Loads the models (blocking), then opens the port."""
     manager.reload_config(startup.models)
     manager.start_polling()
-
     core = ServingCore(
         manager,
         CoreOptions(
@@ -116,7 +109,7 @@ def _start(
     )
     server, health_servicer = _grpc_server(options, core)
     poller = _start_config_poller(options, manager, stop)
-    return _Running(server, manager, health_servicer, poller)
+    return _Running(server, health_servicer, poller)
 
 
 def _grpc_server(
@@ -178,16 +171,12 @@ def _start_config_poller(
     return thread
 
 
-def _shutdown(running: _Running, stop: threading.Event) -> None:
+def _shutdown(running: _Running, manager: ModelManager) -> None:
+    """Stops taking RPCs, lets running ones finish (grace period), then unloads models."""
     if running.health is not None:
         running.health.enter_graceful_shutdown()
     running.server.stop(SHUTDOWN_GRACE_SECONDS).wait()
     if running.config_poller is not None:
         running.config_poller.join()
-    running.manager.stop()
+    manager.stop()
     log.info("Server stopped")
-
-
-def _stop_managers(managers: list[ModelManager]) -> None:
-    for manager in managers:
-        manager.stop()
