@@ -88,6 +88,8 @@ def main() -> None:
         "serving.local",
         f"--port={args.serving_port}",
         f"--model_config_file={config}",
+        # models.config has version labels; like TF Serving, the server needs this to start.
+        "--allow_version_labels_for_unavailable_models",
     ]
     gateway_cmd = [
         sys.executable,
