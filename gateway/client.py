@@ -23,7 +23,6 @@ from types import TracebackType
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
@@ -58,10 +57,28 @@ def make_request(
     )
 
 
+def _box(box: pb.BoundingBox | pb.NormalizedBox) -> dict[str, Any]:
+    return {"x_min": box.x_min, "y_min": box.y_min, "x_max": box.x_max, "y_max": box.y_max}
+
+
 def result_to_dict(result: pb.DetectionResult) -> dict[str, Any]:
-    return json_format.MessageToDict(
-        result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    """A DetectionResult as plain JSON-ready data, fields in a fixed, readable order."""
+    return {
+        "request_id": result.request_id,
+        "model": {"name": result.model.name, "version": result.model.version},
+        "image_width": result.image_width,
+        "image_height": result.image_height,
+        "detections": [
+            {
+                "class_id": d.class_id,
+                "label": d.label,
+                "score": round(d.score, 4),
+                "box": _box(d.box),
+                "normalized_box": {k: round(v, 5) for k, v in _box(d.normalized_box).items()},
+            }
+            for d in result.detections
+        ],
+    }
 
 
 class DetectionClient:

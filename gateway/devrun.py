@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.service import SERVICE_NAME
 from gateway.tfserving import GET_MODEL_STATUS
 
 MODELS = ("detector", "detector_encoded")
@@ -51,6 +53,23 @@ def _wait_available(
                 pass
             time.sleep(0.5)
     raise SystemExit(f"model {model} did not become AVAILABLE within {timeout:.0f} s")
+
+
+def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise SystemExit(f"the gateway exited with {process.returncode}")
+            try:
+                if stub.Check(request, timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise SystemExit(f"the gateway did not become ready within {timeout:.0f} s")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -110,9 +129,10 @@ def main() -> None:
     processes = [serving]
     try:
         _wait_available(f"127.0.0.1:{args.serving_port}", MODELS[0], serving, timeout=300)
-        print(f"starting gateway on 0.0.0.0:{args.gateway_port} ...", flush=True)
+        print(f"starting gateway on 127.0.0.1:{args.gateway_port} ...", flush=True)
         gateway = subprocess.Popen(gateway_cmd)
         processes.append(gateway)
+        _wait_serving(f"127.0.0.1:{args.gateway_port}", gateway, timeout=60)
         sample = _sample_image(args.models)
         grpcurl = Path(sys.executable).parent / "grpcurl"
         print(
