@@ -108,7 +108,8 @@ def bench_latency(gateway: str, serving: str, n: int) -> tuple[list[str], bytes]
     scene = scenes.generate_scene(np.random.default_rng(3), 640, 480, 8, noise_sigma=6)
     jpeg = scenes.encode(scene.pixels, "JPEG")
     rows = [
-        "| path | model | p50 | p95 | mean |",
+        "| path (direct = official TF Serving client, decoding the JPEG itself) | model "
+        "| p50 | p95 | mean |",
         "|---|---|---|---|---|",
     ]
     direct_channel = grpc.insecure_channel(serving, options=OPTIONS)
@@ -132,19 +133,28 @@ def bench_latency(gateway: str, serving: str, n: int) -> tuple[list[str], bytes]
     def gateway_call(model: str) -> None:
         gw.Detect(pb.DetectRequest(image=jpeg, model=pb.ModelSpec(name=model)), timeout=60)
 
+    # Calls alternate between the two paths so both see the same machine noise; the paired
+    # differences give the gateway's cost.
     for model in MODELS:
-        for label, call in (("direct (official client)", direct_call), ("gateway", gateway_call)):
-            for _ in range(5):
-                call(model)  # warm up
-            times = []
-            for _ in range(n):
+        for _ in range(5):  # warm up both paths
+            direct_call(model)
+            gateway_call(model)
+        times: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(n):
+            for label, call in (("direct", direct_call), ("gateway", gateway_call)):
                 started = time.perf_counter()
                 call(model)
-                times.append((time.perf_counter() - started) * 1e3)
+                times[label].append((time.perf_counter() - started) * 1e3)
+        extra = [g - d for g, d in zip(times["gateway"], times["direct"], strict=True)]
+        for label, values in times.items():
             rows.append(
-                f"| {label} | {model} | {percentile(times, 50):.1f} ms | "
-                f"{percentile(times, 95):.1f} ms | {statistics.mean(times):.1f} ms |"
+                f"| {label} | {model} | {percentile(values, 50):.1f} ms | "
+                f"{percentile(values, 95):.1f} ms | {statistics.mean(values):.1f} ms |"
             )
+        rows.append(
+            f"| gateway minus direct (paired) | {model} | {percentile(extra, 50):+.1f} ms | "
+            f"{percentile(extra, 95):+.1f} ms | {statistics.mean(extra):+.1f} ms |"
+        )
     direct_channel.close()
     gw_channel.close()
     return rows, jpeg
@@ -194,10 +204,12 @@ def rss_mib(pid: int) -> float:
 
 
 def import_cost(module: str) -> tuple[float, float]:
+    # VmHWM (peak RSS of this process image); ru_maxrss would carry over the parent's peak.
     code = (
-        "import time, resource; t = time.perf_counter(); "
+        "import time; t = time.perf_counter(); "
         f"import {module}; "
-        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]; "
+        "print(time.perf_counter() - t, hwm)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
