@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from enum import Enum
 
@@ -26,6 +27,8 @@ GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
 GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
 SIGNATURE = "serving_default"
 SIGNATURE_DEF_MAP_TYPE = "tensorflow.serving.SignatureDefMap"
+# Wait before describing a version again after GetModelMetadata failed for it.
+DESCRIBE_RETRY_SECONDS = 30.0
 
 
 class StaleSignature(errors.GatewayError):
@@ -117,9 +120,10 @@ def _model_spec(model: ModelRef, signature: bool) -> tfs.ModelSpec:
 class TFServingClient:
     """Async calls to TF Serving with deadlines, plus a cache of model signatures.
 
-    The cache is keyed by what the caller asked for (name, version or label). Each Predict
-    response names the version that served it; when that differs from the cached one, the
-    entry is dropped so the next request reads the new version's signature.
+    Signatures are cached per (name, version). Each Predict response names the version that
+    served it; a version not seen before is described with GetModelMetadata in the background,
+    and requests use its signature from then on. Metadata is never fetched per request, which
+    matters with round_robin over pods that serve different versions during a rollout.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -143,8 +147,16 @@ class TFServingClient:
             request_serializer=tfs.GetModelStatusRequest.SerializeToString,
             response_deserializer=tfs.GetModelStatusResponse.FromString,
         )
-        self._signatures: dict[ModelRef, ModelSignature] = {}
+        # Signatures by (model name, version): a version's signature never changes.
+        self._signatures: dict[tuple[str, int], ModelSignature] = {}
+        # Per requested model (name + version/label/latest): the version that served it last,
+        # and the signature fetched for it last.
+        self._served: dict[ModelRef, int] = {}
+        self._latest: dict[ModelRef, ModelSignature] = {}
         self._locks: dict[ModelRef, asyncio.Lock] = {}
+        self._describing: set[tuple[str, int]] = set()
+        self._describe_after: dict[tuple[str, int], float] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
         await self._channel.close()
@@ -153,19 +165,60 @@ class TFServingClient:
         return errors.from_upstream(e, target=self.target, model=model)
 
     async def signature(self, model: ModelRef, timeout: float) -> ModelSignature:
-        cached = self._signatures.get(model)
+        """The signature to build this request's input with; metadata is fetched only when
+        nothing is known about the model yet."""
+        cached = self._known(model)
         if cached is not None:
             return cached
         lock = self._locks.setdefault(model, asyncio.Lock())
         async with lock:  # one metadata call per model, however many requests wait
-            cached = self._signatures.get(model)
+            cached = self._known(model)
             if cached is None:
                 cached = await self._fetch_signature(model, timeout)
-                self._signatures[model] = cached
+                self._signatures[(model.name, cached.version)] = cached
+                self._latest[model] = cached
             return cached
 
+    def _known(self, model: ModelRef) -> ModelSignature | None:
+        if model.version is not None:
+            return self._signatures.get((model.name, model.version))
+        served = self._served.get(model)
+        if served is not None and (model.name, served) in self._signatures:
+            return self._signatures[(model.name, served)]
+        # The version that served last is still being described: its predecessor's
+        # signature is almost always the same, and a dtype change is caught (StaleSignature).
+        return self._latest.get(model)
+
     def forget(self, model: ModelRef) -> None:
-        self._signatures.pop(model, None)
+        self._latest.pop(model, None)
+        self._served.pop(model, None)
+
+    def _observe(self, model: ModelRef, version: int) -> None:
+        """Notes the version that served `model`; describes a new one in the background."""
+        self._served[model] = version
+        key = (model.name, version)
+        if key in self._signatures or key in self._describing:
+            return
+        if time.monotonic() < self._describe_after.get(key, 0.0):
+            return
+        self._describing.add(key)
+        task = asyncio.create_task(self._describe(model.name, version))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _describe(self, name: str, version: int) -> None:
+        try:
+            signature = await self._fetch_signature(
+                ModelRef(name, version=version), self._settings.upstream_timeout
+            )
+            self._signatures[(name, version)] = signature
+        except errors.GatewayError:
+            # E.g. NOT_FOUND from a pod that does not have this version yet (mid-rollout,
+            # round robin). Try again later, not on every request: the extra call would
+            # shift round_robin's rotation and skew which pods get the Predicts.
+            self._describe_after[(name, version)] = time.monotonic() + DESCRIBE_RETRY_SECONDS
+        finally:
+            self._describing.discard((name, version))
 
     async def _fetch_signature(self, model: ModelRef, timeout: float) -> ModelSignature:
         request = tfs.GetModelMetadataRequest(
@@ -210,8 +263,7 @@ class TFServingClient:
                 raise StaleSignature(error.code, error.message) from None
             raise error from None
         version = response.model_spec.version.value
-        if version != signature.version:
-            self.forget(model)
+        self._observe(model, version)
         try:
             outputs = {k: to_array(v) for k, v in response.outputs.items()}
         except TensorDecodeError as e:
