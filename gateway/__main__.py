@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(serve(settings))
     except LabelMapError as e:
         sys.exit(f"gateway: {e}")
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # grpc raises RuntimeError when it cannot bind
         sys.exit(f"gateway: cannot start: {e}")
 
 
