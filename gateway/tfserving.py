@@ -171,13 +171,18 @@ class TFServingClient:
         if cached is not None:
             return cached
         lock = self._locks.setdefault(model, asyncio.Lock())
-        async with lock:  # one metadata call per model, however many requests wait
-            cached = self._known(model)
-            if cached is None:
-                cached = await self._fetch_signature(model, timeout)
-                self._signatures[(model.name, cached.version)] = cached
-                self._latest[model] = cached
-            return cached
+        try:
+            async with lock:  # one metadata call per model, however many requests wait
+                cached = self._known(model)
+                if cached is None:
+                    cached = await self._fetch_signature(model, timeout)
+                    self._signatures[(model.name, cached.version)] = cached
+                    self._latest[model] = cached
+                return cached
+        finally:
+            if model not in self._latest:
+                # Unknown model names must not pile up locks (clients choose the names).
+                self._locks.pop(model, None)
 
     def _known(self, model: ModelRef) -> ModelSignature | None:
         if model.version is not None:
