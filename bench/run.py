@@ -31,7 +31,7 @@ import grpc
 import numpy as np
 from PIL import Image
 
-from gateway.devrun import MODELS, _wait_available
+from gateway.devrun import MODELS, wait_available
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
@@ -248,7 +248,7 @@ def main() -> None:
     )  # fmt: skip
     gateway = None
     try:
-        _wait_available(f"127.0.0.1:{serving_port}", MODELS[0], serving, timeout=300)
+        wait_available(f"127.0.0.1:{serving_port}", MODELS[0], serving, timeout=300)
         gateway = subprocess.Popen(
             [sys.executable, "-m", "gateway", "--host=127.0.0.1", f"--port={gateway_port}",
              f"--upstream=127.0.0.1:{serving_port}", f"--label-maps={label_maps}",

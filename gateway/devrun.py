@@ -27,7 +27,7 @@ from gateway.tfserving import GET_MODEL_STATUS
 MODELS = ("detector", "detector_encoded")
 
 
-def _wait_available(
+def wait_available(
     target: str, model: str, process: subprocess.Popen[bytes], timeout: float
 ) -> None:
     deadline = time.monotonic() + timeout
@@ -128,7 +128,7 @@ def main() -> None:
     serving = subprocess.Popen(serving_cmd, env=env)
     processes = [serving]
     try:
-        _wait_available(f"127.0.0.1:{args.serving_port}", MODELS[0], serving, timeout=300)
+        wait_available(f"127.0.0.1:{args.serving_port}", MODELS[0], serving, timeout=300)
         print(f"starting gateway on 127.0.0.1:{args.gateway_port} ...", flush=True)
         gateway = subprocess.Popen(gateway_cmd)
         processes.append(gateway)

@@ -48,9 +48,6 @@ def from_upstream(
     *,
     target: str,
     model: ModelRef,
-    send_limit_setting: str = "GATEWAY_UPSTREAM_MAX_SEND_BYTES",
-    receive_limit_setting: str = "GATEWAY_UPSTREAM_MAX_RECEIVE_BYTES",
-    timeout_setting: str = "GATEWAY_UPSTREAM_TIMEOUT",
 ) -> GatewayError:
     """Translates a TF Serving (or transport) status, keeping TF Serving's own text."""
     code = error.code()
@@ -75,13 +72,13 @@ def from_upstream(
             return GatewayError(
                 code,
                 f"the request to TF Serving is over the gateway's upstream send limit ({details}); "
-                f"raise {send_limit_setting} or lower GATEWAY_MAX_PIXELS",
+                "raise GATEWAY_UPSTREAM_MAX_SEND_BYTES or lower GATEWAY_MAX_PIXELS",
             )
         if details.startswith("Received message larger than max"):
             return GatewayError(
                 code,
                 f"TF Serving's response is over the gateway's upstream receive limit ({details}); "
-                f"raise {receive_limit_setting}",
+                "raise GATEWAY_UPSTREAM_MAX_RECEIVE_BYTES",
             )
         return GatewayError(code, f"TF Serving is out of capacity: {details or 'no details'}")
     if code == C.UNAVAILABLE:
@@ -92,7 +89,7 @@ def from_upstream(
         return GatewayError(
             code,
             f"TF Serving did not answer in time for {model.describe()} ({details}); "
-            f"raise the call's deadline or {timeout_setting}",
+            "raise the call's deadline or GATEWAY_UPSTREAM_TIMEOUT",
         )
     if code == C.CANCELLED:
         return GatewayError(code, f"the call to TF Serving was cancelled: {details}")

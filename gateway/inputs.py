@@ -29,7 +29,6 @@ class ModelInput:
     width: int  # of the image as a viewer shows it
     height: int
     transform: BoxTransform | None  # model's box -> displayed image box; None when identical
-    transcoded: bool  # encoded bytes were re-encoded as PNG
 
 
 def build_input(data: bytes, mode: InputMode, limits: images.ImageLimits) -> ModelInput:
@@ -40,11 +39,11 @@ def build_input(data: bytes, mode: InputMode, limits: images.ImageLimits) -> Mod
             transform = None
             if info.orientation != 1:
                 transform = partial(images.orient_box, orientation=info.orientation)
-            return ModelInput(string_tensor([data]), info.width, info.height, transform, False)
+            return ModelInput(string_tensor([data]), info.width, info.height, transform)
         info, pixels = images.decode_image(data, limits)
         png = images.encode_png(pixels)
-        return ModelInput(string_tensor([png]), info.width, info.height, None, True)
+        return ModelInput(string_tensor([png]), info.width, info.height, None)
     info, pixels = images.decode_image(data, limits)
     if mode is InputMode.FLOAT_PIXELS:
         pixels = pixels.astype(np.float32)  # OD API float_image_tensor: values 0..255
-    return ModelInput(image_tensor(pixels), info.width, info.height, None, False)
+    return ModelInput(image_tensor(pixels), info.width, info.height, None)

@@ -66,6 +66,18 @@ def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return result
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM and wait; SIGKILL after `timeout`. Returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return int(process.returncode)
+
+
 class LocalServer:
     """One local server process on a fixed port; it can be stopped and started again."""
 
@@ -148,14 +160,7 @@ class LocalServer:
         """SIGTERM and wait (SIGKILL after `timeout`); returns the exit code."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop_process(self.process, timeout)
 
     def kill(self) -> None:
         """SIGKILL: the process dies at once, like a crashed or evicted pod."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from tests.localserver import free_port
+from tests.localserver import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "detection.v1.DetectionService"
@@ -74,14 +73,7 @@ class GatewayProcess:
         return [json.loads(line) for line in lines if line.startswith("{")]
 
     def stop(self, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return int(self.process.returncode)
+        return stop_process(self.process, timeout)
 
 
 @contextmanager
