@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,6 +68,13 @@ class GatewayProcess:
                 last = e.code()
             time.sleep(0.1)
         raise AssertionError(f"health of {service!r} stayed {last}, wanted {status}")
+
+    def in_flight(self) -> float:
+        """The gateway's own count of images in flight, from its metrics endpoint."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read()
+        match = re.search(rb"^detection_gateway_in_flight_requests (\S+)$", text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
 
     def records(self) -> list[dict[str, Any]]:
         """The gateway's JSON log lines."""

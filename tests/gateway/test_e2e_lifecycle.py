@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import signal
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,12 +48,6 @@ def test_health_follows_tf_serving_and_recovers_by_itself(tfs, tmp_path):
         assert len(result.detections) == len(scene.boxes)
 
 
-def _in_flight(metrics_port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
-    match = re.search(rb"^detection_gateway_in_flight_requests (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 def test_sigterm_during_load_loses_no_in_flight_request(tfs, tmp_path):
     scene = scenes.generate_scene(np.random.default_rng(2), 1800, 1400, 12, noise_sigma=10)
     image = scenes.encode(scene.pixels, "PNG")
@@ -74,9 +66,9 @@ def test_sigterm_during_load_loses_no_in_flight_request(tfs, tmp_path):
         for t in threads:
             t.start()
         deadline = time.monotonic() + 30
-        while _in_flight(gw.metrics_port) < 6 and time.monotonic() < deadline:
+        while gw.in_flight() < 6 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _in_flight(gw.metrics_port) == 6
+        assert gw.in_flight() == 6
 
         gw.process.send_signal(signal.SIGTERM)
         for t in threads:
@@ -106,7 +98,7 @@ def test_over_the_concurrency_limit_is_resource_exhausted(tfs, tmp_path):
         first = threading.Thread(target=call)
         first.start()
         deadline = time.monotonic() + 30
-        while _in_flight(gw.metrics_port) < 1 and time.monotonic() < deadline:
+        while gw.in_flight() < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         call()  # while the first is in flight
         first.join(60)
