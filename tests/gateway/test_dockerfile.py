@@ -1,0 +1,143 @@
+"""Dockerfile.gateway cannot be built here (no container engine), so it is kept honest by
+reading: what it copies exists, what it runs is ours or the base image's, it installs exactly
+the locked light runtime (no TensorFlow), and its user, ports and entry point match the gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from gateway.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = (ROOT / "Dockerfile.gateway").read_text()
+LOCK = ROOT / "requirements-gateway.txt"
+# Programs a RUN line may start: the base image's Python tools and user management.
+BASE_IMAGE_COMMANDS = {"pip", "python", "useradd"}
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock() -> dict[str, str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[normalize(name)] = version.strip()
+    return pins
+
+
+def runtime_closure() -> set[str]:
+    """The project's runtime dependencies and theirs, as installed in this environment."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pending = [Requirement(r) for r in project["dependencies"]]
+    seen: set[str] = set()
+    while pending:
+        requirement = pending.pop()
+        if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        name = normalize(requirement.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        pending += [Requirement(r) for r in metadata.requires(requirement.name) or []]
+    return seen
+
+
+def test_base_image_is_a_pinned_slim_python() -> None:
+    arg = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)
+    assert arg, "the base image is not an ARG with a default"
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", arg.group(1))
+    stages = [rest for keyword, rest in instructions() if keyword == "FROM"]
+    assert len(stages) >= 2, "multi-stage: build tools stay out of the runtime image"
+    assert all(stage.split()[0] == "${PYTHON_IMAGE}" for stage in stages)
+
+
+def test_every_copied_path_exists() -> None:
+    copies = [rest for keyword, rest in instructions() if keyword == "COPY"]
+    assert copies
+    for rest in copies:
+        if rest.startswith("--from="):
+            continue
+        *sources, _target = rest.split()
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
+
+
+def test_generated_protos_are_copied() -> None:
+    copied_dirs = [
+        rest.split()[0] for keyword, rest in instructions() if keyword == "COPY" and "/" in rest
+    ]
+    assert "gateway/" in copied_dirs
+    assert (ROOT / "gateway/proto/detection/v1/detection_pb2.py").is_file()
+
+
+def test_every_run_command_is_provided() -> None:
+    runs = [rest for keyword, rest in instructions() if keyword == "RUN"]
+    assert runs
+    for run in runs:
+        for command in re.split(r"&&|\|\||;", run):
+            words = [w for w in command.split() if not re.fullmatch(r"[A-Z_]+=\S*", w)]
+            assert words[0] in BASE_IMAGE_COMMANDS, f"RUN {command.strip()}"
+            if words[0] == "python" and words[1] == "-c":
+                assert "import gateway" in command
+
+
+def test_the_lock_is_exactly_the_light_runtime_at_the_constrained_versions() -> None:
+    constraints = {
+        normalize(name): version
+        for name, _, version in (
+            line.partition("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+        )
+    }
+    pins = lock()
+    assert set(pins) == runtime_closure()
+    for name, version in pins.items():
+        assert constraints.get(name) == version, f"{name}=={version} is not in constraints.txt"
+    assert not {"tensorflow", "tensorflow-serving-api", "keras"} & set(pins)
+
+
+def test_only_the_lock_is_installed() -> None:
+    installs = [
+        rest for keyword, rest in instructions() if keyword == "RUN" and "pip install" in rest
+    ]
+    assert installs
+    for install in installs:
+        command = install.split("&&")[0]
+        # --no-deps everywhere: nothing but the lock's pins (and the gateway) gets in.
+        assert "--no-deps" in command, command
+    assert any("-r requirements-gateway.txt" in i for i in installs)
+    assert not any(re.search(r"\.\[", i) for i in installs), "no extras in the image"
+
+
+def test_runs_the_gateway_as_non_root_on_its_ports() -> None:
+    entrypoint = next(rest for keyword, rest in instructions() if keyword == "ENTRYPOINT")
+    assert json.loads(entrypoint) == ["python", "-m", "gateway"]
+    assert (ROOT / "gateway" / "__main__.py").is_file()
+    users = [rest for keyword, rest in instructions() if keyword == "USER"]
+    assert users and users[-1].isdigit() and int(users[-1]) != 0
+    exposed = {
+        int(p) for keyword, rest in instructions() if keyword == "EXPOSE" for p in rest.split()
+    }
+    defaults = Settings()
+    assert exposed == {defaults.port, defaults.metrics_port}
