@@ -40,7 +40,7 @@ lint: $(STAMP) $(BUF)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(K8S_NODE)
 	$(PY) -m pytest
 
 test: lint typecheck k8s-check pytest
