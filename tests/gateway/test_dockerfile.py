@@ -38,12 +38,17 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def lock_entries() -> list[list[str]]:
+    """The lock's requirements, each as its words (continuation lines joined)."""
+    text = re.sub(r"\\\n", " ", LOCK.read_text())
+    return [line.split() for line in text.splitlines() if line.strip() and line[0] != "#"]
+
+
 def lock() -> dict[str, str]:
     pins = {}
-    for line in LOCK.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            pins[normalize(name)] = version.strip()
+    for words in lock_entries():
+        name, _, version = words[0].partition("==")
+        pins[normalize(name)] = version
     return pins
 
 
@@ -117,6 +122,18 @@ def test_the_lock_is_exactly_the_light_runtime_at_the_constrained_versions() -> 
     assert not {"tensorflow", "tensorflow-serving-api", "keras"} & set(pins)
 
 
+def test_every_pin_has_hashes_for_both_architectures() -> None:
+    for words in lock_entries():
+        hashes = [w for w in words[1:] if w.startswith("--hash=")]
+        assert len(hashes) == len(words) - 1, words
+        assert all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in hashes), words
+        name = normalize(words[0].partition("==")[0])
+        files = metadata.distribution(name).read_text("WHEEL") or ""
+        # Pure-Python wheels are one file; compiled ones one per architecture (x86_64, aarch64).
+        expected = 1 if "Root-Is-Purelib: true" in files else 2
+        assert len(hashes) == expected, words[0]
+
+
 def test_only_the_lock_is_installed() -> None:
     installs = [
         rest for keyword, rest in instructions() if keyword == "RUN" and "pip install" in rest
@@ -126,7 +143,7 @@ def test_only_the_lock_is_installed() -> None:
         command = install.split("&&")[0]
         # --no-deps everywhere: nothing but the lock's pins (and the gateway) gets in.
         assert "--no-deps" in command, command
-    assert any("-r requirements-gateway.txt" in i for i in installs)
+    assert any("--require-hashes -r requirements-gateway.txt" in i for i in installs)
     assert not any(re.search(r"\.\[", i) for i in installs), "no extras in the image"
 
 
