@@ -49,7 +49,7 @@ def figures() -> Iterator[Figures]:
         print(f"\nreliability figures ({report}):\n{text}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tfs(model_repo: Path) -> Iterator[LocalServer]:
     """A real local TF Serving with `detector` (uint8 pixels) version 1."""
     args = ["--model_name=detector", f"--model_base_path={model_repo / 'detector'}"]
