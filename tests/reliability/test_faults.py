@@ -199,6 +199,27 @@ def test_slow_tf_serving_the_callers_deadline_wins_and_the_upstream_call_is_canc
     )
 
 
+def test_a_caller_that_cancels_cancels_the_tf_serving_call(
+    faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    with run_gateway(faulty.target, log_dir=tmp_path) as gw, gw.channel() as channel:
+        stub = gw.stub(channel)
+        stub.Detect(request_small, timeout=60)
+        faulty.hold()
+        future = stub.Detect.future(request_small, timeout=120)
+        faulty.wait_active(1)
+        future.cancel()
+        deadline = time.monotonic() + 30
+        while (faulty.active or gw.in_flight()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert faulty.cancelled == 1 and faulty.active == 0
+        assert gw.in_flight() == 0
+        faulty.release()
+        assert stub.Detect(request_small, timeout=60).detections  # and serves on
+    [record] = [r for r in gw.records() if r.get("code") == "CANCELLED"]
+    assert record["method"] == "Detect"
+
+
 # --- retries ----------------------------------------------------------------------------
 
 
