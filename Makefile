@@ -51,9 +51,9 @@ run: $(STAMP) models
 bench: $(STAMP) models
 	$(PY) -m bench.run
 
-# Long reliability run by hand (~5 min on 2 cores): TF Serving killed and restarted 5 times under load,
-# 400 deadline-cancelled calls, thousands of hostile images through the gateway, 60,000 fuzz
-# examples. The figures go to soak-report.json (quoted in the README's "Reliability").
+# Long reliability run by hand (~6 min on 2 cores): TF Serving killed and restarted 5 times
+# under load, 400 deadline-cancelled calls, thousands of hostile images through the gateway,
+# 60,000 fuzz examples. The figures go to soak-report.json (README, "Reliability").
 SOAK_REPORT ?= soak-report.json
 .PHONY: soak
 soak: $(STAMP)
