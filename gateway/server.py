@@ -113,5 +113,6 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     log.info("stopped")
 
 
-def _tls_mode(tls: object, client_cert: str) -> str:
-    return "mtls" if tls and client_cert else "tls" if tls else "off"
+def _tls_mode(tls: object, mutual: object) -> str:
+    """off, tls, or mtls (both sides present certificates), for the startup log."""
+    return "mtls" if tls and mutual else "tls" if tls else "off"
