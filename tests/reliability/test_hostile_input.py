@@ -55,7 +55,10 @@ def test_hostile_corpus_through_the_gateway(gateway: GatewayProcess, figures: Fi
     # Random damage to the seeds: a fixed seed here, many more in `make soak`.
     rng = np.random.default_rng(5)
     seeds = list(hostile.seeds().values())
-    for _ in range(scaled(60, 3000)):
+    rss_per_thousand = []
+    for index in range(scaled(60, 16_000)):
+        if index % 1000 == 999:
+            rss_per_thousand.append(memory_kib(gateway.process.pid)["VmRSS"])
         data = bytearray(seeds[rng.integers(len(seeds))])
         for position in rng.integers(0, len(data), rng.integers(1, 8)):
             data[position] = rng.integers(256)
@@ -67,7 +70,12 @@ def test_hostile_corpus_through_the_gateway(gateway: GatewayProcess, figures: Fi
         codes[code.name] += 1
     assert gateway.process.poll() is None
     memory = memory_kib(gateway.process.pid)
-    figures.record("hostile_images_via_grpc", by_code=dict(codes), gateway_memory_kib=memory)
+    figures.record(
+        "hostile_images_via_grpc",
+        by_code=dict(codes),
+        gateway_memory_kib=memory,
+        gateway_rss_kib_every_1000_images=rss_per_thousand,
+    )
     assert memory["VmHWM"] < PEAK_RSS_LIMIT_KIB, memory
 
 
