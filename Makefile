@@ -51,7 +51,7 @@ run: $(STAMP) models
 bench: $(STAMP) models
 	$(PY) -m bench.run
 
-# Long reliability run by hand (~10 min on 2 cores): TF Serving killed and restarted 5 times
+# Long reliability run by hand (~8 min on 2 cores): TF Serving killed and restarted 5 times
 # under load, 400 deadline-cancelled calls, thousands of hostile images through the gateway,
 # 60,000 fuzz examples. The figures go to soak-report.json (README, "Reliability").
 SOAK_REPORT ?= soak-report.json
