@@ -63,5 +63,14 @@ run: $(STAMP) models
 bench: $(STAMP) models
 	$(PY) -m bench.run
 
+# Long reliability run by hand (~8 min on 2 cores): TF Serving killed and restarted 5 times
+# under load, 400 deadline-cancelled calls, thousands of hostile images through the gateway,
+# 60,000 fuzz examples. The figures go to soak-report.json (README, "Reliability").
+SOAK_REPORT ?= soak-report.json
+.PHONY: soak
+soak: $(STAMP)
+	RELIABILITY_SOAK=1 RELIABILITY_REPORT=$(abspath $(SOAK_REPORT)) \
+	  $(PY) -m pytest tests/reliability -q -p no:cacheprovider --timeout=3600 -W ignore::UserWarning
+
 clean:
 	rm -rf $(VENV) $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache k8s/validate/node_modules

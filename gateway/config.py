@@ -64,6 +64,33 @@ class Settings:
     # Time in-flight requests get to finish after SIGTERM (pods get 30 s by default).
     shutdown_grace: float = 20.0
     log_level: str = "INFO"
+    # Retries towards TF Serving (see README "Reliability"): attempts per call including the
+    # first, only on connection-level UNAVAILABLE, never on TF Serving's queue-full
+    # UNAVAILABLE, always within the caller's deadline. 3 attempts ride out a pod restart
+    # or a dropped connection without stretching a real outage.
+    upstream_max_attempts: int = 3
+    # First retry waits up to this long (full jitter), doubling per attempt, capped at 1 s.
+    upstream_retry_backoff: float = 0.05
+    # Retries may add at most this fraction of calls (after a reserve of 10), so an outage
+    # does not multiply the load on a TF Serving that is coming back.
+    upstream_retry_budget: float = 0.1
+    # TLS to TF Serving, for clusters without a mesh: the CA that signed its certificate
+    # (empty: the system roots), a client certificate and key for mTLS, and the name to check
+    # in its certificate when it differs from the target's host.
+    upstream_tls: bool = False
+    upstream_ca_file: str = ""
+    upstream_cert_file: str = ""
+    upstream_key_file: str = ""
+    upstream_server_name: str = ""
+    # TLS on the gateway's own port: certificate chain and key; with a client CA, clients
+    # must present a certificate it signed (mTLS).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+
+    @property
+    def upstream_uses_tls(self) -> bool:
+        return self.upstream_tls or bool(self.upstream_ca_file or self.upstream_cert_file)
 
     @property
     def server_max_receive_bytes(self) -> int:
@@ -95,6 +122,16 @@ class Settings:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
         if self.upstream_timeout <= 0 or self.health_interval <= 0:
             raise ValueError("upstream-timeout and health-interval must be positive")
+        if self.upstream_max_attempts < 1:
+            raise ValueError("upstream-max-attempts must be at least 1 (1 disables retries)")
+        if self.upstream_retry_backoff < 0 or self.upstream_retry_budget < 0:
+            raise ValueError("upstream-retry-backoff and upstream-retry-budget must be >= 0")
+        if bool(self.upstream_cert_file) != bool(self.upstream_key_file):
+            raise ValueError("upstream-cert-file and upstream-key-file go together (mTLS)")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls-cert-file and tls-key-file go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("tls-client-ca-file needs tls-cert-file and tls-key-file")
 
 
 def env_name(field_name: str) -> str:
@@ -135,12 +172,34 @@ _HELP = {
     "health_interval": "seconds between TF Serving model status checks",
     "shutdown_grace": "seconds in-flight requests get after SIGTERM",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "upstream_max_attempts": "attempts per TF Serving call, retries included (1: no retries)",
+    "upstream_retry_backoff": "seconds before the first retry (doubles, jittered, max 1 s)",
+    "upstream_retry_budget": "retries allowed per call made, after a reserve of 10",
+    "upstream_tls": "TLS to TF Serving (true/false; implied by a CA or client certificate)",
+    "upstream_ca_file": "PEM CA bundle for TF Serving's certificate (default: system roots)",
+    "upstream_cert_file": "PEM client certificate chain for mTLS to TF Serving",
+    "upstream_key_file": "PEM private key of the client certificate",
+    "upstream_server_name": "name expected in TF Serving's certificate (default: target host)",
+    "tls_cert_file": "PEM certificate chain for TLS on the gateway's port",
+    "tls_key_file": "PEM private key for tls-cert-file",
+    "tls_client_ca_file": "PEM CA bundle; when set, clients must present a certificate (mTLS)",
 }
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _converter(name: str, default: Any) -> Callable[[str], Any]:
     if name == "label_maps":
         return _parse_label_maps
+    if isinstance(default, bool):
+        return _parse_bool
     return type(default)
 
 

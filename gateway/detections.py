@@ -7,6 +7,7 @@ saw, `detection_scores` sorted descending, 1-based `detection_classes` and `num_
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 
@@ -20,6 +21,15 @@ SCORES = "detection_scores"
 CLASSES = "detection_classes"
 NUM_DETECTIONS = "num_detections"
 REQUIRED_OUTPUTS = (BOXES, SCORES, CLASSES, NUM_DETECTIONS)
+# OD API exporters clip boxes to the image window, so a box edge past it is a rounding error
+# at most; boxes farther out mean another output layout (pixels, or [x, y, w, h]) and would
+# come out as garbage if clamped. Edges within this margin are clamped, others refused.
+BOX_MARGIN = 0.05
+# Distinct (model, version) pairs whose bad outputs have been logged; bounded because model
+# names come from clients (unknown ones fail earlier, but stay safe).
+_MAX_REPORTED = 1024
+
+log = logging.getLogger("gateway.detections")
 
 # (ymin, xmin, ymax, xmax) normalized box of the image the model saw -> the same box
 # normalized to the displayed image (EXIF orientation applied).
@@ -27,7 +37,30 @@ BoxTransform = Callable[[tuple[float, float, float, float]], tuple[float, float,
 
 
 class OutputError(ValueError):
-    """Model outputs that do not have the OD API shapes."""
+    """Model outputs that do not have the OD API shapes, types or value ranges."""
+
+
+class BadOutputLog:
+    """Logs a model version's unusable outputs once, not once per request."""
+
+    def __init__(self) -> None:
+        self._reported: set[tuple[str, int]] = set()
+
+    def report(self, model: str, version: int, problem: str) -> bool:
+        """Logs a warning the first time `model` `version` gives bad outputs; True if logged."""
+        key = (model, version)
+        if key in self._reported or len(self._reported) >= _MAX_REPORTED:
+            return False
+        self._reported.add(key)
+        log.warning(
+            "model outputs are unusable; requests to this version fail with "
+            "FAILED_PRECONDITION (logged once per model version)",
+            extra={"fields": {"model": model, "version": version, "problem": problem}},
+        )
+        return True
+
+
+BAD_OUTPUTS = BadOutputLog()
 
 
 def _pixel(fraction: float, size: int) -> int:
@@ -39,6 +72,9 @@ def _checked(outputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     missing = [k for k in REQUIRED_OUTPUTS if k not in outputs]
     if missing:
         raise OutputError(f"TF Serving response lacks outputs {missing}")
+    for key in REQUIRED_OUTPUTS:
+        if outputs[key].dtype.kind not in "fiu":
+            raise OutputError(f"{key} has dtype {outputs[key].dtype}; expected numbers")
     boxes = outputs[BOXES]
     scores, classes, num = outputs[SCORES], outputs[CLASSES], outputs[NUM_DETECTIONS]
     if boxes.ndim != 3 or boxes.shape[2] != 4 or boxes.shape[0] < 1:
@@ -54,6 +90,38 @@ def _checked(outputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     return boxes[0], scores[0], classes[0], num.reshape(-1)
 
 
+def _valid_count(num: float, rows: int) -> int:
+    if not math.isfinite(num) or num < 0 or num != int(num):
+        raise OutputError(f"{NUM_DETECTIONS} is {num}; expected a whole number >= 0")
+    if num > rows:
+        raise OutputError(
+            f"{NUM_DETECTIONS} is {int(num)} but the outputs hold only {rows} detections"
+        )
+    return int(num)
+
+
+def _check_values(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> None:
+    """Checks the first `len(boxes)` rows: finite scores in [0, 1], class ids >= 0, and
+    normalized boxes within the image (plus BOX_MARGIN)."""
+    with np.errstate(invalid="ignore"):
+        bad_scores = ~((scores >= 0) & (scores <= 1))  # NaN compares False
+        bad_classes = ~(np.isfinite(classes) & (classes >= 0))
+        bad_boxes = ~((boxes >= -BOX_MARGIN) & (boxes <= 1 + BOX_MARGIN)).all(axis=1)
+    if bad_scores.any():
+        i = int(np.argmax(bad_scores))
+        raise OutputError(f"{SCORES}[{i}] is {float(scores[i])}; scores must be numbers in [0, 1]")
+    if bad_classes.any():
+        i = int(np.argmax(bad_classes))
+        raise OutputError(f"{CLASSES}[{i}] is {float(classes[i])}; class ids must be numbers >= 0")
+    if bad_boxes.any():
+        i = int(np.argmax(bad_boxes))
+        shown = ", ".join(f"{float(v):g}" for v in boxes[i])
+        raise OutputError(
+            f"{BOXES}[{i}] is [{shown}], outside [0, 1]: the gateway needs normalized "
+            "[ymin, xmin, ymax, xmax] boxes, as OD API exports give (not pixels)"
+        )
+
+
 def map_detections(
     outputs: Mapping[str, np.ndarray],
     *,
@@ -64,13 +132,19 @@ def map_detections(
     max_detections: int,
     transform: BoxTransform | None = None,
 ) -> list[Detection]:
-    """Detections of the first batch item, best first, in pixels of a width x height image."""
+    """Detections of the first batch item, best first, in pixels of a width x height image.
+
+    Raises OutputError when the outputs are not what an OD API model gives: missing,
+    misshapen or non-numeric tensors, num_detections beyond the arrays, NaN or out-of-range
+    scores, negative class ids, boxes outside the image.
+    """
     boxes, scores, classes, num = _checked(outputs)
-    valid = min(max(int(num[0]), 0), boxes.shape[0])
+    valid = _valid_count(float(num[0]), boxes.shape[0])
+    _check_values(boxes[:valid], scores[:valid], classes[:valid])
     found: list[Detection] = []
     for i in range(valid):
         score = float(scores[i])
-        if not score >= min_score:  # also drops NaN
+        if score < min_score:
             continue
         ymin, xmin, ymax, xmax = (float(v) for v in boxes[i])
         if transform is not None:

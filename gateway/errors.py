@@ -68,13 +68,14 @@ def from_upstream(
             code, f"TF Serving rejected the request for {model.describe()}: {details}"
         )
     if code == C.RESOURCE_EXHAUSTED:
-        if details.startswith("Sent message larger than max"):
+        # grpcio prefixes its own transport messages ("CLIENT: Sent message larger ...").
+        if "Sent message larger than max" in details:
             return GatewayError(
                 code,
                 f"the request to TF Serving is over the gateway's upstream send limit ({details}); "
                 "raise GATEWAY_UPSTREAM_MAX_SEND_BYTES or lower GATEWAY_MAX_PIXELS",
             )
-        if details.startswith("Received message larger than max"):
+        if "Received message larger than max" in details:
             return GatewayError(
                 code,
                 f"TF Serving's response is over the gateway's upstream receive limit ({details}); "

@@ -20,6 +20,13 @@ LATENCY = Histogram(
 )
 IN_FLIGHT = Gauge("detection_gateway_in_flight_requests", "Images being processed now.")
 
+UPSTREAM_RETRIES = Counter(
+    "detection_gateway_upstream_retries",
+    "Retry decisions on TF Serving calls that failed with a connection-level UNAVAILABLE: "
+    "retried, or not retried because the retry budget was spent.",
+    ["rpc", "decision"],
+)
+
 
 def serve(port: int, host: str) -> None:
     """Starts the metrics HTTP server in a daemon thread (no-op for port 0)."""

@@ -19,7 +19,7 @@ from gateway.health import HealthReporter
 from gateway.labelmap import LabelMap
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.service import SERVICE_NAME, DetectionService
-from gateway.tfserving import TFServingClient
+from gateway.tfserving import TFServingClient, read_pem
 
 log = logging.getLogger("gateway.server")
 
@@ -32,6 +32,20 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS for the gateway's port (mTLS with a client CA); None for plaintext."""
+    if not settings.tls_cert_file:
+        return None
+    cert = read_pem(settings.tls_cert_file, "tls-cert-file")
+    key = read_pem(settings.tls_key_file, "tls-key-file")
+    client_ca = None
+    if settings.tls_client_ca_file:
+        client_ca = read_pem(settings.tls_client_ca_file, "tls-client-ca-file")
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
 def load_label_maps(paths: dict[str, Path]) -> dict[str, LabelMap]:
     return {name: LabelMap.load(path) for name, path in paths.items()}
 
@@ -39,6 +53,7 @@ def load_label_maps(paths: dict[str, Path]) -> dict[str, LabelMap]:
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace."""
     label_maps = load_label_maps(dict(settings.label_maps))
+    credentials = server_credentials(settings)  # before anything starts: bad files fail fast
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     client = TFServingClient(settings)
     server = grpc.aio.server(options=server_options(settings))
@@ -53,7 +68,10 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"{settings.host}:{settings.port}"
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     metrics.serve(settings.metrics_port, settings.host)
     await server.start()
     reporter = HealthReporter(
@@ -68,6 +86,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
                 "upstream": settings.upstream,
                 "model": settings.model,
                 "metrics_port": settings.metrics_port,
+                "tls": _tls_mode(settings.tls_cert_file, settings.tls_client_ca_file),
+                "upstream_tls": _tls_mode(settings.upstream_uses_tls, settings.upstream_cert_file),
             }
         },
     )
@@ -91,3 +111,8 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await client.close()
     executor.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
+
+
+def _tls_mode(tls: object, mutual: object) -> str:
+    """off, tls, or mtls (both sides present certificates), for the startup log."""
+    return "mtls" if tls and mutual else "tls" if tls else "off"

@@ -21,7 +21,7 @@ import grpc
 from gateway import errors, images, metrics
 from gateway.config import Settings
 from gateway.converters import Query, to_query, to_result
-from gateway.detections import OutputError, map_detections
+from gateway.detections import BAD_OUTPUTS, OutputError, map_detections
 from gateway.domain import DetectionOutcome
 from gateway.inputs import ModelInput, build_input
 from gateway.labelmap import LabelMap
@@ -212,6 +212,7 @@ class DetectionService(pb_grpc.DetectionServiceServicer):
                 transform=model_input.transform,
             )
         except OutputError as e:
+            BAD_OUTPUTS.report(query.model.name, prediction.version, str(e))
             raise errors.failed_precondition(
                 f"model '{query.model.name}' version {prediction.version} gave unusable "
                 f"outputs: {e}"

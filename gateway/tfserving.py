@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 import grpc
 import numpy as np
 
-from gateway import errors
+from gateway import errors, metrics
 from gateway.config import Settings
-from gateway.detections import REQUIRED_OUTPUTS
+from gateway.detections import BAD_OUTPUTS, REQUIRED_OUTPUTS
 from gateway.domain import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tensors import TensorDecodeError, dtype_name, shape_of, to_array
@@ -29,6 +32,15 @@ SIGNATURE = "serving_default"
 SIGNATURE_DEF_MAP_TYPE = "tensorflow.serving.SignatureDefMap"
 # Wait before describing a version again after GetModelMetadata failed for it.
 DESCRIBE_RETRY_SECONDS = 30.0
+# Longest wait between two attempts of one call.
+RETRY_BACKOFF_CAP = 1.0
+# Retries the budget allows before it needs deposits from calls (a burst, e.g. every call
+# in flight when a connection drops).
+RETRY_RESERVE = 10.0
+# Reconnecting to TF Serving: gRPC's default backoff grows to 120 s, which would keep the
+# gateway away for minutes after a long outage. Capped at 1 s, the gateway serves again
+# within about a second of TF Serving's return, for one connection attempt per second.
+RECONNECT_BACKOFF_MS = {"initial": 250, "min": 250, "max": 1000}
 
 
 class StaleSignature(errors.GatewayError):
@@ -41,6 +53,9 @@ class InputMode(Enum):
     PIXELS = "uint8 [1,H,W,3] pixels"  # OD API image_tensor
     FLOAT_PIXELS = "float32 [1,H,W,3] pixels"  # OD API float_image_tensor
     ENCODED = "string [N] encoded images"  # OD API encoded_image_string_tensor
+
+
+ResponseT = TypeVar("ResponseT")
 
 
 @dataclass(frozen=True)
@@ -68,10 +83,82 @@ def channel_options(settings: Settings) -> list[tuple[str, object]]:
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.keepalive_timeout_ms", 10_000),
     ]
+    options += [
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["initial"]),
+        ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["min"]),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["max"]),
+    ]
+    if settings.upstream_server_name:
+        options.append(("grpc.ssl_target_name_override", settings.upstream_server_name))
     if settings.upstream_lb == "round_robin":
         config: dict[str, object] = {"loadBalancingConfig": [{"round_robin": {}}]}
         options.append(("grpc.service_config", json.dumps(config)))
     return options
+
+
+def read_pem(path: str, setting: str) -> bytes:
+    """A certificate or key file named by a setting; OSError naming the setting otherwise."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise OSError(f"cannot read {setting} {path!r}: {e.strerror or e}") from None
+
+
+def channel_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
+    """TLS (and mTLS with a client certificate) to TF Serving; None for plaintext."""
+    if not settings.upstream_uses_tls:
+        return None
+    ca = (
+        read_pem(settings.upstream_ca_file, "upstream-ca-file")
+        if settings.upstream_ca_file
+        else None
+    )
+    cert = key = None
+    if settings.upstream_cert_file:
+        cert = read_pem(settings.upstream_cert_file, "upstream-cert-file")
+        key = read_pem(settings.upstream_key_file, "upstream-key-file")
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+
+
+def is_queue_full(error: grpc.RpcError) -> bool:
+    """TF Serving's UNAVAILABLE for a full batch queue ("The batch scheduling queue to which
+    this task was submitted is full"): backpressure, never retried."""
+    details = (error.details() or "").lower()
+    return "queue" in details and "full" in details
+
+
+def is_retryable(error: grpc.RpcError) -> bool:
+    """Connection-level failures (TF Serving down, restarting, connection reset): another
+    attempt may reach a healthy server. Everything else is the answer."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and not is_queue_full(error)
+
+
+class RetryBudget:
+    """Caps retries to a fraction of calls: each call deposits `ratio` tokens (up to the
+    reserve), each retry spends one. In an outage retries stop after the reserve, and then
+    add at most `ratio` extra calls per call instead of multiplying the load."""
+
+    def __init__(self, ratio: float, reserve: float = RETRY_RESERVE) -> None:
+        self.ratio = ratio
+        self.reserve = reserve
+        self.tokens = reserve
+
+    def deposit(self) -> None:
+        self.tokens = min(self.reserve, self.tokens + self.ratio)
+
+    def withdraw(self) -> bool:
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+def backoff(attempt: int, base: float) -> float:
+    """Seconds before attempt `attempt + 1`: full jitter over base * 2^(attempt-1), capped."""
+    return random.uniform(0.0, min(RETRY_BACKOFF_CAP, base * 2 ** (attempt - 1)))
 
 
 def _describe_tensors(infos: dict[str, tfs.TensorInfo]) -> str:
@@ -129,9 +216,16 @@ class TFServingClient:
     def __init__(self, settings: Settings) -> None:
         self.target = settings.upstream
         self._settings = settings
-        self._channel = grpc.aio.insecure_channel(
-            settings.upstream, options=channel_options(settings)
-        )
+        credentials = channel_credentials(settings)
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(
+                settings.upstream, options=channel_options(settings)
+            )
+        else:
+            self._channel = grpc.aio.secure_channel(
+                settings.upstream, credentials, options=channel_options(settings)
+            )
+        self._budget = RetryBudget(settings.upstream_retry_budget)
         self._predict = self._channel.unary_unary(
             PREDICT,
             request_serializer=tfs.PredictRequest.SerializeToString,
@@ -163,6 +257,34 @@ class TFServingClient:
 
     def _error(self, e: grpc.RpcError, model: ModelRef) -> errors.GatewayError:
         return errors.from_upstream(e, target=self.target, model=model)
+
+    async def _call(
+        self,
+        rpc: str,
+        method: Callable[..., Awaitable[ResponseT]],
+        request: object,
+        timeout: float,
+    ) -> ResponseT:
+        """One idempotent call with retries: connection-level UNAVAILABLE only, with jittered
+        exponential backoff, within `timeout` overall and the retry budget."""
+        deadline = time.monotonic() + timeout
+        self._budget.deposit()
+        attempt = 1
+        while True:
+            try:
+                return await method(request, timeout=max(deadline - time.monotonic(), 0.001))
+            except grpc.RpcError as e:
+                if attempt >= self._settings.upstream_max_attempts or not is_retryable(e):
+                    raise
+                delay = backoff(attempt, self._settings.upstream_retry_backoff)
+                if time.monotonic() + delay >= deadline:
+                    raise
+                if not self._budget.withdraw():
+                    metrics.UPSTREAM_RETRIES.labels(rpc, "budget_exhausted").inc()
+                    raise
+                metrics.UPSTREAM_RETRIES.labels(rpc, "retried").inc()
+            await asyncio.sleep(delay)
+            attempt += 1
 
     async def signature(self, model: ModelRef, timeout: float) -> ModelSignature:
         """The signature to build this request's input with; metadata is fetched only when
@@ -230,7 +352,7 @@ class TFServingClient:
             model_spec=_model_spec(model, signature=False), metadata_field=["signature_def"]
         )
         try:
-            response = await self._metadata(request, timeout=timeout)
+            response = await self._call("GetModelMetadata", self._metadata, request, timeout)
         except grpc.RpcError as e:
             raise self._error(e, model) from None
         version = response.model_spec.version.value
@@ -256,7 +378,9 @@ class TFServingClient:
             output_filter=list(REQUIRED_OUTPUTS),
         )
         try:
-            response = await self._predict(request, timeout=timeout)
+            # Predict is retried: inference has no side effects in TF Serving, so a repeat
+            # costs compute only, and the budget bounds that (README "Reliability").
+            response = await self._call("Predict", self._predict, request, timeout)
         except grpc.RpcError as e:
             error = self._error(e, model)
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "Expects arg[" in (
@@ -272,6 +396,7 @@ class TFServingClient:
         try:
             outputs = {k: to_array(v) for k, v in response.outputs.items()}
         except TensorDecodeError as e:
+            BAD_OUTPUTS.report(model.name, version, str(e))
             raise errors.failed_precondition(
                 f"cannot read the output of model '{model.name}' version {version}: {e}"
             ) from None

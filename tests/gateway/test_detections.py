@@ -67,10 +67,18 @@ def test_min_score_and_max_detections_keep_the_best() -> None:
     assert [round(d.score, 2) for d in found] == [0.95, 0.9]
 
 
-def test_boxes_are_clamped_to_the_image() -> None:
-    out = outputs([(0.9, 1, (-0.2, -0.1, 1.3, 1.01))])
+def test_boxes_a_little_past_the_border_are_clamped_to_the_image() -> None:
+    out = outputs([(0.9, 1, (-0.04, -0.01, 1.05, 1.01))])
     [d] = map_detections(out, width=64, height=48, label_map=LABELS, min_score=0, max_detections=1)
     assert d.box == Box(0, 0, 64, 48)
+
+
+def test_boxes_far_outside_the_image_are_refused_as_not_normalized() -> None:
+    out = outputs([(0.9, 1, (0.1, 0.1, 0.5, 0.5)), (0.8, 1, (12.0, 40.0, 120.0, 300.0))])
+    with pytest.raises(
+        OutputError, match=r"detection_boxes\[1\] is \[12, 40, 120, 300\].*not pixels"
+    ):
+        map_detections(out, width=64, height=48, label_map=LABELS, min_score=0, max_detections=1)
 
 
 def test_a_transform_maps_boxes_before_conversion() -> None:

@@ -1,0 +1,101 @@
+"""Test certificates made on the fly: a CA, a server certificate for localhost/127.0.0.1, and
+a client certificate, all signed by the CA (EC P-256, valid for a day)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+@dataclass(frozen=True)
+class Pair:
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class Certificates:
+    ca: Path
+    server: Pair
+    client: Pair
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write(
+    directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
+) -> Pair:
+    pair = Pair(directory / f"{stem}.crt", directory / f"{stem}.key")
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pair.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return pair
+
+
+def _builder(
+    subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey
+) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+    )
+
+
+def make_certificates(directory: Path, ca_name: str = "test CA") -> Certificates:
+    """Writes ca.crt, server.crt/.key (localhost, 127.0.0.1) and client.crt/.key."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        _builder(ca_name, _name(ca_name), ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    ca_path = directory / "ca.crt"
+    ca_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+
+    def leaf(stem: str, usage: x509.ObjectIdentifier, names: list[x509.GeneralName]) -> Pair:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            _builder(stem, ca_cert.subject, key.public_key())
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        return _write(directory, stem, cert, key)
+
+    server = leaf(
+        "server",
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    client = leaf("client", ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName("gateway-client")])
+    return Certificates(ca_path, server, client)

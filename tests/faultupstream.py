@@ -1,0 +1,161 @@
+"""A programmable TF Serving for fault tests: a real gRPC server on the TF Serving paths that
+forwards to a real (local) TF Serving and injects faults on demand.
+
+    with FaultyUpstream(tfs.target) as upstream:
+        upstream.delay = 5.0                      # slow Predicts
+        upstream.fail_next(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
+        upstream.mutate = lambda response: ...    # broken answers (a tfs.PredictResponse)
+        upstream.hold()                           # Predicts wait until release()
+
+It counts calls per method, Predicts in progress, and Predicts whose caller went away
+(deadline or cancellation) before the answer. Bytes pass through untouched unless a mutation
+is set. Binds 127.0.0.1 only; optional TLS/mTLS with `credentials`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+
+import grpc
+
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tfserving import GET_MODEL_METADATA, GET_MODEL_STATUS, PREDICT
+
+UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# Enough threads for every Predict a test holds at once plus health checks.
+THREADS = 96
+_POLL = 0.01
+
+
+class FaultyUpstream:
+    def __init__(self, backend: str, credentials: grpc.ServerCredentials | None = None) -> None:
+        self.backend = backend
+        self.credentials = credentials
+        self.delay = 0.0
+        self.mutate: Callable[[tfs.PredictResponse], None] | None = None
+        self.calls: Counter[str] = Counter()
+        self.active = 0
+        self.cancelled = 0
+        self._failures: deque[tuple[grpc.StatusCode, str]] = deque()
+        self._released = threading.Event()
+        self._released.set()
+        self._lock = threading.Lock()
+        self._channel = grpc.insecure_channel(backend, options=UNLIMITED)
+        self._server = grpc.server(ThreadPoolExecutor(THREADS), options=UNLIMITED)
+        handlers = {
+            path.rsplit("/", 1)[1]: grpc.unary_unary_rpc_method_handler(self._handler(path))
+            for path in (PREDICT, GET_MODEL_METADATA)
+        }
+        status = {"GetModelStatus": grpc.unary_unary_rpc_method_handler(
+            self._handler(GET_MODEL_STATUS)
+        )}  # fmt: skip
+        self._server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "tensorflow.serving.PredictionService", handlers
+                ),
+                grpc.method_handlers_generic_handler("tensorflow.serving.ModelService", status),
+            )
+        )
+        if credentials is None:
+            self.port = self._server.add_insecure_port("127.0.0.1:0")
+        else:
+            self.port = self._server.add_secure_port("127.0.0.1:0", credentials)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FaultyUpstream:
+        self._server.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+        self._server.stop(grace=None).wait()
+        self._channel.close()
+
+    # --- controls -------------------------------------------------------------------
+
+    def fail_next(self, code: grpc.StatusCode, details: str, times: int = 1) -> None:
+        """The next `times` Predicts are answered with this status, without forwarding."""
+        with self._lock:
+            self._failures.extend([(code, details)] * times)
+
+    def hold(self) -> None:
+        """Predicts from now on wait (after forwarding nothing) until release()."""
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def wait_active(self, count: int, timeout: float = 60.0) -> None:
+        """Waits until `count` Predicts are in progress here."""
+        deadline = time.monotonic() + timeout
+        while self.active < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.active} Predicts in progress, wanted {count}")
+            time.sleep(_POLL)
+
+    # --- serving --------------------------------------------------------------------
+
+    def _handler(self, path: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        name = path.rsplit("/", 1)[1]
+        forward = self._channel.unary_unary(path)  # raw bytes both ways
+
+        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+            with self._lock:
+                self.calls[name] += 1
+            if path != PREDICT:
+                return self._forward(forward, request, context)
+            with self._lock:
+                self.active += 1
+                failure = self._failures.popleft() if self._failures else None
+            try:
+                if failure is not None:
+                    context.abort(*failure)
+                if not self._wait(context):
+                    with self._lock:
+                        self.cancelled += 1
+                    context.abort(grpc.StatusCode.CANCELLED, "caller went away")
+                response = self._forward(forward, request, context)
+                mutate = self.mutate
+                if mutate is None:
+                    return response
+                message = tfs.PredictResponse.FromString(response)
+                mutate(message)
+                return message.SerializeToString()
+            finally:
+                with self._lock:
+                    self.active -= 1
+
+        return handle
+
+    def _wait(self, context: grpc.ServicerContext) -> bool:
+        """Sleeps the delay and waits for release(); False if the caller went away."""
+        until = time.monotonic() + self.delay
+        while time.monotonic() < until or not self._released.is_set():
+            if not context.is_active():
+                return False
+            time.sleep(_POLL)
+        return context.is_active()
+
+    @staticmethod
+    def _forward(
+        forward: grpc.UnaryUnaryMultiCallable, request: bytes, context: grpc.ServicerContext
+    ) -> bytes:
+        try:
+            return forward(request, timeout=context.time_remaining())  # type: ignore[no-any-return]
+        except grpc.RpcError as e:
+            context.abort(e.code(), e.details() or "")
+            raise  # unreachable: abort raises

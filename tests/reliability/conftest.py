@@ -1,0 +1,69 @@
+"""Fixtures for the reliability and security tests.
+
+`make test` runs the fast variants. `make soak` sets RELIABILITY_SOAK=1 for the long ones
+(more requests, outage cycles, fuzz examples) and RELIABILITY_REPORT=<file> to write the
+figures each test records (requests sent, failures by code, recovery time, memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gateway.proto.detection.v1 import detection_pb2 as pb
+from serving import scenes
+from tests.localserver import LocalServer, run_local_server
+
+SOAK = os.environ.get("RELIABILITY_SOAK") == "1"
+
+
+def scaled(fast: int, soak: int) -> int:
+    """A count for `make test`, or the larger one for `make soak`."""
+    return soak if SOAK else fast
+
+
+class Figures:
+    """Numbers the tests measure, written as JSON for the README's reliability section."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, Any]] = {}
+
+    def record(self, name: str, **values: Any) -> None:
+        self.entries.setdefault(name, {}).update(values)
+
+
+@pytest.fixture(scope="session")
+def figures() -> Iterator[Figures]:
+    collected = Figures()
+    yield collected
+    report = os.environ.get("RELIABILITY_REPORT")
+    if report and collected.entries:
+        text = json.dumps({"soak": SOAK, **collected.entries}, indent=2, sort_keys=True)
+        Path(report).write_text(text + "\n")
+        print(f"\nreliability figures ({report}):\n{text}")
+
+
+@pytest.fixture(scope="session")
+def tfs(model_repo: Path) -> Iterator[LocalServer]:
+    """A real local TF Serving with `detector` (uint8 pixels) version 1."""
+    args = ["--model_name=detector", f"--model_base_path={model_repo / 'detector'}"]
+    with run_local_server(args) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def small_scene() -> tuple[bytes, int]:
+    """A small PNG with known rectangles, and how many the detector must find."""
+    scene = scenes.generate_scene(np.random.default_rng(7), 160, 120, 2)
+    return scenes.encode(scene.pixels, "PNG"), len(scene.boxes)
+
+
+@pytest.fixture(scope="session")
+def request_small(small_scene: tuple[bytes, int]) -> pb.DetectRequest:
+    return pb.DetectRequest(image=small_scene[0])
