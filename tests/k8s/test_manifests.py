@@ -686,6 +686,18 @@ def test_istio_routes_never_retry_overload(target: str) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_gateway_retries_less_where_the_mesh_retries_too(target: str) -> None:
+    objs = rendered(target)
+    settings = gateway_settings(objs)
+    if not of_kind(objs, "VirtualService"):
+        assert settings.upstream_max_attempts == Settings().upstream_max_attempts
+        return
+    # Envoy's retries cover bodies under its 1 MiB buffer; the gateway keeps one retry for
+    # larger ones, not its standalone default, so the layers multiply as little as possible.
+    assert settings.upstream_max_attempts == 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_istio_rules_name_services_and_ports_in_the_render(target: str) -> None:
     objs = rendered(target)
     services = {s["metadata"]["name"]: s for s in of_kind(objs, "Service")}
