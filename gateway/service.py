@@ -27,7 +27,12 @@ from gateway.inputs import ModelInput, build_input
 from gateway.labelmap import LabelMap
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from gateway.tfserving import InputMode, StaleSignature, TFServingClient
+from gateway.tfserving import (
+    ModelSignature,
+    StaleSignature,
+    TFServingClient,
+    request_envelope,
+)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DetectionService"].full_name
 request_log = logging.getLogger("gateway.request")
@@ -168,12 +173,20 @@ class DetectionService(pb_grpc.DetectionServiceServicer):
             )
         return min(remaining, self._settings.upstream_timeout)
 
-    async def _build_input(self, query: Query, mode: InputMode, timings: Timings) -> ModelInput:
+    async def _build_input(
+        self, query: Query, signature: ModelSignature, timings: Timings
+    ) -> ModelInput:
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(
-                self._executor, build_input, query.image, mode, self._image_limits
+                self._executor,
+                build_input,
+                query.image,
+                signature.mode,
+                signature.input_key,
+                request_envelope(query.model),
+                self._image_limits,
             )
         except images.ImageError as e:
             raise errors.from_image_error(e) from None
@@ -189,11 +202,11 @@ class DetectionService(pb_grpc.DetectionServiceServicer):
     ) -> DetectionOutcome:
         for attempt in (1, 2):
             signature = await self._client.signature(query.model, self._timeout(context))
-            model_input = await self._build_input(query, signature.mode, timings)
+            model_input = await self._build_input(query, signature, timings)
             started = time.perf_counter()
             try:
                 prediction = await self._client.predict(
-                    query.model, signature, model_input.tensor, self._timeout(context)
+                    query.model, model_input.request, self._timeout(context)
                 )
                 break
             except StaleSignature:

@@ -117,6 +117,17 @@ def _model_spec(model: ModelRef, signature: bool) -> tfs.ModelSpec:
     return spec
 
 
+def request_envelope(model: ModelRef) -> bytes:
+    """A serialized PredictRequest without inputs: model spec, signature and output filter.
+
+    gateway.inputs appends the input tensor to it (protobuf fields may come in any order).
+    """
+    request = tfs.PredictRequest(
+        model_spec=_model_spec(model, signature=True), output_filter=list(REQUIRED_OUTPUTS)
+    )
+    return request.SerializeToString()
+
+
 class TFServingClient:
     """Async calls to TF Serving with deadlines, plus a cache of model signatures.
 
@@ -132,9 +143,10 @@ class TFServingClient:
         self._channel = grpc.aio.insecure_channel(
             settings.upstream, options=channel_options(settings)
         )
+        # Predict requests arrive serialized (gateway.inputs writes the pixels into them).
         self._predict = self._channel.unary_unary(
             PREDICT,
-            request_serializer=tfs.PredictRequest.SerializeToString,
+            request_serializer=None,
             response_deserializer=tfs.PredictResponse.FromString,
         )
         self._metadata = self._channel.unary_unary(
@@ -247,14 +259,8 @@ class TFServingClient:
             )
         return signature_from_def(model.name, version, sig_map.signature_def[SIGNATURE])
 
-    async def predict(
-        self, model: ModelRef, signature: ModelSignature, tensor: tfs.TensorProto, timeout: float
-    ) -> Prediction:
-        request = tfs.PredictRequest(
-            model_spec=_model_spec(model, signature=True),
-            inputs={signature.input_key: tensor},
-            output_filter=list(REQUIRED_OUTPUTS),
-        )
+    async def predict(self, model: ModelRef, request: bytes, timeout: float) -> Prediction:
+        """Sends a serialized PredictRequest (see request_envelope) for `model`."""
         try:
             response = await self._predict(request, timeout=timeout)
         except grpc.RpcError as e:
