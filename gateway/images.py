@@ -210,11 +210,13 @@ def _decode_jpeg(data: bytes, info: ImageInfo, into: PixelSink | None) -> np.nda
     IDCT, smooth chroma upsampling), or None to let Pillow decide about this file."""
     try:
         if info.orientation == 1:
-            out = into(info) if into is not None else None
-            pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=out, strict=True)
-            if out is None:
+            if into is None:
+                pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
                 pixels.flags.writeable = False
-            return pixels
+                return pixels
+            out = into(info)
+            simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=out, strict=True)
+            return out
         stored = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
     except ValueError:
         # Truncated or damaged data, or a variant simplejpeg refuses: Pillow tolerates some

@@ -39,6 +39,25 @@ class ModelInput:
     transform: BoxTransform | None  # model's box -> displayed image box; None when identical
 
 
+def encoded_input(
+    data: bytes, input_key: str, envelope: bytes, limits: images.ImageLimits
+) -> ModelInput | None:
+    """For a string [N] model: the request carrying the caller's bytes untouched, or None
+    when TensorFlow would not decode them to the same pixels (build_input transcodes them).
+
+    Reads the header only (well under a millisecond), so it may run on the event loop.
+    Raises images.ImageError like build_input.
+    """
+    info = images.inspect_image(data, limits)
+    if not images.model_can_decode(info):
+        return None
+    transform = None
+    if info.orientation != 1:
+        transform = partial(images.orient_box, orientation=info.orientation)
+    request = string_request(envelope, input_key, data)
+    return ModelInput(request, info.width, info.height, transform)
+
+
 def build_input(
     data: bytes, mode: InputMode, input_key: str, envelope: bytes, limits: images.ImageLimits
 ) -> ModelInput:
@@ -46,13 +65,9 @@ def build_input(
     as input `input_key`. Raises images.ImageError for an empty, undecodable or oversized
     image."""
     if mode is InputMode.ENCODED:
-        info = images.inspect_image(data, limits)
-        if images.model_can_decode(info):
-            transform = None
-            if info.orientation != 1:
-                transform = partial(images.orient_box, orientation=info.orientation)
-            request = string_request(envelope, input_key, data)
-            return ModelInput(request, info.width, info.height, transform)
+        forwarded = encoded_input(data, input_key, envelope, limits)
+        if forwarded is not None:
+            return forwarded
         info, pixels = images.decode_image(data, limits)
         request = string_request(envelope, input_key, images.encode_png(pixels))
         return ModelInput(request, info.width, info.height, None)

@@ -23,11 +23,12 @@ from gateway.config import Settings
 from gateway.converters import Query, to_query, to_result
 from gateway.detections import OutputError, map_detections
 from gateway.domain import DetectionOutcome
-from gateway.inputs import ModelInput, build_input
+from gateway.inputs import ModelInput, build_input, encoded_input
 from gateway.labelmap import LabelMap
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.tfserving import (
+    InputMode,
     ModelSignature,
     StaleSignature,
     TFServingClient,
@@ -177,15 +178,23 @@ class DetectionService(pb_grpc.DetectionServiceServicer):
         self, query: Query, signature: ModelSignature, timings: Timings
     ) -> ModelInput:
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
+        envelope = request_envelope(query.model)
         try:
+            if signature.mode is InputMode.ENCODED:
+                # Forwarding the caller's bytes needs only their header: no thread hop.
+                forwarded = encoded_input(
+                    query.image, signature.input_key, envelope, self._image_limits
+                )
+                if forwarded is not None:
+                    return forwarded
+            loop = asyncio.get_running_loop()
             return await loop.run_in_executor(
                 self._executor,
                 build_input,
                 query.image,
                 signature.mode,
                 signature.input_key,
-                request_envelope(query.model),
+                envelope,
                 self._image_limits,
             )
         except images.ImageError as e:
