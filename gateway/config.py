@@ -64,6 +64,9 @@ class Settings:
     # Time in-flight requests get to finish after SIGTERM (pods get 30 s by default).
     shutdown_grace: float = 20.0
     log_level: str = "INFO"
+    # Gateway processes sharing the port (SO_REUSEPORT), for more than one core per pod:
+    # one process runs Python on one core at a time. 1 serves in this process.
+    workers: int = 1
 
     @property
     def server_max_receive_bytes(self) -> int:
@@ -90,9 +93,12 @@ class Settings:
             "max_concurrent_requests",
             "stream_window",
             "decode_threads",
+            "workers",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("workers above 1 need a fixed port (they share it), not port 0")
         if self.upstream_timeout <= 0 or self.health_interval <= 0:
             raise ValueError("upstream-timeout and health-interval must be positive")
 
@@ -135,6 +141,7 @@ _HELP = {
     "health_interval": "seconds between TF Serving model status checks",
     "shutdown_grace": "seconds in-flight requests get after SIGTERM",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "workers": "gateway processes sharing the port (SO_REUSEPORT); 1 serves in this process",
 }
 
 
