@@ -9,6 +9,8 @@ following TensorFlow's own rules (tensor.cc FromProto).
 from __future__ import annotations
 
 import ctypes
+import math
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -82,21 +84,26 @@ def string_tensor(values: Sequence[bytes]) -> tfs.TensorProto:
 
 
 def to_array(proto: tfs.TensorProto) -> np.ndarray:
-    """Decodes a numeric TensorProto into an array of its full shape."""
-    shape = shape_of(proto.tensor_shape)
-    if shape is None or any(n < 0 for n in shape):
+    """Decodes a numeric TensorProto into an array of its full shape (no per-element Python:
+    np.frombuffer for tensor_content, one C-level conversion for the typed field)."""
+    if proto.tensor_shape.unknown_rank:
+        raise TensorDecodeError("tensor has no fully defined shape: None")
+    shape = tuple([d.size for d in proto.tensor_shape.dim])
+    if any(n < 0 for n in shape):
         raise TensorDecodeError(f"tensor has no fully defined shape: {shape}")
-    if proto.dtype not in _NUMERIC:
+    numeric = _NUMERIC.get(proto.dtype)
+    if numeric is None:
         raise TensorDecodeError(f"unsupported tensor dtype {dtype_name(proto.dtype)}")
-    dtype, field = _NUMERIC[proto.dtype]
-    count = int(np.prod(shape, dtype=np.int64))
-    if proto.tensor_content:
-        if len(proto.tensor_content) != count * dtype.itemsize:
+    dtype, field = numeric
+    count = math.prod(shape)
+    content = proto.tensor_content
+    if content:
+        if len(content) != count * dtype.itemsize:
             raise TensorDecodeError(
-                f"tensor_content has {len(proto.tensor_content)} bytes; "
+                f"tensor_content has {len(content)} bytes; "
                 f"{dtype_name(proto.dtype)} {list(shape)} needs {count * dtype.itemsize}"
             )
-        return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
+        return np.frombuffer(content, dtype=dtype).reshape(shape)
     values = getattr(proto, field)
     if proto.dtype == tfs.DT_HALF:
         typed = np.asarray(values, dtype=np.uint16).view(np.float16)
@@ -104,7 +111,9 @@ def to_array(proto: tfs.TensorProto) -> np.ndarray:
         typed = np.asarray(values, dtype=dtype)
     # TensorFlow's rules: extra values are ignored, missing ones repeat the last value,
     # no values at all means zeros.
-    if typed.size >= count:
+    if typed.size == count:
+        flat = typed
+    elif typed.size > count:
         flat = typed[:count]
     elif typed.size == 0:
         flat = np.zeros(count, dtype=dtype)
@@ -170,6 +179,26 @@ _memory_view.restype = ctypes.py_object
 _memory_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
 _PYBUF_WRITE = 0x200
 
+# Large fresh buffers fault in page by page (a 36 MB request: ~9000 faults, more time than
+# a third of the decode). Like numpy for its arrays, ask Linux for transparent huge pages on
+# buffers of 4 MB and more (best effort: no effect where THP is off or not Linux).
+_HUGE_PAGE = 2 * 1024 * 1024
+_MADV_HUGEPAGE = 14
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_madvise = getattr(_libc, "madvise", None)
+if _madvise is not None:
+    _madvise.restype = ctypes.c_int
+    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def _prefer_huge_pages(address: int, size: int) -> None:
+    if _madvise is None or size < 2 * _HUGE_PAGE:
+        return
+    start = -(-address // _HUGE_PAGE) * _HUGE_PAGE
+    end = (address + size) // _HUGE_PAGE * _HUGE_PAGE
+    if end > start:
+        _madvise(start, end - start, _MADV_HUGEPAGE)
+
 
 class RequestBuffer:
     """A serialized PredictRequest whose tensor payload is written in place.
@@ -185,7 +214,9 @@ class RequestBuffer:
         if len(head) < 2:  # sizes 0 and 1 are CPython's shared singletons, never to be written
             raise ValueError("a PredictRequest head is at least 2 bytes")
         self.data: bytes = _new_bytes(None, size)
-        view: memoryview = _memory_view(_bytes_address(self.data), size, _PYBUF_WRITE)
+        address = _bytes_address(self.data)
+        _prefer_huge_pages(address, size)
+        view: memoryview = _memory_view(address, size, _PYBUF_WRITE)
         view[: len(head)] = head
         self.payload = view[len(head) :]
 
