@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simplejpeg
@@ -58,16 +59,16 @@ def _medians(cases: dict[str, Callable[[], object]], repeat: int) -> dict[str, f
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
-def recipe_request(data: bytes, tf: object, predict_pb2: object) -> bytes:
+def recipe_request(data: bytes, tf: Any, predict_pb2: Any) -> bytes:
     """The TF Serving client-example way (what a hand-written client does)."""
     image = Image.open(io.BytesIO(data)).convert("RGB")
     pixels = np.array(image)[np.newaxis]
-    request = predict_pb2.PredictRequest()  # type: ignore[attr-defined]
+    request = predict_pb2.PredictRequest()
     request.model_spec.name = "pixels"
     request.model_spec.signature_name = "serving_default"
-    request.inputs["input_tensor"].CopyFrom(tf.make_tensor_proto(pixels))  # type: ignore[attr-defined]
+    request.inputs["input_tensor"].CopyFrom(tf.make_tensor_proto(pixels))
     request.output_filter.extend(REQUIRED_OUTPUTS)
-    return request.SerializeToString()  # type: ignore[no-any-return]
+    return bytes(request.SerializeToString())
 
 
 def floor(data: bytes) -> np.ndarray:
