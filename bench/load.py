@@ -37,14 +37,10 @@ DETECT = "/detection.v1.DetectionService/Detect"
 class Latencies:
     ms: list[float]
     errors: int = 0
-    seconds: float = 0.0
+    rate: float = float("nan")  # completed requests per second
 
     def p(self, q: float) -> float:
         return float(np.percentile(np.asarray(self.ms), q))
-
-    @property
-    def rate(self) -> float:
-        return len(self.ms) / self.seconds if self.seconds else float("nan")
 
 
 def paired(
@@ -136,7 +132,8 @@ def _h2load(
         frame.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC message frame
         log = Path(tmp) / "log"
         command = [
-            "h2load", f"--duration={seconds}", f"--warm-up-time={warmup}",
+            "h2load", f"--duration={round(seconds * 1000)}ms",
+            f"--warm-up-time={round(warmup * 1000)}ms",
             f"--clients={concurrency}", "--max-concurrent-streams=1", "--threads=1",
             "--header=content-type: application/grpc", "--header=te: trailers",
             f"--data={frame}", f"--log-file={log}", f"http://{target}{method}",
@@ -161,7 +158,8 @@ def _h2load(
     failed = re.search(r"(\d+) failed, (\d+) errored, (\d+) timeout", output)
     if failed:
         errors += sum(int(n) for n in failed.groups())
-    return Latencies(ms, errors, seconds)
+    rate = re.search(r"finished in [^,]+, ([\d.]+) req/s", output)
+    return Latencies(ms, errors, float(rate.group(1)) if rate else float("nan"))
 
 
 def _python(
@@ -189,4 +187,4 @@ def _python(
             time.sleep(0.2)
         outputs = [r.get(timeout=seconds + 120) for r in results]
     latencies = [ms for out, _ in outputs for ms in out]
-    return Latencies(latencies, sum(e for _, e in outputs), seconds)
+    return Latencies(latencies, sum(e for _, e in outputs), len(latencies) / seconds)
