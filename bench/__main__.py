@@ -132,6 +132,23 @@ def upstream() -> Iterator[str]:
 
 
 @contextmanager
+def proxy(upstream_target: str) -> Iterator[str]:
+    """bench/proxy.py: a grpc.aio pass-through, the floor of a Python gRPC gateway."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.proxy", f"--port={port}", f"--upstream={upstream_target}"],
+        cwd=ROOT,
+    )
+    target = f"127.0.0.1:{port}"
+    try:
+        with grpc.insecure_channel(target) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        yield target
+    finally:
+        _stop(process)
+
+
+@contextmanager
 def gateway(upstream_target: str, workers: int = 1) -> Iterator[Gateway]:
     port, metrics_port = free_port(), free_port()
     started = time.perf_counter()
@@ -210,7 +227,7 @@ Facts = dict[str, float]
 
 
 def overhead(
-    up: str, gw: Gateway, jpegs: dict[str, bytes], scale: Scale
+    up: str, gw: Gateway, pass_through: str | None, jpegs: dict[str, bytes], scale: Scale
 ) -> tuple[list[str], Facts]:
     lines = [
         "| mode | image | concurrency | direct p50 / p99 | gateway p50 / p99 "
@@ -234,6 +251,17 @@ def overhead(
                 f"| {through.p(50):.2f} / {through.p(99):.2f} ms "
                 f"| {added.p(50):+.2f} ms (paired) | — | 0 |"
             )
+            if pass_through is not None:
+                # The same prebuilt request through a do-nothing grpc.aio proxy.
+                _, proxied, floor = load.paired(
+                    direct_call, (pass_through, PREDICT, direct_body), scale.paired_calls
+                )
+                facts[f"proxy-{mode}-{name}"] = floor.p(50)
+                lines.append(
+                    f"| {mode}, via bench/proxy.py (grpc.aio pass-through) | {name} | 1 | "
+                    f"| {proxied.p(50):.2f} / {proxied.p(99):.2f} ms "
+                    f"| {floor.p(50):+.2f} ms (paired) | — | 0 |"
+                )
             if not name.endswith("640x480"):
                 continue
             failed_before = gw.failed_requests()
@@ -350,14 +378,16 @@ def targets(rows: list[building.Row], facts: Facts) -> list[str]:
     small = next(r for r in rows if r.name == "JPEG 640x480")
     string_added = facts["added-string-JPEG 640x480"]
     pixel_added = facts["added-pixel-JPEG 640x480"]
+    proxy = {m: facts.get(f"proxy-{m}-JPEG 640x480", float("nan")) for m in MODES}
     lines.append(
         f"| string mode, concurrency 1: <= 1 ms added to the direct p50 (640x480) "
-        f"| {string_added:+.2f} ms | {verdict(string_added <= 1.0)} |"
+        f"| {string_added:+.2f} ms (a do-nothing grpc.aio proxy: {proxy['string']:+.2f} ms) "
+        f"| {verdict(string_added <= 1.0)} |"
     )
     lines.append(
         f"| pixel mode, concurrency 1: <= decode floor + 1 ms added (640x480: "
-        f"{small.floor_ms:.2f} + 1 ms) | {pixel_added:+.2f} ms "
-        f"| {verdict(pixel_added <= small.floor_ms + 1.0)} |"
+        f"{small.floor_ms:.2f} + 1 ms) | {pixel_added:+.2f} ms (do-nothing proxy: "
+        f"{proxy['pixel']:+.2f} ms) | {verdict(pixel_added <= small.floor_ms + 1.0)} |"
     )
     scaling = facts["rate-pixel-2"] / facts["rate-pixel-1"]
     lines.append(
@@ -397,8 +427,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows, parse_us = building.run(all_photos, scale.building_repeat)
     with upstream() as up:
         print("2. gateway overhead ...", flush=True)
-        with gateway(up) as gw:
-            overhead_lines, facts = overhead(up, gw, jpegs, scale)
+        with gateway(up) as gw, proxy(up) as pass_through:
+            overhead_lines, facts = overhead(up, gw, pass_through, jpegs, scale)
         print("3. throughput ...", flush=True)
         throughput_lines, more = throughput(up, all_photos["JPEG 640x480"], scale)
         facts |= more
