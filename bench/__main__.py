@@ -414,7 +414,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    parser.add_argument(
+        "--generator",
+        choices=("auto", "h2load", "python"),
+        default="auto",
+        help="load generator for concurrency 32 (auto: h2load when installed)",
+    )
     args = parser.parse_args(argv)
+    load.GENERATOR = args.generator
     scale = QUICK if args.quick else FULL
     all_photos = photos.load()
     if args.quick:  # the smallest image only

@@ -98,8 +98,14 @@ def _client(
     return asyncio.run(run())
 
 
+# "auto": h2load when installed, else the Python clients; bench.__main__ --generator sets it.
+GENERATOR = "auto"
+
+
 def generator() -> str:
     """The load generator closed_loop uses."""
+    if GENERATOR != "auto":
+        return GENERATOR
     return "h2load" if shutil.which("h2load") else "python"
 
 

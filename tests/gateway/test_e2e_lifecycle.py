@@ -180,10 +180,12 @@ def test_workers_share_the_port_sum_their_metrics_and_drain_on_sigterm(tfs, tmp_
         workers = _children(gw.process.pid)
         assert len(workers) == 2
         # Each call on its own connection: the kernel hands connections to either worker.
+        small = scenes.generate_scene(np.random.default_rng(7), 240, 180, 3)
         for _ in range(6):
             with gw.channel() as channel:
-                result = gw.stub(channel).Detect(pb.DetectRequest(image=image), timeout=60)
-            assert len(result.detections) == len(scene.boxes)
+                request = pb.DetectRequest(image=scenes.encode(small.pixels, "PNG"))
+                result = gw.stub(channel).Detect(request, timeout=60)
+            assert len(result.detections) == len(small.boxes)
         metrics = urllib.request.urlopen(
             f"http://127.0.0.1:{gw.metrics_port}/metrics", timeout=5
         ).read()
