@@ -365,10 +365,14 @@ def targets(rows: list[building.Row], facts: Facts) -> list[str]:
         return "met" if ok else "**not met**"
 
     lines = ["| target | measured | |", "|---|---|---|"]
-    speedup = min(r.recipe_ms / r.gateway_ms for r in rows)
+    worst = min(rows, key=lambda r: r.recipe_ms / r.gateway_ms)
+    speedup = worst.recipe_ms / worst.gateway_ms
+    # The gateway has to decode too: recipe / decode floor bounds what any gateway can reach.
     lines.append(
         f"| request building >= 3x faster than the recipe at every size | {speedup:.2f}x at "
-        f"worst | {verdict(speedup >= 3)} |"
+        f"worst ({worst.name}; there recipe / decode floor is "
+        f"{worst.recipe_ms / worst.floor_ms:.2f}x, the most any path that decodes can gain) "
+        f"| {verdict(speedup >= 3)} |"
     )
     to_floor = max(r.gateway_ms / r.floor_ms for r in rows)
     lines.append(
