@@ -39,6 +39,6 @@ def test_quick_bench_writes_every_section_and_target(tmp_path: Path) -> None:
     throughput = report.split("## 3.")[1].split("## 4.")[0]
     rows = [line.split("|") for line in throughput.splitlines() if line.startswith("| p")]
     rows += [line.split("|") for line in throughput.splitlines() if line.startswith("| s")]
-    assert len(rows) == 4
+    assert len(rows) == 8  # 1, 2, 2, 1 workers in each mode
     assert all(float(row[3]) > 0 and row[5].strip() == "0" for row in rows)
     assert "string mode, JPEG 640x480 (54,328 B) | 54,460 B" in report
