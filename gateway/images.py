@@ -232,17 +232,23 @@ def _decode_jpeg(data: bytes, info: ImageInfo, into: PixelSink | None) -> np.nda
 
 def _oriented_view(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """The stored pixels as a viewer shows them (the transposes of _TRANSPOSE), as a view."""
-    swapped = pixels.transpose(1, 0, 2)
-    views = {
-        2: pixels[:, ::-1],
-        3: pixels[::-1, ::-1],
-        4: pixels[::-1],
-        5: swapped,
-        6: swapped[:, ::-1],
-        7: swapped[::-1, ::-1],
-        8: swapped[::-1],
-    }
-    return views.get(orientation, pixels)
+    if orientation >= 5:  # 5..8 swap rows and columns first
+        pixels = pixels.transpose(1, 0, 2)
+    flip_rows, flip_columns = _FLIPS[orientation]
+    return pixels[:: -1 if flip_rows else 1, :: -1 if flip_columns else 1]
+
+
+# EXIF orientation -> (flip rows, flip columns), applied after the transpose of 5..8.
+_FLIPS = {
+    1: (False, False),
+    2: (False, True),
+    3: (True, True),
+    4: (True, False),
+    5: (False, False),
+    6: (False, True),
+    7: (True, True),
+    8: (True, False),
+}
 
 
 def encode_png(pixels: np.ndarray) -> bytes:
