@@ -79,7 +79,8 @@ def build_input(
         shape = (info.height, info.width, 3)
         size = info.height * info.width * 3 * dtype.itemsize
         buffer = predict_request(envelope, input_key, tensor_dtype, (1, *shape), size)
-        buffers.append(buffer)
+        # Called again when Pillow takes over from a failed fast decode: the last one counts.
+        buffers[:] = [buffer]
         if dtype == np.uint8:
             return np.frombuffer(buffer.payload, dtype=np.uint8).reshape(shape)
         # float32: decode into a scratch array; the conversion writes into the request.

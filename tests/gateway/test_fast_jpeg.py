@@ -135,6 +135,11 @@ def test_jpeg_with_a_libjpeg_warning_is_decoded_as_pillow_decodes_it() -> None:
         simplejpeg.decode_jpeg(damaged, strict=True)
     _, pixels = images.decode_image(damaged, LIMITS)
     np.testing.assert_array_equal(pixels, pillow_pixels(damaged))
+    # The same through the request builder, whose buffer the failed fast decode already took.
+    envelope = request_envelope(ModelRef("detector"))
+    built = build_input(damaged, InputMode.PIXELS, "input_tensor", envelope, LIMITS)
+    sent = to_array(tfs.PredictRequest.FromString(built.request).inputs["input_tensor"])
+    np.testing.assert_array_equal(sent[0], pixels)
 
 
 def _count_fast_decodes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
