@@ -309,9 +309,8 @@ def throughput(up: str, jpeg: bytes, scale: Scale) -> tuple[list[str], Facts]:
                 other_cores = (machine_busy() - machine_before) / wall - gateway_cores
                 errors = result.errors + gw.failed_requests() - failed_before
             rates[workers].append(result.rate)
-            if workers == 2:
-                facts[f"cores-gateway-{mode}"] = gateway_cores
-                facts[f"cores-all-{mode}"] = gateway_cores + other_cores
+            facts[f"cores-gateway-{mode}-{workers}"] = gateway_cores
+            facts[f"cores-other-{mode}-{workers}"] = other_cores
             facts[f"rss-load-{mode}-{workers}"] = max(
                 facts.get(f"rss-load-{mode}-{workers}", 0.0), *peak.values()
             )
@@ -429,6 +428,9 @@ def notes(rows: list[building.Row], facts: Facts) -> list[str]:
     bounds = ", ".join(f"{r.name} {r.recipe_ms / r.floor_ms:.2f}x" for r in rows)
     small = next(r for r in rows if r.name == "JPEG 640x480")
     pixel_floor = facts["proxy-pixel-JPEG 640x480"] + small.floor_ms
+    one = facts["cores-gateway-pixel-1"]  # last run of each (the ABBA order's outer runs)
+    two = facts["cores-gateway-pixel-2"]
+    other = facts["cores-other-pixel-2"]
     return [
         f"- Request building vs the recipe: the gateway has to decode too, so its speed-up "
         f"cannot exceed recipe / decode floor: {bounds}. Small JPEGs and PNG (zlib) are "
@@ -438,11 +440,11 @@ def notes(rows: list[building.Row], facts: Facts) -> list[str]:
         f"{facts['proxy-pixel-JPEG 640x480']:+.2f} ms with the 0.9 MB pixel request; with "
         f"the decode floor that is {pixel_floor:.2f} ms for pixel mode, against the "
         f"gateway's {facts['added-pixel-JPEG 640x480']:+.2f} ms.",
-        f"- Workers: in the last 2-worker pixel run the gateway used "
-        f"{facts['cores-gateway-pixel']:.2f} cores and the whole machine "
-        f"{facts['cores-all-pixel']:.2f} of 2; the load generator and the upstream run on the "
-        "same 2 cores (and so did other developers' test runs), so a second worker has no "
-        "idle core to scale onto. 1.6x needs the gateway alone on 2 cores.",
+        f"- Workers: one worker already used {one:.2f} cores in pixel mode (decoding runs in "
+        f"threads outside the GIL), and the upstream and load generator (plus anything else "
+        f"running) {other:.2f}; two workers can have at most the {2 - other:.2f} cores left, "
+        f"so at most {(2 - other) / one:.2f}x here. They used {two:.2f}. 1.6x needs the "
+        "gateway on cores of its own.",
     ]
 
 
