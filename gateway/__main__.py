@@ -10,11 +10,15 @@ from gateway import logs
 from gateway.config import parse_settings
 from gateway.labelmap import LabelMapError
 from gateway.server import serve
+from gateway.workers import supervise
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
     logs.setup(settings.log_level)
+    if settings.workers > 1:
+        args = sys.argv[1:] if argv is None else list(argv)
+        sys.exit(supervise(settings, args))
     try:
         asyncio.run(serve(settings))
     except LabelMapError as e:

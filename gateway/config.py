@@ -87,6 +87,9 @@ class Settings:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
+    # Gateway processes sharing the port (SO_REUSEPORT), for more than one core per pod:
+    # one process runs Python on one core at a time. 1 serves in this process.
+    workers: int = 1
 
     @property
     def upstream_uses_tls(self) -> bool:
@@ -117,9 +120,12 @@ class Settings:
             "max_concurrent_requests",
             "stream_window",
             "decode_threads",
+            "workers",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("workers above 1 need a fixed port (they share it), not port 0")
         if self.upstream_timeout <= 0 or self.health_interval <= 0:
             raise ValueError("upstream-timeout and health-interval must be positive")
         if self.upstream_max_attempts < 1:
@@ -183,6 +189,7 @@ _HELP = {
     "tls_cert_file": "PEM certificate chain for TLS on the gateway's port",
     "tls_key_file": "PEM private key for tls-cert-file",
     "tls_client_ca_file": "PEM CA bundle; when set, clients must present a certificate (mTLS)",
+    "workers": "gateway processes sharing the port (SO_REUSEPORT); 1 serves in this process",
 }
 
 

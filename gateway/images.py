@@ -10,12 +10,13 @@ from __future__ import annotations
 import io
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import simplejpeg
 from PIL import (
     BmpImagePlugin,
     ExifTags,
@@ -35,6 +36,7 @@ __all__ = [
     "ImageInfo",
     "ImageLimits",
     "ImageTooLarge",
+    "PixelSink",
     "UnsupportedImage",
     "decode_image",
     "encode_png",
@@ -108,6 +110,10 @@ class ImageInfo:
         return self.stored_width if self.orientation >= 5 else self.stored_height
 
 
+# Where decode_image writes pixels: gets the image's info, returns a writable uint8 array
+# [info.height, info.width, 3] (C-contiguous).
+PixelSink = Callable[[ImageInfo], np.ndarray]
+
 # Format name -> (name in messages, Pillow class that parses the header).
 _FORMATS: dict[str, tuple[str, type[ImageFile.ImageFile]]] = {
     "JPEG": ("JPEG", JpegImagePlugin.JpegImageFile),
@@ -165,21 +171,84 @@ def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
     return info
 
 
-def decode_image(data: bytes, limits: ImageLimits) -> tuple[ImageInfo, np.ndarray]:
-    """Decode to a read-only, C-contiguous uint8 array [height, width, 3] as a viewer shows it.
+def decode_image(
+    data: bytes, limits: ImageLimits, into: PixelSink | None = None
+) -> tuple[ImageInfo, np.ndarray]:
+    """Decode to a C-contiguous uint8 array [height, width, 3] as a viewer shows it.
 
-    CPU-heavy: call it from a worker thread, not the event loop.
+    With `into`, the pixels are written into the array `into(info)` returns (shape
+    [info.height, info.width, 3], uint8, writable), e.g. a view of the request being built;
+    without it they come in a new read-only array. RGB and grayscale JPEGs are decoded with
+    libjpeg-turbo (simplejpeg), straight into the destination; everything else, and any JPEG
+    libjpeg-turbo warns about, goes through Pillow, whose answer decides.
+
+    CPU-heavy: call it from a worker thread, not the event loop (both decoders release the GIL).
     """
     image, info = _open(data, limits)
-    with image, _translated_errors(info.format):
-        rgb = _to_rgb(image)
-        # Pillow's TIFF plugin applies the orientation itself while loading (from the same
-        # cached EXIF we read); every other plugin hands us the stored pixels.
-        if info.orientation in _TRANSPOSE and info.format != "TIFF":
-            rgb = rgb.transpose(_TRANSPOSE[info.orientation])
-        # One copy (Pillow stores RGB as 4 bytes per pixel, so packing is unavoidable).
-        pixels = np.asarray(rgb)
-    return info, pixels
+    with image:
+        if info.format == "JPEG" and info.mode in ("RGB", "L"):
+            pixels = _decode_jpeg(data, info, into)
+            if pixels is not None:
+                return info, pixels
+        with _translated_errors(info.format):
+            rgb = _to_rgb(image)
+            # Pillow's TIFF plugin applies the orientation itself while loading (from the same
+            # cached EXIF we read); every other plugin hands us the stored pixels.
+            if info.orientation in _TRANSPOSE and info.format != "TIFF":
+                rgb = rgb.transpose(_TRANSPOSE[info.orientation])
+            # One copy (Pillow stores RGB as 4 bytes per pixel, so packing is unavoidable).
+            pixels = np.asarray(rgb)
+    if into is None:
+        return info, pixels
+    out = into(info)
+    np.copyto(out, pixels)
+    return info, out
+
+
+def _decode_jpeg(data: bytes, info: ImageInfo, into: PixelSink | None) -> np.ndarray | None:
+    """libjpeg-turbo's pixels (the same library and settings as Pillow's: accurate integer
+    IDCT, smooth chroma upsampling), or None to let Pillow decide about this file."""
+    try:
+        if info.orientation == 1:
+            if into is None:
+                pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+                pixels.flags.writeable = False
+                return pixels
+            out = into(info)
+            simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=out, strict=True)
+            return out
+        stored = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+    except ValueError:
+        # Truncated or damaged data, or a variant simplejpeg refuses: Pillow tolerates some
+        # of these exactly as before (it ignores libjpeg warnings) and reports the rest.
+        return None
+    shown = _oriented_view(stored, info.orientation)
+    if into is None:
+        return np.ascontiguousarray(shown)
+    out = into(info)
+    np.copyto(out, shown)
+    return out
+
+
+def _oriented_view(pixels: np.ndarray, orientation: int) -> np.ndarray:
+    """The stored pixels as a viewer shows them (the transposes of _TRANSPOSE), as a view."""
+    if orientation >= 5:  # 5..8 swap rows and columns first
+        pixels = pixels.transpose(1, 0, 2)
+    flip_rows, flip_columns = _FLIPS[orientation]
+    return pixels[:: -1 if flip_rows else 1, :: -1 if flip_columns else 1]
+
+
+# EXIF orientation -> (flip rows, flip columns), applied after the transpose of 5..8.
+_FLIPS = {
+    1: (False, False),
+    2: (False, True),
+    3: (True, True),
+    4: (True, False),
+    5: (False, False),
+    6: (False, True),
+    7: (True, True),
+    8: (True, False),
+}
 
 
 def encode_png(pixels: np.ndarray) -> bytes:

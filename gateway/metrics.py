@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # Decode takes ~1-100 ms, TF Serving ~20 ms to seconds: buckets cover 1 ms .. 30 s.
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -18,7 +19,12 @@ LATENCY = Histogram(
     ["method", "stage"],
     buckets=_BUCKETS,
 )
-IN_FLIGHT = Gauge("detection_gateway_in_flight_requests", "Images being processed now.")
+# livesum: with --workers, the supervisor reports the sum over the running workers.
+IN_FLIGHT = Gauge(
+    "detection_gateway_in_flight_requests",
+    "Images being processed now.",
+    multiprocess_mode="livesum",
+)
 
 UPSTREAM_RETRIES = Counter(
     "detection_gateway_upstream_retries",
@@ -32,3 +38,14 @@ def serve(port: int, host: str) -> None:
     """Starts the metrics HTTP server in a daemon thread (no-op for port 0)."""
     if port:
         start_http_server(port, addr=host)
+
+
+def serve_multiprocess(port: int, host: str, directory: str) -> None:
+    """Serves the sum of the metrics workers write into `directory` (no-op for port 0).
+
+    Workers write there when PROMETHEUS_MULTIPROC_DIR names the directory (gateway.workers).
+    """
+    if port:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=directory)
+        start_http_server(port, addr=host, registry=registry)

@@ -23,11 +23,17 @@ from gateway.config import Settings
 from gateway.converters import Query, to_query, to_result
 from gateway.detections import BAD_OUTPUTS, OutputError, map_detections
 from gateway.domain import DetectionOutcome
-from gateway.inputs import ModelInput, build_input
+from gateway.inputs import ModelInput, build_input, encoded_input
 from gateway.labelmap import LabelMap
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from gateway.tfserving import InputMode, StaleSignature, TFServingClient
+from gateway.tfserving import (
+    InputMode,
+    ModelSignature,
+    StaleSignature,
+    TFServingClient,
+    request_envelope,
+)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DetectionService"].full_name
 request_log = logging.getLogger("gateway.request")
@@ -168,12 +174,28 @@ class DetectionService(pb_grpc.DetectionServiceServicer):
             )
         return min(remaining, self._settings.upstream_timeout)
 
-    async def _build_input(self, query: Query, mode: InputMode, timings: Timings) -> ModelInput:
+    async def _build_input(
+        self, query: Query, signature: ModelSignature, timings: Timings
+    ) -> ModelInput:
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
+        envelope = request_envelope(query.model)
         try:
+            if signature.mode is InputMode.ENCODED:
+                # Forwarding the caller's bytes needs only their header: no thread hop.
+                forwarded = encoded_input(
+                    query.image, signature.input_key, envelope, self._image_limits
+                )
+                if forwarded is not None:
+                    return forwarded
+            loop = asyncio.get_running_loop()
             return await loop.run_in_executor(
-                self._executor, build_input, query.image, mode, self._image_limits
+                self._executor,
+                build_input,
+                query.image,
+                signature.mode,
+                signature.input_key,
+                envelope,
+                self._image_limits,
             )
         except images.ImageError as e:
             raise errors.from_image_error(e) from None
@@ -189,11 +211,11 @@ class DetectionService(pb_grpc.DetectionServiceServicer):
     ) -> DetectionOutcome:
         for attempt in (1, 2):
             signature = await self._client.signature(query.model, self._timeout(context))
-            model_input = await self._build_input(query, signature.mode, timings)
+            model_input = await self._build_input(query, signature, timings)
             started = time.perf_counter()
             try:
                 prediction = await self._client.predict(
-                    query.model, signature, model_input.tensor, self._timeout(context)
+                    query.model, model_input.request, self._timeout(context)
                 )
                 break
             except StaleSignature:

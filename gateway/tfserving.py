@@ -204,6 +204,17 @@ def _model_spec(model: ModelRef, signature: bool) -> tfs.ModelSpec:
     return spec
 
 
+def request_envelope(model: ModelRef) -> bytes:
+    """A serialized PredictRequest without inputs: model spec, signature and output filter.
+
+    gateway.inputs appends the input tensor to it (protobuf fields may come in any order).
+    """
+    request = tfs.PredictRequest(
+        model_spec=_model_spec(model, signature=True), output_filter=list(REQUIRED_OUTPUTS)
+    )
+    return request.SerializeToString()
+
+
 class TFServingClient:
     """Async calls to TF Serving with deadlines, plus a cache of model signatures.
 
@@ -226,9 +237,10 @@ class TFServingClient:
                 settings.upstream, credentials, options=channel_options(settings)
             )
         self._budget = RetryBudget(settings.upstream_retry_budget)
+        # Predict requests arrive serialized (gateway.inputs writes the pixels into them).
         self._predict = self._channel.unary_unary(
             PREDICT,
-            request_serializer=tfs.PredictRequest.SerializeToString,
+            request_serializer=None,
             response_deserializer=tfs.PredictResponse.FromString,
         )
         self._metadata = self._channel.unary_unary(
@@ -369,14 +381,8 @@ class TFServingClient:
             )
         return signature_from_def(model.name, version, sig_map.signature_def[SIGNATURE])
 
-    async def predict(
-        self, model: ModelRef, signature: ModelSignature, tensor: tfs.TensorProto, timeout: float
-    ) -> Prediction:
-        request = tfs.PredictRequest(
-            model_spec=_model_spec(model, signature=True),
-            inputs={signature.input_key: tensor},
-            output_filter=list(REQUIRED_OUTPUTS),
-        )
+    async def predict(self, model: ModelRef, request: bytes, timeout: float) -> Prediction:
+        """Sends a serialized PredictRequest (see request_envelope) for `model`."""
         try:
             # Predict is retried: inference has no side effects in TF Serving, so a repeat
             # costs compute only, and the budget bounds that (README "Reliability").

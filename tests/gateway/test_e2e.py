@@ -238,10 +238,30 @@ def test_formats_and_colour_modes_are_converted_to_rgb(stub, name, variant):
     assert_matches(detect(stub, _variants(scene)[variant], model=model(name)), scene)
 
 
+# JPEG encodings the gateway's libjpeg-turbo path must decode as Pillow did (the exact boxes
+# are the check); CMYK takes Pillow's path and is covered above.
+_ODD_JPEGS = {
+    "subsampling_420": {"quality": 92, "subsampling": 2},
+    "subsampling_444": {"quality": 92, "subsampling": 0},
+    "progressive": {"quality": 92, "progressive": True},
+    "restart_markers": {"quality": 92, "restart_marker_blocks": 4},
+    "rgb_without_ycbcr": {"quality": 92, "keep_rgb": True, "subsampling": 0},
+}
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_grayscale_image_is_accepted_and_has_no_coloured_boxes(stub, name):
+@pytest.mark.parametrize("variant", _ODD_JPEGS)
+def test_odd_jpeg_encodings_give_the_exact_boxes(stub, name, variant):
+    scene = scene_for(40, 333, 251, 5)
+    data = encode(Image.fromarray(scene.pixels), "JPEG", **_ODD_JPEGS[variant])
+    assert_matches(detect(stub, data, model=model(name)), scene)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_grayscale_image_is_accepted_and_has_no_coloured_boxes(stub, name, fmt):
     scene = scene_for(31, 320, 240, 5, noise=0)
-    gray = encode(Image.fromarray(scene.pixels).convert("L"), "PNG")
+    gray = encode(Image.fromarray(scene.pixels).convert("L"), fmt)
     result = detect(stub, gray, model=model(name), min_score=0.01)
     assert (result.image_width, result.image_height) == (320, 240)
     assert [d for d in result.detections if d.score >= 0.5] == []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,3 +166,62 @@ def test_new_version_with_another_input_type_is_picked_up_without_restart(
                 versions.append(result.model.version)
                 time.sleep(0.2)
     assert versions[-1] == 2
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def test_workers_share_the_port_sum_their_metrics_and_drain_on_sigterm(tfs, tmp_path):
+    scene = scenes.generate_scene(np.random.default_rng(6), 1600, 1200, 8, noise_sigma=10)
+    image = scenes.encode(scene.pixels, "PNG")
+    with run_gateway(tfs.target, ["--workers=2", "--shutdown-grace=60"], log_dir=tmp_path) as gw:
+        workers = _children(gw.process.pid)
+        assert len(workers) == 2
+        # Each call on its own connection: the kernel hands connections to either worker.
+        small = scenes.generate_scene(np.random.default_rng(7), 240, 180, 3)
+        for _ in range(6):
+            with gw.channel() as channel:
+                request = pb.DetectRequest(image=scenes.encode(small.pixels, "PNG"))
+                result = gw.stub(channel).Detect(request, timeout=60)
+            assert len(result.detections) == len(small.boxes)
+        metrics = urllib.request.urlopen(
+            f"http://127.0.0.1:{gw.metrics_port}/metrics", timeout=5
+        ).read()
+        assert b'detection_gateway_requests_total{code="OK",method="Detect"} 6.0' in metrics
+
+        results: list[object] = []
+
+        def call() -> None:
+            with gw.channel() as channel:
+                try:
+                    reply = gw.stub(channel).Detect(pb.DetectRequest(image=image), timeout=120)
+                    results.append(len(reply.detections))
+                except grpc.RpcError as e:
+                    results.append(e.code())
+
+        threads = [threading.Thread(target=call) for _ in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while gw.in_flight() < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gw.in_flight() == 4  # summed over both workers
+
+        gw.process.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(120)
+        assert gw.process.wait(60) == 0
+        assert results == [len(scene.boxes)] * 4
+        # The supervisor waited for (and reaped) both workers before exiting.
+        assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_a_worker_that_dies_stops_the_gateway_with_an_error(tfs, tmp_path):
+    with run_gateway(tfs.target, ["--workers=2"], log_dir=tmp_path) as gw:
+        workers = _children(gw.process.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        assert gw.process.wait(60) == 1
+        assert "a worker exited" in gw.log_path.read_text()

@@ -1,0 +1,183 @@
+"""A fast stand-in for TF Serving that answers every Predict with fixed OD API outputs.
+
+For measuring the gateway's own cost: a real model's time would drown it, and whatever the
+upstream costs is paid equally by the direct and the gateway path. It speaks TF Serving's RPC
+paths and messages: GetModelStatus (AVAILABLE), GetModelMetadata (an OD API signature) and
+Predict. Two models: `pixels` (uint8 [1,-1,-1,3] input) and `encoded` (string [-1]).
+
+Predict requests are not parsed (the fixed answer does not depend on them); their bytes are
+counted, so a run can report what the gateway sent per image.
+
+    python -m bench.upstream --port 8500
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from typing import Any
+
+import grpc
+import numpy as np
+
+from gateway.detections import BOXES, CLASSES, NUM_DETECTIONS, SCORES
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tfserving import (
+    GET_MODEL_METADATA,
+    GET_MODEL_STATUS,
+    PREDICT,
+    SIGNATURE,
+    SIGNATURE_DEF_MAP_TYPE,
+)
+
+MODELS = {"pixels": (tfs.DT_UINT8, (-1, -1, -1, 3)), "encoded": (tfs.DT_STRING, (-1,))}
+VERSION = 1
+DETECTIONS = 100  # rows per output, as the OD API pads them
+FOUND = 5  # num_detections
+
+
+def _shape(dims: tuple[int, ...]) -> tfs.TensorShapeProto:
+    return tfs.TensorShapeProto(dim=[tfs.TensorShapeProto.Dim(size=d) for d in dims])
+
+
+def _float_tensor(values: np.ndarray) -> tfs.TensorProto:
+    # float_val, as TF Serving sends by default (tensor_content needs a server flag).
+    return tfs.TensorProto(
+        dtype=tfs.DT_FLOAT,
+        tensor_shape=_shape(values.shape),
+        float_val=values.astype(np.float32).ravel().tolist(),
+    )
+
+
+def outputs() -> dict[str, np.ndarray]:
+    """Fixed detections: FOUND boxes with descending scores, the rest zero padding."""
+    rng = np.random.default_rng(7)
+    boxes = np.zeros((1, DETECTIONS, 4), np.float32)
+    corner = rng.uniform(0.05, 0.5, (FOUND, 2))
+    boxes[0, :FOUND, :2] = corner
+    boxes[0, :FOUND, 2:] = corner + rng.uniform(0.1, 0.4, (FOUND, 2))
+    scores = np.zeros((1, DETECTIONS), np.float32)
+    scores[0, :FOUND] = np.linspace(0.95, 0.55, FOUND)
+    classes = np.ones((1, DETECTIONS), np.float32)
+    classes[0, :FOUND] = np.arange(1, FOUND + 1)
+    return {
+        BOXES: boxes,
+        SCORES: scores,
+        CLASSES: classes,
+        NUM_DETECTIONS: np.array([FOUND], np.float32),
+    }
+
+
+def predict_response(model: str) -> bytes:
+    response = tfs.PredictResponse(
+        model_spec=tfs.ModelSpec(name=model, signature_name=SIGNATURE),
+        outputs={k: _float_tensor(v) for k, v in outputs().items()},
+    )
+    response.model_spec.version.value = VERSION
+    return response.SerializeToString()
+
+
+def metadata_response(model: str) -> tfs.GetModelMetadataResponse:
+    dtype, dims = MODELS[model]
+    signature = tfs.SignatureDef(method_name="tensorflow/serving/predict")
+    signature.inputs["input_tensor"].CopyFrom(
+        tfs.TensorInfo(name="input_tensor:0", dtype=dtype, tensor_shape=_shape(dims))
+    )
+    for key, shape in outputs().items():
+        signature.outputs[key].CopyFrom(
+            tfs.TensorInfo(name=f"{key}:0", dtype=tfs.DT_FLOAT, tensor_shape=_shape(shape.shape))
+        )
+    signatures = tfs.SignatureDefMap()
+    signatures.signature_def[SIGNATURE].CopyFrom(signature)
+    response = tfs.GetModelMetadataResponse(model_spec=tfs.ModelSpec(name=model))
+    response.model_spec.version.value = VERSION
+    packed = response.metadata["signature_def"]
+    # TF Serving's type name (our wire-compatible copy lives in another proto package).
+    packed.type_url = f"type.googleapis.com/{SIGNATURE_DEF_MAP_TYPE}"
+    packed.value = signatures.SerializeToString()
+    return response
+
+
+class Upstream:
+    """The three RPCs; Predict's answer depends only on the model name, found in the bytes."""
+
+    def __init__(self) -> None:
+        self._answers = {name.encode(): predict_response(name) for name in MODELS}
+        self.requests = 0
+        self.request_bytes = 0
+
+    async def predict(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self.requests += 1
+        self.request_bytes += len(request)
+        # ModelSpec.name sits in the first bytes wherever the gateway or a client put it;
+        # parsing only the model spec keeps this cheap for multi-megabyte pixel requests.
+        for name, answer in self._answers.items():
+            if name in request[:64]:
+                return answer
+        await context.abort(grpc.StatusCode.NOT_FOUND, "Servable not found")
+        raise AssertionError("unreachable")
+
+    async def metadata(
+        self, request: tfs.GetModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> tfs.GetModelMetadataResponse:
+        if request.model_spec.name not in MODELS:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "Servable not found")
+        return metadata_response(request.model_spec.name)
+
+    async def status(
+        self, request: tfs.GetModelStatusRequest, context: grpc.aio.ServicerContext
+    ) -> tfs.GetModelStatusResponse:
+        response = tfs.GetModelStatusResponse()
+        if request.model_spec.name in MODELS:
+            response.model_version_status.add(
+                version=VERSION, state=tfs.ModelVersionStatus.AVAILABLE
+            )
+        return response
+
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        def unary(behaviour: Any, request_type: Any = None) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                behaviour,
+                request_deserializer=request_type.FromString if request_type else None,
+                response_serializer=(lambda m: m.SerializeToString()) if request_type else None,
+            )
+
+        methods = {
+            PREDICT: unary(self.predict),
+            GET_MODEL_METADATA: unary(self.metadata, tfs.GetModelMetadataRequest),
+            GET_MODEL_STATUS: unary(self.status, tfs.GetModelStatusRequest),
+        }
+        by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+        for path, handler in methods.items():
+            service, method = path.strip("/").split("/")
+            by_service.setdefault(service, {})[method] = handler
+        return [grpc.method_handlers_generic_handler(s, m) for s, m in by_service.items()]
+
+
+async def serve(port: int, host: str = "127.0.0.1") -> None:
+    upstream = Upstream()
+    server = grpc.aio.server(
+        handlers=upstream.handlers(),
+        options=[("grpc.max_receive_message_length", -1), ("grpc.so_reuseport", 0)],
+    )
+    server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    print(f"bench upstream on {host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(1)
+    print(f"requests {upstream.requests} bytes {upstream.request_bytes}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    asyncio.run(serve(parser.parse_args().port))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""`python -m bench --quick` runs every section end to end on the smallest image.
+
+A smoke test: it checks that the benchmark scripts work (processes start, requests succeed,
+the report is written), never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_bench_writes_every_section_and_target(tmp_path: Path) -> None:
+    out = tmp_path / "results.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--generator=python", f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = out.read_text()
+    for heading in (
+        "## Targets",
+        "## 1. Request building",
+        "## 2. Gateway overhead",
+        "## 3. Throughput",
+        "## 4. Footprint",
+    ):
+        assert heading in report
+    targets = report.split("## Targets")[1].split("## 1.")[0]
+    assert len(re.findall(r"\| (met|\*\*not met\*\*) \|$", targets, re.MULTILINE)) == 8
+    # Every load run completed requests without errors (the columns hold counts, not speed).
+    throughput = report.split("## 3.")[1].split("## 4.")[0]
+    rows = [line.split("|") for line in throughput.splitlines() if line.startswith("| p")]
+    rows += [line.split("|") for line in throughput.splitlines() if line.startswith("| s")]
+    assert len(rows) == 8  # 1, 2, 2, 1 workers in each mode
+    assert all(float(row[3]) > 0 and row[5].strip() == "0" for row in rows)
+    assert "string mode, JPEG 640x480 (54,328 B) | 54,460 B" in report
