@@ -17,16 +17,20 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gateway.detections import OutputError, map_detections
+from gateway.domain import ModelRef
 from gateway.images import ImageError, ImageLimits
 from gateway.inputs import ModelInput, build_input
 from gateway.labelmap import LabelMap
-from gateway.tfserving import InputMode
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tfserving import InputMode, request_envelope
 from tests.reliability import hostile
 from tests.reliability.conftest import SOAK, Figures, scaled
 
 LIMITS = ImageLimits(max_bytes=4 * 1024 * 1024, max_pixels=4_000_000)
 SEEDS = hostile.seeds()
 MODES = (InputMode.PIXELS, InputMode.ENCODED)
+INPUT_KEY = "input_tensor"
+ENVELOPE = request_envelope(ModelRef("detector"))
 FUZZ = settings(
     max_examples=scaled(400, 20_000),
     derandomize=not SOAK,  # CI: the same examples every run
@@ -40,19 +44,23 @@ outcomes: Counter[str] = Counter()
 def check_image(data: bytes, mode: InputMode) -> str:
     """Runs build_input; returns the outcome's name. Any exception but ImageError fails."""
     try:
-        result = build_input(data, mode, LIMITS)
+        result = build_input(data, mode, INPUT_KEY, ENVELOPE, LIMITS)
     except ImageError as e:
         assert str(e), "an image error must say what was wrong"
         return type(e).__name__
     assert isinstance(result, ModelInput)
     assert result.width >= 1 and result.height >= 1
     assert result.width * result.height <= LIMITS.max_pixels
+    # The hand-serialized request parses as the PredictRequest it claims to be.
+    request = tfs.PredictRequest.FromString(result.request)
+    assert request.model_spec.name == "detector" and list(request.inputs) == [INPUT_KEY]
+    tensor = request.inputs[INPUT_KEY]
     if mode is InputMode.PIXELS:
-        dims = [d.size for d in result.tensor.tensor_shape.dim]
+        dims = [d.size for d in tensor.tensor_shape.dim]
         assert sorted(dims[1:3]) == sorted((result.width, result.height)) and dims[3] == 3
-        assert len(result.tensor.tensor_content) == result.width * result.height * 3
+        assert len(tensor.tensor_content) == result.width * result.height * 3
     else:
-        assert len(result.tensor.string_val) == 1 and result.tensor.string_val[0]
+        assert len(tensor.string_val) == 1 and tensor.string_val[0]
     return "ok"
 
 
@@ -67,7 +75,7 @@ def test_lying_headers_are_refused_without_decoding(name: str) -> None:
     data = hostile.crafted()[name]
     for mode in MODES:
         with pytest.raises(ImageError) as info:
-            build_input(data, mode, LIMITS)
+            build_input(data, mode, INPUT_KEY, ENVELOPE, LIMITS)
         message = str(info.value)
         if "declaring" in name and "x0" not in name:
             assert "megapixels" in message and "GATEWAY_MAX_PIXELS" in message, message
