@@ -17,7 +17,13 @@ import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
-from tests.gateway.gatewayproc import NOT_SERVING, SERVICE, SERVING, run_gateway
+from tests.gateway.gatewayproc import (
+    NOT_SERVING,
+    SERVICE,
+    SERVING,
+    GatewayProcess,
+    run_gateway,
+)
 from tests.localserver import run_local_server
 
 
@@ -50,27 +56,36 @@ def test_health_follows_tf_serving_and_recovers_by_itself(tfs, tmp_path):
         assert len(result.detections) == len(scene.boxes)
 
 
+def detect_in_background(
+    gw: GatewayProcess, image: bytes, count: int
+) -> tuple[list[threading.Thread], list[object]]:
+    """Starts `count` Detect calls, each on its own connection, and returns once the gateway
+    counts all of them in flight. `results` gets each reply's detection count or error code."""
+    results: list[object] = []
+
+    def call() -> None:
+        with gw.channel() as channel:
+            try:
+                reply = gw.stub(channel).Detect(pb.DetectRequest(image=image), timeout=120)
+                results.append(len(reply.detections))
+            except grpc.RpcError as e:
+                results.append(e.code())
+
+    threads = [threading.Thread(target=call) for _ in range(count)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while gw.in_flight() < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gw.in_flight() == count
+    return threads, results
+
+
 def test_sigterm_during_load_loses_no_in_flight_request(tfs, tmp_path):
     scene = scenes.generate_scene(np.random.default_rng(2), 1800, 1400, 12, noise_sigma=10)
     image = scenes.encode(scene.pixels, "PNG")
     with run_gateway(tfs.target, ["--shutdown-grace=60"], log_dir=tmp_path) as gw:
-        results: list[object] = []
-
-        def call() -> None:
-            with gw.channel() as channel:
-                try:
-                    reply = gw.stub(channel).Detect(pb.DetectRequest(image=image), timeout=120)
-                    results.append(len(reply.detections))
-                except grpc.RpcError as e:
-                    results.append(e.code())
-
-        threads = [threading.Thread(target=call) for _ in range(6)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while gw.in_flight() < 6 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert gw.in_flight() == 6
+        threads, results = detect_in_background(gw, image, 6)
 
         gw.process.send_signal(signal.SIGTERM)
         for t in threads:
@@ -191,23 +206,8 @@ def test_workers_share_the_port_sum_their_metrics_and_drain_on_sigterm(tfs, tmp_
         ).read()
         assert b'detection_gateway_requests_total{code="OK",method="Detect"} 6.0' in metrics
 
-        results: list[object] = []
-
-        def call() -> None:
-            with gw.channel() as channel:
-                try:
-                    reply = gw.stub(channel).Detect(pb.DetectRequest(image=image), timeout=120)
-                    results.append(len(reply.detections))
-                except grpc.RpcError as e:
-                    results.append(e.code())
-
-        threads = [threading.Thread(target=call) for _ in range(4)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while gw.in_flight() < 4 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert gw.in_flight() == 4  # summed over both workers
+        # Summed over both workers.
+        threads, results = detect_in_background(gw, image, 4)
 
         gw.process.send_signal(signal.SIGTERM)
         for t in threads:
