@@ -114,6 +114,8 @@ def main() -> None:
         sys.executable,
         "-m",
         "gateway",
+        # Loopback only, like the local server: a development run is not for the network.
+        "--host=127.0.0.1",
         f"--port={args.gateway_port}",
         f"--upstream=127.0.0.1:{args.serving_port}",
         f"--label-maps={label_maps}",
