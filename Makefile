@@ -33,10 +33,20 @@ models: $(STAMP)
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0
 
+# The public API as released before this round: `buf breaking` compares against it.
+API_BASE ?= e14881c
+
+# buf reads descriptor sets that protoc builds with googleapis-common-protos' .proto files on
+# the include path (buf cannot fetch googleapis from its registry here).
 lint: $(STAMP) $(BUF)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	cd proto && ../$(BUF) lint
+	$(PY) proto/generate.py --image .tools/api.binpb
+	rm -rf .tools/api-base && mkdir -p .tools/api-base
+	git archive $(API_BASE) proto | tar -x -C .tools/api-base
+	$(PY) proto/generate.py --image .tools/api-base.binpb --proto-dir .tools/api-base/proto
+	cd proto && ../$(BUF) lint ../.tools/api.binpb --config buf.yaml --path detection --path classification
+	cd proto && ../$(BUF) breaking ../.tools/api.binpb --against ../.tools/api-base.binpb --config buf.yaml
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

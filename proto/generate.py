@@ -23,7 +23,7 @@ PROTO_DIR = ROOT / "proto"
 PACKAGE = "gateway.proto"
 DEFAULT_OUT = ROOT / "gateway" / "proto"
 # Top-level proto packages whose imports must be rewritten.
-PROTO_ROOTS = ("detection", "tfswire")
+PROTO_ROOTS = ("classification", "detection", "tfswire")
 _IMPORT = re.compile(rf"^(from|import) ({'|'.join(PROTO_ROOTS)})([. ])", re.MULTILINE)
 
 
@@ -31,15 +31,39 @@ def proto_files() -> list[Path]:
     return sorted(PROTO_DIR.rglob("*.proto"))
 
 
+def include_dirs() -> list[str]:
+    """protoc's own well-known types and googleapis-common-protos' .proto files
+    (google/rpc/status.proto, google/longrunning/...); their Python code comes from those
+    packages, never from here."""
+    import google.rpc.status_pb2 as status
+
+    googleapis = Path(status.__file__).resolve().parents[2]
+    return [f"-I{PROTO_DIR}", f"-I{Path(protoc.__file__).parent / '_proto'}", f"-I{googleapis}"]
+
+
+def write_image(path: Path, proto_dir: Path = PROTO_DIR) -> None:
+    """A FileDescriptorSet of the .proto files under proto_dir with their imports and
+    comments, for `buf lint` and `buf breaking` (buf cannot fetch googleapis here)."""
+    files = [str(p.relative_to(proto_dir)) for p in sorted(proto_dir.rglob("*.proto"))]
+    args = [
+        "grpc_tools.protoc",
+        *[f"-I{proto_dir}", *include_dirs()[1:]],
+        "--include_imports",
+        "--include_source_info",
+        f"--descriptor_set_out={path}",
+        *files,
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+
+
 def generate(out_dir: Path) -> list[Path]:
     """Writes the generated package to out_dir (replacing it) and returns the files written."""
     bin_dir = Path(sys.executable).parent
-    include = Path(protoc.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as tmp:
         args = [
             "grpc_tools.protoc",
-            f"-I{PROTO_DIR}",
-            f"-I{include}",
+            *include_dirs(),
             f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
             f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
             f"--python_out={tmp}",
@@ -71,7 +95,17 @@ def generate(out_dir: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--image", type=Path, help="write a descriptor set for buf instead of Python code"
+    )
+    parser.add_argument(
+        "--proto-dir", type=Path, default=PROTO_DIR, help="the .proto tree (with --image)"
+    )
     args = parser.parse_args()
+    if args.image:
+        write_image(args.image, args.proto_dir)
+        print(f"wrote {args.image}")
+        return
     files = generate(args.out)
     print(f"wrote {len(files)} files to {args.out}")
 

@@ -12,6 +12,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -110,6 +111,7 @@ class DetectionResult(_message.Message):
     IMAGE_HEIGHT_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     image_width: _builtins.int
     """Width of the image in pixels as a viewer shows it (after EXIF orientation)."""
     image_height: _builtins.int
@@ -124,6 +126,13 @@ class DetectionResult(_message.Message):
     def model(self) -> Global___ServedModel:
         """The model and version that actually served the request."""
 
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Set only in DetectStream results, for a frame that failed on its own (e.g. an undecodable
+        image: code 3, INVALID_ARGUMENT); the other fields are then empty. Unary Detect returns
+        such failures as the call's status instead.
+        """
+
     def __init__(
         self,
         *,
@@ -132,10 +141,11 @@ class DetectionResult(_message.Message):
         image_height: _builtins.int = ...,
         model: Global___ServedModel | None = ...,
         request_id: _builtins.str = ...,
+        error: _status_pb2.Status | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "model", b"model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detections", b"detections", "image_height", b"image_height", "image_width", b"image_width", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detections", b"detections", "error", b"error", "image_height", b"image_height", "image_width", b"image_width", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -35,8 +35,9 @@ class DetectionServiceStub:
     """DetectionService finds objects in images.
 
     Errors use standard gRPC status codes:
-    INVALID_ARGUMENT for an empty, undecodable or out-of-range request;
-    RESOURCE_EXHAUSTED for an image over the pixel limit or a full gateway;
+    INVALID_ARGUMENT for an empty, undecodable or out-of-range request, and for an image over
+    the size or pixel limit (the same image would never pass, so it must not be retried);
+    RESOURCE_EXHAUSTED for a full gateway (retry with backoff);
     NOT_FOUND for an unknown model or version; UNAVAILABLE when TensorFlow Serving cannot be
     reached; DEADLINE_EXCEEDED when the caller's deadline passes (it is propagated upstream);
     FAILED_PRECONDITION when the served model's signature is not a detection signature.
@@ -59,8 +60,12 @@ class DetectionServiceStub:
     Results come back in request order, one per request. The gateway works on a bounded
     number of frames per stream at a time and stops reading new ones until the oldest result
     has been sent (back-pressure), so a slow reader slows the sender instead of filling memory.
-    The first failing frame ends the stream with that frame's status; results for the frames
-    before it are delivered first.
+    A frame that fails on its own (undecodable, too large, out-of-range options) gets a result
+    with only `error` and `request_id` set, and the stream goes on. Failures that concern the
+    whole stream (UNAVAILABLE, DEADLINE_EXCEEDED, the caller's cancellation, a model that is
+    not a detection model: FAILED_PRECONDITION, an unknown model: NOT_FOUND, a full gateway:
+    RESOURCE_EXHAUSTED) end it with that status; results for the frames before it are
+    delivered first.
 
     buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
     buf:lint:ignore RPC_REQUEST_STANDARD_NAME
@@ -72,8 +77,9 @@ class DetectionServiceAsyncStub(DetectionServiceStub):
     """DetectionService finds objects in images.
 
     Errors use standard gRPC status codes:
-    INVALID_ARGUMENT for an empty, undecodable or out-of-range request;
-    RESOURCE_EXHAUSTED for an image over the pixel limit or a full gateway;
+    INVALID_ARGUMENT for an empty, undecodable or out-of-range request, and for an image over
+    the size or pixel limit (the same image would never pass, so it must not be retried);
+    RESOURCE_EXHAUSTED for a full gateway (retry with backoff);
     NOT_FOUND for an unknown model or version; UNAVAILABLE when TensorFlow Serving cannot be
     reached; DEADLINE_EXCEEDED when the caller's deadline passes (it is propagated upstream);
     FAILED_PRECONDITION when the served model's signature is not a detection signature.
@@ -93,8 +99,12 @@ class DetectionServiceAsyncStub(DetectionServiceStub):
     Results come back in request order, one per request. The gateway works on a bounded
     number of frames per stream at a time and stops reading new ones until the oldest result
     has been sent (back-pressure), so a slow reader slows the sender instead of filling memory.
-    The first failing frame ends the stream with that frame's status; results for the frames
-    before it are delivered first.
+    A frame that fails on its own (undecodable, too large, out-of-range options) gets a result
+    with only `error` and `request_id` set, and the stream goes on. Failures that concern the
+    whole stream (UNAVAILABLE, DEADLINE_EXCEEDED, the caller's cancellation, a model that is
+    not a detection model: FAILED_PRECONDITION, an unknown model: NOT_FOUND, a full gateway:
+    RESOURCE_EXHAUSTED) end it with that status; results for the frames before it are
+    delivered first.
 
     buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
     buf:lint:ignore RPC_REQUEST_STANDARD_NAME
@@ -105,8 +115,9 @@ class DetectionServiceServicer(metaclass=_abc_1.ABCMeta):
     """DetectionService finds objects in images.
 
     Errors use standard gRPC status codes:
-    INVALID_ARGUMENT for an empty, undecodable or out-of-range request;
-    RESOURCE_EXHAUSTED for an image over the pixel limit or a full gateway;
+    INVALID_ARGUMENT for an empty, undecodable or out-of-range request, and for an image over
+    the size or pixel limit (the same image would never pass, so it must not be retried);
+    RESOURCE_EXHAUSTED for a full gateway (retry with backoff);
     NOT_FOUND for an unknown model or version; UNAVAILABLE when TensorFlow Serving cannot be
     reached; DEADLINE_EXCEEDED when the caller's deadline passes (it is propagated upstream);
     FAILED_PRECONDITION when the served model's signature is not a detection signature.
@@ -136,8 +147,12 @@ class DetectionServiceServicer(metaclass=_abc_1.ABCMeta):
         Results come back in request order, one per request. The gateway works on a bounded
         number of frames per stream at a time and stops reading new ones until the oldest result
         has been sent (back-pressure), so a slow reader slows the sender instead of filling memory.
-        The first failing frame ends the stream with that frame's status; results for the frames
-        before it are delivered first.
+        A frame that fails on its own (undecodable, too large, out-of-range options) gets a result
+        with only `error` and `request_id` set, and the stream goes on. Failures that concern the
+        whole stream (UNAVAILABLE, DEADLINE_EXCEEDED, the caller's cancellation, a model that is
+        not a detection model: FAILED_PRECONDITION, an unknown model: NOT_FOUND, a full gateway:
+        RESOURCE_EXHAUSTED) end it with that status; results for the frames before it are
+        delivered first.
 
         buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
         buf:lint:ignore RPC_REQUEST_STANDARD_NAME
