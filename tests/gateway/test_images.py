@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
-from gateway.images import (
+from gateway.imaging.images import (
     CorruptImage,
     EmptyImage,
     ImageError,

@@ -474,7 +474,7 @@ def test_gateway_probes_use_grpc_health_with_the_right_services(target: str) -> 
 
 
 def test_probe_service_names_match_the_gateway_code() -> None:
-    from gateway.health import LIVENESS
+    from gateway.frontends.grpc.health import LIVENESS
     from gateway.proto.detection.v1 import detection_pb2
 
     assert LIVENESS == LIVENESS_SERVICE
@@ -830,8 +830,8 @@ def channel_arguments(flags: dict[str, str]) -> dict[str, str]:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_message_size_limits_agree_end_to_end(target: str) -> None:
-    from gateway.server import server_options
-    from gateway.tfserving import channel_options
+    from gateway.frontends.grpc.server import server_options
+    from gateway.upstream.client import channel_options
 
     objs = rendered(target)
     settings = gateway_settings(objs)
@@ -943,7 +943,7 @@ def test_config_copies_match_the_serving_originals() -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_gateway_label_maps_come_from_a_configmap(target: str) -> None:
-    from gateway.labelmap import LabelMap
+    from gateway.labels import Labels
 
     objs = rendered(target)
     settings = gateway_settings(objs)
@@ -951,7 +951,7 @@ def test_gateway_label_maps_come_from_a_configmap(target: str) -> None:
     assert settings.label_maps, "GATEWAY_LABEL_MAPS is not set"
     for model, path in settings.label_maps.items():
         assert str(path) in files, f"{model}: {path} is not mounted from a ConfigMap"
-        labels = LabelMap.parse(files[str(path)], str(path))
+        labels = Labels.parse_label_map(files[str(path)], str(path))
         assert labels.label(1) != "class_1", model
 
 

@@ -15,16 +15,18 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.frontends.grpc.servicers import DETECTION_SERVICE
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.service import SERVICE_NAME
-from gateway.tfserving import GET_MODEL_STATUS
+from gateway.upstream.client import GET_MODEL_STATUS
 
-MODELS = ("detector", "detector_encoded")
+# The gateway's model config for the reference models (tasks, labels, input preparation).
+MODEL_CONFIG = Path("serving/gateway-models.toml")
 
 
 def wait_available(
@@ -57,7 +59,7 @@ def wait_available(
 
 def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+    request = health_pb2.HealthCheckRequest(service=DETECTION_SERVICE)
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
@@ -98,9 +100,7 @@ def main() -> None:
     args = parser.parse_args()
 
     config = Path("serving/models.config")
-    label_maps = ",".join(
-        f"{m}={args.models / m / '1' / 'assets.extra' / 'label_map.pbtxt'}" for m in MODELS
-    )
+    models = list(tomllib.loads(MODEL_CONFIG.read_text())["models"])
     serving_cmd = [
         sys.executable,
         "-m",
@@ -118,7 +118,7 @@ def main() -> None:
         "--host=127.0.0.1",
         f"--port={args.gateway_port}",
         f"--upstream=127.0.0.1:{args.serving_port}",
-        f"--label-maps={label_maps}",
+        f"--model-config={MODEL_CONFIG}",
         f"--metrics-port={args.metrics_port}",
         "--health-interval=2",
     ]
@@ -130,7 +130,8 @@ def main() -> None:
     serving = subprocess.Popen(serving_cmd, env=env)
     processes = [serving]
     try:
-        wait_available(f"127.0.0.1:{args.serving_port}", MODELS[0], serving, timeout=300)
+        for model in models:
+            wait_available(f"127.0.0.1:{args.serving_port}", model, serving, timeout=300)
         print(f"starting gateway on 127.0.0.1:{args.gateway_port} ...", flush=True)
         gateway = subprocess.Popen(gateway_cmd)
         processes.append(gateway)
@@ -140,7 +141,8 @@ def main() -> None:
         print(
             f"""
 ready:
-  gateway (detection.v1.DetectionService)  localhost:{args.gateway_port}
+  gateway (detection.v1, classification.v1) localhost:{args.gateway_port}
+  models                                    {", ".join(models)}
   local TF Serving (gRPC)                   localhost:{args.serving_port}
   gateway metrics                           http://localhost:{args.metrics_port}/metrics
 
@@ -150,6 +152,9 @@ try:
   {grpcurl} -plaintext -max-msg-sz 67108864 \\
     -d "{{\\"image\\": \\"$(base64 -w0 {sample})\\", \\"min_score\\": 0.5}}" \\
     localhost:{args.gateway_port} detection.v1.DetectionService/Detect
+
+  {sys.executable} -m gateway.client {sample} --task classify --model classifier_logits \\
+    --target localhost:{args.gateway_port}
 
 Ctrl-C stops both.
 """,

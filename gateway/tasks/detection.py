@@ -1,4 +1,4 @@
-"""Maps the generic OD API outputs to detections in pixels of the displayed image.
+"""The detection task: TF Object Detection API outputs -> detections in pixels of the image.
 
 The model reports `detection_boxes` as normalized [ymin, xmin, ymax, xmax] of the image it
 saw, `detection_scores` sorted descending, 1-based `detection_classes` and `num_detections`
@@ -7,14 +7,19 @@ saw, `detection_scores` sorted descending, 1-based `detection_classes` and `num_
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.domain import Box, Detection, NormalizedBox
-from gateway.labelmap import LabelMap
+from gateway import errors
+from gateway.config import Settings
+from gateway.core.domain import Box, Detection, Detections, DetectOptions, NormalizedBox
+from gateway.labels import Labels
+from gateway.models import DETECTION, ModelConfig
+from gateway.tasks.base import BoxTransform, Frame, OutputError, OutputPlan
+from gateway.upstream.signatures import Signature
 
 BOXES = "detection_boxes"
 SCORES = "detection_scores"
@@ -25,42 +30,6 @@ REQUIRED_OUTPUTS = (BOXES, SCORES, CLASSES, NUM_DETECTIONS)
 # at most; boxes farther out mean another output layout (pixels, or [x, y, w, h]) and would
 # come out as garbage if clamped. Edges within this margin are clamped, others refused.
 BOX_MARGIN = 0.05
-# Distinct (model, version) pairs whose bad outputs have been logged; bounded because model
-# names come from clients (unknown ones fail earlier, but stay safe).
-_MAX_REPORTED = 1024
-
-log = logging.getLogger("gateway.detections")
-
-# (ymin, xmin, ymax, xmax) normalized box of the image the model saw -> the same box
-# normalized to the displayed image (EXIF orientation applied).
-BoxTransform = Callable[[tuple[float, float, float, float]], tuple[float, float, float, float]]
-
-
-class OutputError(ValueError):
-    """Model outputs that do not have the OD API shapes, types or value ranges."""
-
-
-class BadOutputLog:
-    """Logs a model version's unusable outputs once, not once per request."""
-
-    def __init__(self) -> None:
-        self._reported: set[tuple[str, int]] = set()
-
-    def report(self, model: str, version: int, problem: str) -> bool:
-        """Logs a warning the first time `model` `version` gives bad outputs; True if logged."""
-        key = (model, version)
-        if key in self._reported or len(self._reported) >= _MAX_REPORTED:
-            return False
-        self._reported.add(key)
-        log.warning(
-            "model outputs are unusable; requests to this version fail with "
-            "FAILED_PRECONDITION (logged once per model version)",
-            extra={"fields": {"model": model, "version": version, "problem": problem}},
-        )
-        return True
-
-
-BAD_OUTPUTS = BadOutputLog()
 
 
 def _pixel(fraction: float, size: int) -> int:
@@ -127,7 +96,7 @@ def map_detections(
     *,
     width: int,
     height: int,
-    label_map: LabelMap,
+    labels: Labels,
     min_score: float,
     max_detections: int,
     transform: BoxTransform | None = None,
@@ -155,7 +124,7 @@ def map_detections(
         found.append(
             Detection(
                 class_id=class_id,
-                label=label_map.label(class_id),
+                label=labels.label(class_id),
                 score=score,
                 box=Box(
                     x_min=_pixel(xmin, width),
@@ -170,3 +139,69 @@ def map_detections(
     # contract hold for models that do not.
     found.sort(key=lambda d: d.score, reverse=True)
     return found[:max_detections]
+
+
+@dataclass(frozen=True)
+class DetectionSettings:
+    """A request's detection options with the defaults filled in."""
+
+    min_score: float
+    max_detections: int
+
+
+class DetectionTask:
+    name = DETECTION
+
+    def resolve(
+        self, options: DetectOptions, config: ModelConfig, settings: Settings
+    ) -> DetectionSettings:
+        min_score = config.min_score if config.min_score is not None else settings.min_score
+        max_detections = config.max_detections or settings.max_detections
+        if math.isnan(options.min_score) or not 0.0 <= options.min_score <= 1.0:
+            raise errors.invalid_input(
+                f"min_score must be in [0, 1] (0 means the server default {min_score}), "
+                f"got {options.min_score}"
+            )
+        if options.max_detections < 0:
+            raise errors.invalid_input(
+                f"max_detections must be >= 0 (0 means the server default "
+                f"{max_detections}), got {options.max_detections}"
+            )
+        return DetectionSettings(
+            min_score=options.min_score or min_score,
+            max_detections=options.max_detections or max_detections,
+        )
+
+    def output_plan(self, signature: Signature, config: ModelConfig) -> OutputPlan:
+        missing = [k for k in REQUIRED_OUTPUTS if k not in signature.outputs]
+        if missing:
+            raise errors.bad_model(
+                f"model '{signature.model}' version {signature.version} cannot be used for "
+                f"detection: its 'serving_default' signature has {signature.describe()}; "
+                f"detection needs the outputs {', '.join(REQUIRED_OUTPUTS)} (a TF Object "
+                f"Detection API export)"
+            )
+        return OutputPlan(REQUIRED_OUTPUTS)
+
+    def map(
+        self,
+        outputs: Mapping[str, np.ndarray],
+        plan: OutputPlan,
+        frame: Frame,
+        options: DetectionSettings,
+        config: ModelConfig,
+    ) -> Detections:
+        return Detections(
+            map_detections(
+                outputs,
+                width=frame.width,
+                height=frame.height,
+                labels=config.labels,
+                min_score=options.min_score,
+                max_detections=options.max_detections,
+                transform=frame.transform,
+            )
+        )
+
+    def summary(self, result: Detections) -> dict[str, object]:
+        return {"detections": len(result.detections)}

@@ -172,9 +172,17 @@ def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
 
 
 def decode_image(
-    data: bytes, limits: ImageLimits, into: PixelSink | None = None
+    data: bytes,
+    limits: ImageLimits,
+    into: PixelSink | None = None,
+    min_size: tuple[int, int] | None = None,
 ) -> tuple[ImageInfo, np.ndarray]:
     """Decode to a C-contiguous uint8 array [height, width, 3] as a viewer shows it.
+
+    With `min_size` (width, height as shown), a JPEG at least twice that size is decoded
+    with libjpeg-turbo's DCT scaling at 1/2, 1/4 or 1/8 (the smallest that stays at least
+    `min_size`), so the pixels may be smaller than `info.width` x `info.height`; the caller
+    resizes them (gateway.imaging.resize). Cannot be combined with `into`.
 
     With `into`, the pixels are written into the array `into(info)` returns (shape
     [info.height, info.width, 3], uint8, writable), e.g. a view of the request being built;
@@ -184,10 +192,12 @@ def decode_image(
 
     CPU-heavy: call it from a worker thread, not the event loop (both decoders release the GIL).
     """
+    if into is not None and min_size is not None:
+        raise ValueError("decode_image: `into` needs the full size; drop min_size")
     image, info = _open(data, limits)
     with image:
         if info.format == "JPEG" and info.mode in ("RGB", "L"):
-            pixels = _decode_jpeg(data, info, into)
+            pixels = _decode_jpeg(data, info, into, _dct_denominator(info, min_size))
             if pixels is not None:
                 return info, pixels
         with _translated_errors(info.format):
@@ -205,10 +215,33 @@ def decode_image(
     return info, out
 
 
-def _decode_jpeg(data: bytes, info: ImageInfo, into: PixelSink | None) -> np.ndarray | None:
+def _dct_denominator(info: ImageInfo, min_size: tuple[int, int] | None) -> int:
+    """The largest of 1, 2, 4, 8 that keeps the decoded image at least `min_size`."""
+    if min_size is None:
+        return 1
+    width, height = min_size
+    for denominator in (8, 4, 2):
+        if -(-info.width // denominator) >= width and -(-info.height // denominator) >= height:
+            return denominator
+    return 1
+
+
+def _decode_jpeg(
+    data: bytes, info: ImageInfo, into: PixelSink | None, denominator: int = 1
+) -> np.ndarray | None:
     """libjpeg-turbo's pixels (the same library and settings as Pillow's: accurate integer
-    IDCT, smooth chroma upsampling), or None to let Pillow decide about this file."""
+    IDCT, smooth chroma upsampling), or None to let Pillow decide about this file. With a
+    `denominator` above 1, decoded at that fraction of the size by DCT scaling."""
     try:
+        if denominator > 1:
+            stored = simplejpeg.decode_jpeg(
+                data,
+                colorspace="RGB",
+                strict=True,
+                min_height=-(-info.stored_height // denominator),
+                min_width=-(-info.stored_width // denominator),
+            )
+            return np.ascontiguousarray(_oriented_view(stored, info.orientation))
         if info.orientation == 1:
             if into is None:
                 pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
@@ -315,7 +348,7 @@ def orient_box(
 def _open(data: bytes, limits: ImageLimits) -> tuple[ImageFile.ImageFile, ImageInfo]:
     """Check every limit we can from the header, then let Pillow parse the header only."""
     if not data:
-        raise EmptyImage("image is empty: set DetectRequest.image to the encoded image bytes")
+        raise EmptyImage("image is empty: set the request's image to the encoded image bytes")
     if len(data) > limits.max_bytes:
         raise ImageTooLarge(
             f"image is {len(data)} bytes; the limit is {limits.max_bytes} bytes: "
