@@ -1,7 +1,8 @@
 """A deterministic reference detector built from TensorFlow ops, with OD API TF2 signatures.
 
 It finds solid axis-aligned rectangles painted in the palette of `serving.scenes` and returns
-exactly what a TF Object Detection API export returns (tfserving.md §5), so the gateway can be
+exactly what a TF Object Detection API export returns (the TF2 exporter, exporter_lib_v2.py in
+tensorflow/models: float32 outputs, 1-based classes), so the gateway can be
 tested end to end with exact expected boxes and no pretrained weights.
 
 How it works, per image (TF has no connected-components op):

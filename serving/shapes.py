@@ -1,7 +1,7 @@
 """Run-time input shape checks for signatures with fixed dimensions.
 
-TF Serving does not compare a request's shapes with the SignatureDef (tfserving.md §2 step
-10, serving/local/FACTS.md): a wrong shape reaches the graph, which fails in whichever op
+TF Serving does not compare a request's shapes with the SignatureDef (serving/local/FACTS.md,
+Predict): a wrong shape reaches the graph, which fails in whichever op
 first notices, or not at all. Worse, TensorFlow's graph optimizer treats the declared static
 shape as true inside the serving function and folds `tf.shape()` into constants, so a
 fixed-size model fed another size would silently compute on wrong sizes. `checked_input`

@@ -28,6 +28,7 @@ from tensorflow_serving.apis import (
 from serving import scenes, warmup
 from serving.reference import CLASSIFIER_PALETTE, REFERENCE_MODELS
 from tests.localserver import LocalServer, run_local_server
+from tests.serving.facts import fact, text
 
 LABELS = list(CLASSIFIER_PALETTE)
 PALETTE = np.array(list(CLASSIFIER_PALETTE.values()), dtype=np.float64)
@@ -250,11 +251,11 @@ def test_a_wrong_shape_fails_in_the_model_with_invalid_argument(
     """TF Serving checks no shapes (FACTS.md); the fixed-size models check their own input,
     so the error is TensorFlow's Assert text, not the Python client's 'Cannot feed value'."""
     error = predict_error(stub, model, alias, np.zeros(shape, dtype=dtype))
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     got = " ".join(str(size) for size in shape)
-    assert error.details().startswith(
-        f"assertion failed: [{alias} must have shape {declared}; got] [{got}]"
-    )
+    code, message = fact("model_shape_check", alias=alias, shape=declared, sent_dims=got)
+    assert error.code().name == code
+    assert error.details().startswith(message)
+    assert "Cannot feed value" not in error.details()
 
 
 # ----- the fixed-size and float detectors -----------------------------------------------------
@@ -313,8 +314,9 @@ def test_float_detector_equals_uint8_detector_on_the_same_pixels(stub, size):
 
 def test_float_detector_refuses_uint8_with_tensorflows_dtype_error(stub):
     error = predict_error(stub, "detector_float", "input_tensor", np.zeros((1, 8, 8, 3), np.uint8))
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.details().startswith("Expects arg[0] to be float but uint8 is provided")
+    code, message = fact("wrong_dtype", index=0, signature_dtype="float", sent_dtype="uint8")
+    assert error.code().name == code
+    assert error.details().startswith(message)
 
 
 # ----- metadata -------------------------------------------------------------------------------
@@ -371,7 +373,7 @@ def test_metadata_describes_each_signature_as_tf_serving_does(stub, model_repo, 
     assert (response.model_spec.name, response.model_spec.version.value) == (name, 1)
     assert not response.model_spec.signature_name
     any_value = response.metadata["signature_def"]
-    assert any_value.type_url == "type.googleapis.com/tensorflow.serving.SignatureDefMap"
+    assert any_value.type_url == text("metadata_type_url")
     signatures = get_model_metadata_pb2.SignatureDefMap()
     assert any_value.Unpack(signatures)
     assert set(signatures.signature_def) == {"serving_default", "__saved_model_init_op"}
@@ -391,7 +393,5 @@ def test_every_model_ran_its_warmup_records_at_load(tfs, model_repo):
     for name in REFERENCE_MODELS:
         path = model_repo / name / "1" / "assets.extra" / warmup.WARMUP_FILENAME
         count = len(warmup.read_warmup_file(path))
-        assert (
-            f"Finished reading warmup data for model at {path}. "
-            f"Number of warmup records read: {count}." in log
-        ), name
+        finished = text("warmup_finished", path=path, count=count, micros="")
+        assert finished[: finished.index(" Elapsed")] in log, name
