@@ -45,6 +45,11 @@ TFSERVING = "tfserving"
 READINESS_SERVICE = "detection.v1.DetectionService"
 LIVENESS_SERVICE = "liveness"
 UID = 10001
+# Gateway settings that parallel work adds to gateway/config.py (the HTTP door), by variable
+# and field name. Until Settings has the field, the manifests may set the variable; from then
+# on it is parsed and checked like every other setting.
+UPCOMING_SETTINGS = {"GATEWAY_HTTP_PORT": "http_port"}
+HTTP_PORT_VARIABLE = "GATEWAY_HTTP_PORT"
 
 # Objects per kind that each known target renders; a new overlay only gets the generic checks.
 _WORKLOADS = {
@@ -64,7 +69,7 @@ EXPECTED_KINDS: dict[str, dict[str, int]] = {
         "DestinationRule": 2,
         "VirtualService": 2,
         "PeerAuthentication": 1,
-        "AuthorizationPolicy": 1,
+        "AuthorizationPolicy": 2,
     },
 }
 # Kinds without a namespace.
@@ -131,6 +136,13 @@ def env_of(c: Obj) -> dict[str, str]:
     names = [e["name"] for e in c.get("env", [])]
     assert len(names) == len(set(names)), f"container {c['name']}: duplicate env names {names}"
     return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def http_port(objs: list[Obj]) -> int:
+    """The port of the gateway's HTTP door, as its environment sets it."""
+    env = env_of(container(find(objs, "Deployment", GATEWAY), "gateway"))
+    assert HTTP_PORT_VARIABLE in env, "the gateway's HTTP door has no port set"
+    return int(env[HTTP_PORT_VARIABLE])
 
 
 def gateway_settings(objs: list[Obj]) -> Settings:
@@ -279,7 +291,54 @@ def kubernetes_schema_problems(obj: Obj) -> list[str]:
             + ("required field is missing" if err.get("input") is None else err["msg"])
             for err in e.errors()
         ]
+    except (ValueError, TypeError):
+        # Clients generated without pydantic raise a bare ValueError (int("grpc"), or a
+        # required field set to None) that names no model: find the innermost one that fails.
+        return [f"{where}: {problem}" for problem in _conversion_problems(original, name)]
     return list(_differences(original, api.sanitize_for_serialization(model), where))
+
+
+_REQUIRED = re.compile(r"Invalid value for `(\w+)`, must not be `None`")
+
+
+def _conversion_problems(data: Any, klass: str) -> list[str]:
+    """`in <Model>: <field>: <problem>` for the innermost models that refuse `data`."""
+    if data is None:
+        return []
+    if klass.startswith("list["):
+        items = data if isinstance(data, list) else []
+        return [p for item in items for p in _conversion_problems(item, klass[5:-1])]
+    if klass.startswith("dict["):
+        values = data.values() if isinstance(data, dict) else []
+        value_type = klass[5:-1].partition(", ")[2]
+        return [p for value in values for p in _conversion_problems(value, value_type)]
+    model = getattr(kubernetes.client.models, klass, None)
+    if model is None or not isinstance(data, dict):
+        return []  # primitives are reported by the model that holds them
+    problems = []
+    for attr, attr_type in model.openapi_types.items():
+        key = model.attribute_map[attr]
+        if key not in data:
+            continue
+        inner = _conversion_problems(data[key], attr_type)
+        if inner:
+            problems += inner
+            continue
+        try:
+            api_client()._ApiClient__deserialize(data[key], attr_type)  # type: ignore[attr-defined]
+        except (ValueError, TypeError) as e:
+            problems.append(f"in {klass}: {key}: {data[key]!r} is not a valid {attr_type} ({e})")
+    if problems:
+        return problems
+    try:
+        api_client()._ApiClient__deserialize(data, klass)  # type: ignore[attr-defined]
+    except (ValueError, TypeError) as e:
+        required = _REQUIRED.search(str(e))
+        if required:
+            field_name = model.attribute_map.get(required.group(1), required.group(1))
+            return [f"in {klass}: {field_name}: required field is missing"]
+        return [f"in {klass}: {e}"]
+    return []
 
 
 def is_kubernetes_kind(obj: Obj) -> bool:
@@ -434,9 +493,17 @@ def test_gateway_environment_is_accepted_by_the_gateway(target: str) -> None:
     objs = rendered(target)
     c = container(find(objs, "Deployment", GATEWAY), "gateway")
     known = {env_name(name) for name in Settings.__dataclass_fields__}
-    unknown = {e["name"] for e in c["env"] if e["name"].startswith("GATEWAY_")} - known
+    upcoming = {
+        name
+        for name, field in UPCOMING_SETTINGS.items()
+        if field not in Settings.__dataclass_fields__
+    }
+    unknown = {e["name"] for e in c["env"] if e["name"].startswith("GATEWAY_")} - known - upcoming
     assert not unknown, f"the gateway has no setting for {sorted(unknown)}"
     settings = gateway_settings(objs)
+    for name, field in UPCOMING_SETTINGS.items():
+        if field in Settings.__dataclass_fields__ and name in env_of(c):
+            assert str(getattr(settings, field)) == env_of(c)[name], name
     assert settings.host == "0.0.0.0"
     # Decoding threads are sized to the CPU limit, not to the node (os.cpu_count()).
     cpu_limit = parse_quantity(c["resources"]["limits"]["cpu"])
@@ -796,6 +863,7 @@ def test_prod_is_meshed_autoscaled_and_namespaced() -> None:
         "VirtualService/detection-gateway",
         "PeerAuthentication/default",
         "AuthorizationPolicy/tfserving",
+        "AuthorizationPolicy/detection-gateway",
     }
     # Only the v1 Istio APIs (no alpha/beta kinds such as EnvoyFilter).
     assert all(
@@ -992,10 +1060,15 @@ def test_dev_network_policies_admit_only_clients_to_gateway_and_gateway_to_tfser
     assert other_ports <= {8501}
     assert not policy.egress
 
-    # Gateway: its gRPC port from anyone, and it may reach TF Serving's gRPC port and DNS.
+    # Gateway: its gRPC port and HTTP door from anyone, and it may reach TF Serving's gRPC
+    # port and DNS.
     policy = policy_for(objs, gateway).spec
     open_rules = [r for r in policy.ingress if not r._from]
-    assert {p.port for r in open_rules for p in r.ports} == {settings.port}
+    assert {p.port for r in open_rules for p in r.ports} == {settings.port, http_port(objs)}
+    # Whoever may reach one door may reach the other: every rule names both or neither.
+    for rule in policy.ingress:
+        ports = {p.port for p in rule.ports}
+        assert (settings.port in ports) == (http_port(objs) in ports), rule
     tfserving_labels = tfserving["spec"]["template"]["metadata"]["labels"]
     egress_ports = set()
     for rule in policy.egress:
@@ -1036,3 +1109,82 @@ def test_prod_requires_mtls_and_lets_only_the_gateway_call_tfserving() -> None:
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         # Kubelet probes cannot speak mTLS: the sidecar agent must send them.
         assert annotations["sidecar.istio.io/rewriteAppHTTPProbers"] == "true", ident(deployment)
+
+
+# ---- the HTTP door ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_http_door_is_served_next_to_grpc_while_probes_stay_on_grpc(target: str) -> None:
+    objs = rendered(target)
+    port = http_port(objs)
+    grpc_port = gateway_settings(objs).port
+    assert port not in {grpc_port, gateway_settings(objs).metrics_port, 0}
+    deployment = find(objs, "Deployment", GATEWAY)
+    c = container(deployment, "gateway")
+    assert {"name": "http", "containerPort": port} in c["ports"]
+    service = find(objs, "Service", GATEWAY)
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["http"] == {
+        "name": "http",
+        "port": port,
+        "targetPort": "http",
+        "appProtocol": "http",
+    }
+    assert ports["grpc"]["port"] == grpc_port
+    # Probes keep asking gRPC health: the HTTP door has no readiness of its own.
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert all(
+            action.get("port") != port for action in c[probe].values() if isinstance(action, dict)
+        ), probe
+
+
+def gateway_policies(objs: list[Obj]) -> list[Obj]:
+    labels = find(objs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
+    return [
+        p
+        for p in of_kind(objs, "AuthorizationPolicy")
+        if selects(p["spec"].get("selector", {}).get("matchLabels", {}), labels)
+    ]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mesh_admits_the_same_callers_to_grpc_and_the_http_door(target: str) -> None:
+    objs = rendered(target)
+    if not of_kind(objs, "PeerAuthentication"):
+        pytest.skip("no service mesh in this render")
+    grpc_port, port = str(gateway_settings(objs).port), str(http_port(objs))
+    policies = gateway_policies(objs)
+    assert policies, "no AuthorizationPolicy states who may call the gateway"
+    for policy in policies:
+        assert policy["spec"]["action"] == "ALLOW", ident(policy)
+        for rule in policy["spec"]["rules"]:
+            ports = {p for op in rule["to"] for p in op["operation"]["ports"]}
+            # A rule that admits a caller to one door admits it to the other.
+            assert (grpc_port in ports) == (port in ports), (ident(policy), rule)
+    # Mesh clients keep what they had before the policy existed: any mTLS peer.
+    mesh = find(objs, "AuthorizationPolicy", GATEWAY)["spec"]["rules"]
+    assert any(
+        rule["from"] == [{"source": {"principals": ["*"]}}]
+        and {grpc_port, port} <= {p for op in rule["to"] for p in op["operation"]["ports"]}
+        for rule in mesh
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mesh_routes_the_http_door_like_a_unary_call(target: str) -> None:
+    objs = rendered(target)
+    if not of_kind(objs, "VirtualService"):
+        pytest.skip("no service mesh in this render")
+    settings = gateway_settings(objs)
+    port = http_port(objs)
+    routes = [
+        route
+        for route in find(objs, "VirtualService", GATEWAY)["spec"]["http"]
+        if {m.get("port") for m in route["match"]} == {port}
+    ]
+    assert len(routes) == 1
+    (route,) = routes
+    assert [r["destination"]["port"]["number"] for r in route["route"]] == [port]
+    assert parse_duration(route["timeout"]) > settings.upstream_timeout
+    assert route["retries"]["attempts"] >= 1
