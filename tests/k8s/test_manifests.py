@@ -67,9 +67,10 @@ EXPECTED_KINDS: dict[str, dict[str, int]] = {
         "Namespace": 1,
         "HorizontalPodAutoscaler": 2,
         "DestinationRule": 2,
-        "VirtualService": 2,
+        "VirtualService": 3,
         "PeerAuthentication": 1,
-        "AuthorizationPolicy": 2,
+        "AuthorizationPolicy": 3,
+        "Gateway": 1,
     },
 }
 # Kinds without a namespace.
@@ -770,17 +771,29 @@ def test_istio_rules_name_services_and_ports_in_the_render(target: str) -> None:
     services = {s["metadata"]["name"]: s for s in of_kind(objs, "Service")}
     for rule in of_kind(objs, "DestinationRule"):
         assert rule["spec"]["host"] in services, ident(rule)
+    gateways = {g["metadata"]["name"]: g for g in of_kind(objs, "Gateway")}
     for virtual_service in of_kind(objs, "VirtualService"):
-        for host in virtual_service["spec"]["hosts"]:
-            assert host in services, ident(virtual_service)
+        edge = virtual_service["spec"].get("gateways")
+        if edge:
+            # Bound to ingress Gateways of this render: its hosts are public names that the
+            # Gateways serve (`./` = this namespace's VirtualServices only).
+            served = {
+                h.removeprefix("./") for name in edge for s in gateways[name]["spec"]["servers"]
+                for h in s["hosts"]
+            }  # fmt: skip
+            assert set(virtual_service["spec"]["hosts"]) <= served, ident(virtual_service)
+        else:
+            for host in virtual_service["spec"]["hosts"]:
+                assert host in services, ident(virtual_service)
         for route in virtual_service["spec"]["http"]:
             for destination in (r["destination"] for r in route["route"]):
                 service = services[destination["host"]]
                 port = destination["port"]["number"]
                 assert port in {p["port"] for p in service["spec"]["ports"]}, ident(service)
-                # Routes are scoped to the port they forward to, so other ports (metrics)
-                # never get sent to the gRPC port.
-                assert {m.get("port") for m in route["match"]} == {port}, route.get("name")
+                if not edge:
+                    # Mesh routes are scoped to the port they forward to, so other ports
+                    # (metrics) never get sent to the gRPC port.
+                    assert {m.get("port") for m in route["match"]} == {port}, route.get("name")
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -864,6 +877,9 @@ def test_prod_is_meshed_autoscaled_and_namespaced() -> None:
         "PeerAuthentication/default",
         "AuthorizationPolicy/tfserving",
         "AuthorizationPolicy/detection-gateway",
+        "Gateway/detection-ingress",
+        "VirtualService/detection-ingress",
+        "AuthorizationPolicy/detection-gateway-ingress",
     }
     # Only the v1 Istio APIs (no alpha/beta kinds such as EnvoyFilter).
     assert all(
@@ -1188,3 +1204,170 @@ def test_mesh_routes_the_http_door_like_a_unary_call(target: str) -> None:
     assert [r["destination"]["port"]["number"] for r in route["route"]] == [port]
     assert parse_duration(route["timeout"]) > settings.upstream_timeout
     assert route["retries"]["attempts"] >= 1
+
+
+# ---- ingress: callers outside the mesh ------------------------------------------------------
+
+# The principal of Istio's default ingress gateway (istioctl / the `gateway` Helm chart).
+INGRESS_PRINCIPAL = "cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account"
+# Requests the HTTP door answers (the gateway's HTTP routes), and some it must never get.
+HTTP_DOOR_PATHS = [
+    "/v1/models/detector:detect",
+    "/v1/models/detector/versions/2:detect",
+    "/v1/models/classifier:classify",
+    "/invocations",
+    "/ping",
+    "/openapi.json",
+    "/",
+]
+NOT_ROUTED_PATHS = ["/metrics", "/tensorflow.serving.PredictionService/Predict", "/admin"]
+
+
+def grpc_method_paths() -> list[str]:
+    """/package.Service/Method for every RPC of both public services."""
+    from gateway.proto.classification.v1 import classification_pb2
+    from gateway.proto.detection.v1 import detection_pb2
+
+    return [
+        f"/{service.full_name}/{method.name}"
+        for module in (detection_pb2, classification_pb2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    ]
+
+
+def route_for(virtual_service: Obj, path: str) -> Obj | None:
+    """The first route of a VirtualService whose uri match takes `path`, as Envoy picks it."""
+    for route in virtual_service["spec"]["http"]:
+        for match in route.get("match", [{}]):
+            uri = match.get("uri", {})
+            if (
+                not uri
+                or uri.get("exact") == path
+                or ("prefix" in uri and path.startswith(uri["prefix"]))
+                or ("regex" in uri and re.fullmatch(uri["regex"], path))
+            ):
+                return route
+    return None
+
+
+def istio_path_allows(patterns: list[str], path: str) -> bool:
+    """AuthorizationPolicy paths: exact, `prefix*`, `*suffix` or `*`."""
+    return any(
+        p == path
+        or p == "*"
+        or (p.endswith("*") and path.startswith(p[:-1]))
+        or (p.startswith("*") and path.endswith(p[1:]))
+        for p in patterns
+    )
+
+
+def policy_allows(policy: Obj, principal: str, port: int, path: str) -> bool:
+    for rule in policy["spec"]["rules"]:
+        principals = [p for f in rule["from"] for p in f["source"].get("principals", [])]
+        if principal not in principals and "*" not in principals:
+            continue
+        for operation in (t["operation"] for t in rule["to"]):
+            if str(port) in operation.get("ports", [str(port)]) and istio_path_allows(
+                operation.get("paths", ["*"]), path
+            ):
+                return True
+    return False
+
+
+def ingress_objects(objs: list[Obj]) -> tuple[Obj, Obj, Obj]:
+    (gateway,) = of_kind(objs, "Gateway")
+    bound = [v for v in of_kind(objs, "VirtualService") if v["spec"].get("gateways")]
+    (virtual_service,) = bound
+    assert virtual_service["spec"]["gateways"] == [gateway["metadata"]["name"]]
+    policy = find(objs, "AuthorizationPolicy", f"{GATEWAY}-ingress")
+    return gateway, virtual_service, policy
+
+
+def test_ingress_terminates_tls_from_a_secret_reference_and_serves_http2() -> None:
+    objs = rendered("prod")
+    gateway, virtual_service, _ = ingress_objects(objs)
+    assert gateway["spec"]["selector"] == {"istio": "ingressgateway"}
+    servers = {s["port"]["protocol"]: s for s in gateway["spec"]["servers"]}
+    https = servers["HTTPS"]
+    # HTTPS servers offer ALPN h2 (gRPC) and http/1.1; the certificate is only referenced.
+    assert https["tls"]["mode"] == "SIMPLE"
+    assert https["tls"]["credentialName"]
+    assert not https["tls"].keys() & {"serverCertificate", "privateKey", "caCertificates"}
+    # Plain HTTP serves nothing but a redirect.
+    assert servers.get("HTTP", {"tls": {"httpsRedirect": True}})["tls"]["httpsRedirect"] is True
+    hosts = {h.removeprefix("./") for s in gateway["spec"]["servers"] for h in s["hosts"]}
+    assert set(virtual_service["spec"]["hosts"]) == hosts
+    # Only VirtualServices of this namespace may bind to the public name.
+    assert all(h.startswith("./") for s in gateway["spec"]["servers"] for h in s["hosts"])
+
+
+def test_ingress_routes_every_rpc_and_the_http_door_to_the_gateway() -> None:
+    objs = rendered("prod")
+    _, virtual_service, _ = ingress_objects(objs)
+    grpc_port, port = gateway_settings(objs).port, http_port(objs)
+    upstream_timeout = gateway_settings(objs).upstream_timeout
+
+    def destination(path: str) -> tuple[str, int] | None:
+        route = route_for(virtual_service, path)
+        if route is None:
+            return None
+        (target,) = route["route"]
+        return target["destination"]["host"], target["destination"]["port"]["number"]
+
+    methods = grpc_method_paths()
+    assert "/classification.v1.ClassificationService/Classify" in methods
+    for path in methods:
+        assert destination(path) == (GATEWAY, grpc_port), path
+        route = route_for(virtual_service, path)
+        assert route is not None
+        if path.endswith("Stream"):
+            assert "timeout" not in route and route["retries"]["attempts"] == 0, path
+        else:
+            assert parse_duration(route["timeout"]) > upstream_timeout, path
+    for path in HTTP_DOOR_PATHS:
+        assert destination(path) == (GATEWAY, port), path
+    for path in NOT_ROUTED_PATHS:
+        assert destination(path) is None, path
+
+
+def test_ingress_identity_is_admitted_to_exactly_what_the_ingress_routes() -> None:
+    objs = rendered("prod")
+    _, virtual_service, policy = ingress_objects(objs)
+    assert policy["spec"]["action"] == "ALLOW"
+    assert selects(
+        policy["spec"]["selector"]["matchLabels"],
+        find(objs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"],
+    )
+    grpc_port, port = gateway_settings(objs).port, http_port(objs)
+    for path in [*grpc_method_paths(), "/grpc.health.v1.Health/Check"]:
+        assert policy_allows(policy, INGRESS_PRINCIPAL, grpc_port, path), path
+        assert not policy_allows(policy, INGRESS_PRINCIPAL, port, path), path
+    for path in HTTP_DOOR_PATHS:
+        assert policy_allows(policy, INGRESS_PRINCIPAL, port, path), path
+    for path in NOT_ROUTED_PATHS:
+        for p in (grpc_port, port, gateway_settings(objs).metrics_port):
+            assert not policy_allows(policy, INGRESS_PRINCIPAL, p, path), (p, path)
+    # Every path the policy admits is one the ingress routes (none opened behind its back).
+    for route in virtual_service["spec"]["http"]:
+        for match in route["match"]:
+            uri = match["uri"]
+            path = uri.get("exact") or uri["prefix"] + "x"
+            target = route["route"][0]["destination"]["port"]["number"]
+            assert policy_allows(policy, INGRESS_PRINCIPAL, target, path), path
+    # Nobody else gets anything from this policy.
+    other = "cluster.local/ns/other/sa/default"
+    assert not policy_allows(policy, other, grpc_port, grpc_method_paths()[0])
+
+
+def test_ingress_sets_no_body_limit_below_the_gateways_own() -> None:
+    objs = rendered("prod")
+    settings = gateway_settings(objs)
+    # Envoy streams bodies; only an EnvoyFilter (buffer filter, buffer limits) could lower
+    # the limit at the edge, and none is rendered: the gateway's own limits are the edge's.
+    assert not of_kind(objs, "EnvoyFilter")
+    from gateway.server import server_options
+
+    assert dict(server_options(settings))["grpc.max_receive_message_length"] == (
+        settings.max_image_bytes + 1024 * 1024
+    )
