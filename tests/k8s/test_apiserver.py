@@ -4,6 +4,8 @@ Pod Security all have their say; plus the pinned CRD file itself."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import subprocess
@@ -47,6 +49,12 @@ def test_istio_crds_are_the_pinned_release_file() -> None:
 
 
 def render(target: str) -> list[dict]:
+    """The objects `kubectl kustomize` renders for a target (a fresh copy each call)."""
+    return copy.deepcopy(list(_render(target)))
+
+
+@functools.cache
+def _render(target: str) -> tuple[dict, ...]:
     result = subprocess.run(
         [str(KUBECTL), "kustomize", str(TARGETS[target])],
         capture_output=True,
@@ -54,7 +62,7 @@ def render(target: str) -> list[dict]:
         timeout=120,
         check=True,
     )
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
 
 
 def namespace_for(cluster: ApiServer, target: str, objs: list[dict]) -> str:

@@ -59,11 +59,14 @@ _WORKLOADS = {
     "PodDisruptionBudget": 2,
     "ConfigMap": 3,
 }
+# components/batch: the batch executor's ServiceAccount, Role and RoleBinding.
+_BATCH_RBAC = {"ServiceAccount": 3, "Role": 1, "RoleBinding": 1}
 EXPECTED_KINDS: dict[str, dict[str, int]] = {
     "base": {**_WORKLOADS, "HorizontalPodAutoscaler": 2},
-    "dev": {**_WORKLOADS, "Service": 3, "NetworkPolicy": 2},
+    "dev": {**_WORKLOADS, **_BATCH_RBAC, "Service": 3, "NetworkPolicy": 2},
     "prod": {
         **_WORKLOADS,
+        **_BATCH_RBAC,
         "Namespace": 1,
         "HorizontalPodAutoscaler": 2,
         "DestinationRule": 2,
@@ -214,7 +217,9 @@ def split_target(target: str) -> tuple[str, int]:
 # ---- schema validation ----------------------------------------------------------------------
 
 # API groups whose types the kubernetes client models; anything else needs its own schema.
-CORE_GROUPS = {"", "apps", "autoscaling", "policy", "batch", "networking.k8s.io"}
+CORE_GROUPS = {
+    "", "apps", "autoscaling", "policy", "batch", "networking.k8s.io", "rbac.authorization.k8s.io"
+}  # fmt: skip
 # resource.Quantity: the API accepts a JSON number as well as a string; the client's models
 # want the string, so numbers are converted before validation instead of being reported.
 QUANTITY_MAPS = {"requests", "limits"}
