@@ -288,7 +288,7 @@ def kubernetes_schema_problems(obj: Obj) -> list[str]:
     original = _quantities_as_strings(obj)
     api = api_client()
     try:
-        model = api._ApiClient__deserialize(original, name)  # type: ignore[attr-defined]
+        model = api._ApiClient__deserialize(original, name)
     except pydantic.ValidationError as e:
         # The location is relative to the innermost model (e.title); a required field that is
         # absent reaches the model as None.
@@ -331,13 +331,13 @@ def _conversion_problems(data: Any, klass: str) -> list[str]:
             problems += inner
             continue
         try:
-            api_client()._ApiClient__deserialize(data[key], attr_type)  # type: ignore[attr-defined]
+            api_client()._ApiClient__deserialize(data[key], attr_type)
         except (ValueError, TypeError) as e:
             problems.append(f"in {klass}: {key}: {data[key]!r} is not a valid {attr_type} ({e})")
     if problems:
         return problems
     try:
-        api_client()._ApiClient__deserialize(data, klass)  # type: ignore[attr-defined]
+        api_client()._ApiClient__deserialize(data, klass)
     except (ValueError, TypeError) as e:
         required = _REQUIRED.search(str(e))
         if required:
@@ -354,9 +354,7 @@ def is_kubernetes_kind(obj: Obj) -> bool:
 def typed(obj: Obj) -> Any:
     """The kubernetes client's model of a rendered object (V1Deployment, V1NetworkPolicy, ...)."""
     assert kubernetes_schema_problems(obj) == [], ident(obj)
-    return api_client()._ApiClient__deserialize(  # type: ignore[attr-defined]
-        _quantities_as_strings(obj), model_name(obj)
-    )
+    return api_client()._ApiClient__deserialize(_quantities_as_strings(obj), model_name(obj))
 
 
 # ---- the renders ----------------------------------------------------------------------------
