@@ -64,6 +64,7 @@ _BATCH_RBAC = {"ServiceAccount": 3, "Role": 1, "RoleBinding": 1}
 EXPECTED_KINDS: dict[str, dict[str, int]] = {
     "base": {**_WORKLOADS, "HorizontalPodAutoscaler": 2},
     "dev": {**_WORKLOADS, **_BATCH_RBAC, "Service": 3, "NetworkPolicy": 2},
+    "dev-tls": {**_WORKLOADS, **_BATCH_RBAC, "Service": 3, "NetworkPolicy": 2},
     "prod": {
         **_WORKLOADS,
         **_BATCH_RBAC,
@@ -535,10 +536,17 @@ def test_gateway_probes_use_grpc_health_with_the_right_services(target: str) -> 
     port = gateway_settings(objs).port
     assert {"name": "grpc", "containerPort": port} in c["ports"]
     readiness, liveness = c["readinessProbe"], c["livenessProbe"]
-    assert readiness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
-    assert liveness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
-    assert readiness["grpc"] == {"port": port, "service": READINESS_SERVICE}
-    assert liveness["grpc"] == {"port": port, "service": LIVENESS_SERVICE}
+    if gateway_settings(objs).tls_cert_file:
+        # Native grpc: probes cannot speak TLS: exec probes run a health check over TLS
+        # (components/tls; the command itself is run against a TLS gateway in test_tls.py).
+        for probe, service in ((readiness, READINESS_SERVICE), (liveness, LIVENESS_SERVICE)):
+            assert probe.keys() & {"httpGet", "tcpSocket", "grpc"} == set()
+            assert probe["exec"]["command"][3:5] == [str(port), service]
+    else:
+        assert readiness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
+        assert liveness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
+        assert readiness["grpc"] == {"port": port, "service": READINESS_SERVICE}
+        assert liveness["grpc"] == {"port": port, "service": LIVENESS_SERVICE}
     # Readiness reacts faster than liveness restarts.
     period = readiness.get("periodSeconds", 10) * readiness.get("failureThreshold", 3)
     assert period < liveness.get("periodSeconds", 10) * liveness.get("failureThreshold", 3)
