@@ -39,7 +39,8 @@ RESTRICTED = {
 
 def test_istio_crds_are_the_pinned_release_file() -> None:
     assert hashlib.sha256(ISTIO_CRDS.read_bytes()).hexdigest() == ISTIO_CRDS_SHA256
-    crds = [d for d in yaml.safe_load_all(ISTIO_CRDS.read_text()) if d]
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10x faster on 870 KB
+    crds = [d for d in yaml.load_all(ISTIO_CRDS.read_text(), Loader=loader) if d]
     assert len(crds) == 15
     assert all(c["kind"] == "CustomResourceDefinition" for c in crds)
     # The version the Istio component says it is written for.
