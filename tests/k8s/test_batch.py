@@ -63,7 +63,8 @@ def test_job_is_indexed_with_one_shard_per_completion() -> None:
     for rule in spec["podFailurePolicy"]["rules"]:
         if "onExitCodes" in rule:
             assert rule["onExitCodes"]["containerName"] in names
-            # Usage errors fail the shard at once; nothing that a retry could fix is listed.
+            # Exit 2 (the runner refused the run as asked) fails the shard at once; exit 1
+            # (gateway unreachable) and anything else a retry could fix is not listed.
             assert rule["action"] == "FailIndex" and rule["onExitCodes"]["values"] == [2]
         else:
             assert rule == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
