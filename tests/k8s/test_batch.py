@@ -308,3 +308,21 @@ def test_executor_creates_watches_and_deletes_a_job_from_the_template(
     server.kubectl("delete", "job", name, f"--namespace={namespace}", as_executor, "--wait=false")
     gone = server.kubectl("get", "job", name, f"--namespace={namespace}", check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def test_job_arguments_are_accepted_by_the_batch_runner() -> None:
+    runner = pytest.importorskip(
+        "gateway.batch.__main__", reason="the batch runner (gateway/batch) is not in this tree yet"
+    )
+    job, configmap = job_objects()
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    # Kubernetes expands $(VAR) from the container's environment (the ConfigMap) before exec.
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: configmap["data"][m.group(1)], a) for a in c["args"]]
+    args = runner.run_parser().parse_args(argv)
+    assert (args.input, args.output) == (
+        configmap["data"]["BATCH_INPUT"],
+        configmap["data"]["BATCH_OUTPUT"],
+    )
+    assert args.shard_count == job["spec"]["completions"]
+    assert args.shard_index is None  # taken from JOB_COMPLETION_INDEX in each pod
+    assert runner.SHARD_INDEX_ENV == "JOB_COMPLETION_INDEX"
