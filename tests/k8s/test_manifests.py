@@ -1377,7 +1377,7 @@ def test_ingress_sets_no_body_limit_below_the_gateways_own() -> None:
     # Envoy streams bodies; only an EnvoyFilter (buffer filter, buffer limits) could lower
     # the limit at the edge, and none is rendered: the gateway's own limits are the edge's.
     assert not of_kind(objs, "EnvoyFilter")
-    from gateway.server import server_options
+    from gateway.frontends.grpc.server import server_options
 
     assert dict(server_options(settings))["grpc.max_receive_message_length"] == (
         settings.max_image_bytes + 1024 * 1024
