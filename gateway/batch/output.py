@@ -125,7 +125,7 @@ class Output:
         """Counts first, then the output file (atomic), then the parts go."""
         self.write_json(posixpath.join(STATE, "done", unit + ".json"), counts.to_json())
         storage.write_atomic_parts(self.fs, self.path(unit), parts, skip_first_line=True)
-        storage.delete(self.fs, parts)
+        self.clean_unit(unit)
 
     def unit_done(self, unit: str) -> Counts | None:
         """Counts of a finished output file, or None when it is not finished."""
@@ -135,7 +135,9 @@ class Output:
 
     def clean_unit(self, unit: str) -> None:
         """Parts left when a run was killed between writing the output and deleting them."""
-        storage.delete(self.fs, storage.listing(self.fs, self.parts_dir(unit)))
+        directory = self.parts_dir(unit)
+        storage.delete(self.fs, storage.listing(self.fs, directory))
+        storage.remove_empty_dir(self.fs, directory)
 
 
 def _read_part(fs: Any, path: str) -> tuple[Counts | None, int]:

@@ -157,3 +157,10 @@ def delete(fs: Any, paths: list[str]) -> None:
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             fs.rm_file(path)
+
+
+def remove_empty_dir(fs: Any, directory: str) -> None:
+    """Local disks keep empty directories; object stores have none."""
+    if isinstance(fs, LocalFileSystem):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
