@@ -68,7 +68,7 @@ k8s-check: $(STAMP) $(K8S_NODE)
 	$(PY) k8s/validate/check.py
 
 run: $(STAMP) models
-	$(PY) -m gateway.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) --serving-port $(SERVING_PORT)
+	$(PY) -m tools.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) --serving-port $(SERVING_PORT)
 
 # Writes bench/results.md (a few minutes). h2load (Debian's nghttp2-client) generates the load
 # when it is installed or installable here; otherwise bench falls back to Python clients.

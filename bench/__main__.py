@@ -30,11 +30,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import building, load, photos
-from gateway import images
-from gateway.domain import ModelRef
-from gateway.inputs import build_input
+from gateway.core.domain import ModelRef
+from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.imaging import images
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from gateway.tfserving import PREDICT, InputMode, request_envelope
+from gateway.tasks.detection import REQUIRED_OUTPUTS
+from gateway.upstream.client import PREDICT, request_envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.md"
@@ -236,9 +237,11 @@ def overhead(
     ]
     facts: Facts = {}
     for mode, (model, input_mode) in MODES.items():
-        envelope = request_envelope(ModelRef(model))
+        envelope = request_envelope(ModelRef(model), REQUIRED_OUTPUTS)
         for name, data in jpegs.items():
-            direct_body = build_input(data, input_mode, "input_tensor", envelope, LIMITS).request
+            direct_body = build_input(
+                data, InputPlan("input_tensor", input_mode), envelope, LIMITS
+            ).request
             gateway_body = pb.DetectRequest(
                 image=data, model=pb.ModelSpec(name=model)
             ).SerializeToString()
@@ -357,8 +360,10 @@ def footprint(up: str, jpegs: dict[str, bytes], scale: Scale) -> tuple[list[str]
     facts: Facts = {"start": start, "idle": max(idle, default=0), "idle-worker": worker_idle}
     for name, data in jpegs.items():
         for mode, (model, input_mode) in MODES.items():
-            envelope = request_envelope(ModelRef(model))
-            sent = len(build_input(data, input_mode, "input_tensor", envelope, LIMITS).request)
+            envelope = request_envelope(ModelRef(model), REQUIRED_OUTPUTS)
+            sent = len(
+                build_input(data, InputPlan("input_tensor", input_mode), envelope, LIMITS).request
+            )
             facts[f"sent-{mode}-{name}"] = sent / len(data)
             lines.append(
                 f"| bytes sent upstream per image, {mode} mode, {name} ({len(data):,} B) "

@@ -3,8 +3,8 @@
 (a) the recipe of TF Serving's client examples: PIL decode -> np.array ->
     tf.make_tensor_proto -> PredictRequest -> bytes; the response read with
     np.array(outputs[...].float_val);
-(b) the gateway: gateway.inputs.build_input from encoded bytes to the serialized request;
-    the response read with gateway.tensors.to_array;
+(b) the gateway: gateway.core.inputs.build_input from encoded bytes to the serialized request;
+    the response read with gateway.upstream.tensors.to_array;
 (c) the floor: libjpeg-turbo decoding alone (simplejpeg, into a new array); for PNG, Pillow's
     decode alone.
 
@@ -26,13 +26,13 @@ import simplejpeg
 from PIL import Image
 
 from bench import upstream
-from gateway import images
-from gateway.detections import REQUIRED_OUTPUTS
-from gateway.domain import ModelRef
-from gateway.inputs import build_input
+from gateway.core.domain import ModelRef
+from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.imaging import images
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tensors import to_array
-from gateway.tfserving import InputMode, request_envelope
+from gateway.tasks.detection import REQUIRED_OUTPUTS
+from gateway.upstream.client import request_envelope
+from gateway.upstream.tensors import to_array
 
 LIMITS = images.ImageLimits(max_bytes=256 * 1024 * 1024, max_pixels=100_000_000)
 
@@ -84,14 +84,16 @@ def run(photos: dict[str, bytes], repeat: int) -> tuple[list[Row], dict[str, flo
     import tensorflow as tf  # the recipe needs it; the gateway never imports it
     from tensorflow_serving.apis import predict_pb2
 
-    envelope = request_envelope(ModelRef("pixels"))
+    envelope = request_envelope(ModelRef("pixels"), REQUIRED_OUTPUTS)
     rows = []
     for name, data in photos.items():
         pixels = name.split()[1]
         count = max(3, repeat // 4) if pixels.startswith("4032") else repeat
 
         def gateway_case(data: bytes = data) -> bytes:
-            return build_input(data, InputMode.PIXELS, "input_tensor", envelope, LIMITS).request
+            return build_input(
+                data, InputPlan("input_tensor", InputMode.PIXELS), envelope, LIMITS
+            ).request
 
         # The recipe runs in its own loop: interleaved, its large short-lived arrays leave
         # the allocator and caches cold for whatever runs next, which is not our cost.

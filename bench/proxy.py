@@ -16,7 +16,7 @@ import signal
 import grpc
 
 from bench.load import CHANNEL_OPTIONS
-from gateway.tfserving import PREDICT
+from gateway.upstream.client import PREDICT
 
 
 async def serve(port: int, upstream: str) -> None:

@@ -21,15 +21,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from gateway.detections import BOXES, CLASSES, NUM_DETECTIONS, SCORES
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tfserving import (
-    GET_MODEL_METADATA,
-    GET_MODEL_STATUS,
-    PREDICT,
-    SIGNATURE,
-    SIGNATURE_DEF_MAP_TYPE,
-)
+from gateway.tasks.detection import BOXES, CLASSES, NUM_DETECTIONS, SCORES
+from gateway.upstream.client import GET_MODEL_METADATA, GET_MODEL_STATUS, PREDICT
+from gateway.upstream.signatures import SIGNATURE, SIGNATURE_DEF_MAP_TYPE
 
 MODELS = {"pixels": (tfs.DT_UINT8, (-1, -1, -1, 3)), "encoded": (tfs.DT_STRING, (-1,))}
 VERSION = 1

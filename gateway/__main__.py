@@ -1,4 +1,4 @@
-"""`python -m gateway` / `detection-gateway`: run the detection gateway."""
+"""`python -m gateway` / `detection-gateway`: run the gateway."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import sys
 from collections.abc import Sequence
 
 from gateway import logs
+from gateway.app import serve
 from gateway.config import parse_settings
-from gateway.labelmap import LabelMapError
-from gateway.server import serve
+from gateway.labels import LabelsError
+from gateway.models import ModelConfigError
 from gateway.workers import supervise
 
 
@@ -21,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(supervise(settings, args))
     try:
         asyncio.run(serve(settings))
-    except LabelMapError as e:
+    except (LabelsError, ModelConfigError) as e:
         sys.exit(f"gateway: {e}")
     except (OSError, RuntimeError) as e:  # grpc raises RuntimeError when it cannot bind
         sys.exit(f"gateway: cannot start: {e}")

@@ -1,8 +1,9 @@
-"""A small Python client for the detection gateway, and its command line.
+"""A small Python client for the gateway's gRPC API, and its command line.
 
-    python -m gateway.client IMAGE... --target localhost:50051 [--model NAME] [--stream]
+    python -m gateway.client IMAGE... --target localhost:50051 [--task classify] [--model NAME]
+                             [--stream] [--tls --ca-file CA.pem ...]
 
-prints one JSON object per image (the DetectionResult, or the error) per line.
+prints one JSON object per image (the result, or the error) per line.
 
 From Python:
 
@@ -10,6 +11,10 @@ From Python:
         result = client.detect(Path("street.jpg").read_bytes(), min_score=0.4)
         for d in result.detections:
             print(d.label, d.score, d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max)
+
+    with ClassificationClient("localhost:50051") as client:
+        result = client.classify(Path("cat.jpg").read_bytes(), top_k=3)
+        print([(c.label, c.score) for c in result.classes])
 """
 
 from __future__ import annotations
@@ -18,17 +23,71 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
 
+from gateway.proto.classification.v1 import classification_pb2 as cpb
+from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 
 # Room for the gateway's default 32 MiB image limit plus the rest of the message.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS to the gateway: a CA bundle (None: the system roots), a client certificate and
+    key for mTLS, and the name to expect in the gateway's certificate."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            return Path(path).read_bytes() if path else None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_file),
+            private_key=read(self.key_file),
+            certificate_chain=read(self.cert_file),
+        )
+
+
+def open_channel(
+    target: str,
+    tls: TLS | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.Channel:
+    """A channel to the gateway with message limits for large images (and TLS if given)."""
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+    if tls is None:
+        return grpc.insecure_channel(target, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(target, tls.credentials(), options=options)
+
+
+def model_spec(
+    model: str = "", version: int | None = None, label: str | None = None
+) -> pb.ModelSpec:
+    spec = pb.ModelSpec(name=model)
+    if version is not None and label is not None:
+        raise ValueError("give a version or a label, not both")
+    if version is not None:
+        spec.version = version
+    elif label is not None:
+        spec.label = label
+    return spec
 
 
 def make_request(
@@ -41,18 +100,30 @@ def make_request(
     max_detections: int = 0,
     request_id: str = "",
 ) -> pb.DetectRequest:
-    spec = pb.ModelSpec(name=model)
-    if version is not None and label is not None:
-        raise ValueError("give a version or a label, not both")
-    if version is not None:
-        spec.version = version
-    elif label is not None:
-        spec.label = label
     return pb.DetectRequest(
         image=image,
-        model=spec,
+        model=model_spec(model, version, label),
         min_score=min_score,
         max_detections=max_detections,
+        request_id=request_id,
+    )
+
+
+def make_classify_request(
+    image: bytes,
+    *,
+    model: str = "",
+    version: int | None = None,
+    label: str | None = None,
+    top_k: int = 0,
+    min_score: float = 0.0,
+    request_id: str = "",
+) -> cpb.ClassifyRequest:
+    return cpb.ClassifyRequest(
+        image=image,
+        model=model_spec(model, version, label),
+        top_k=top_k,
+        min_score=min_score,
         request_id=request_id,
     )
 
@@ -61,8 +132,21 @@ def _box(box: pb.BoundingBox | pb.NormalizedBox) -> dict[str, Any]:
     return {"x_min": box.x_min, "y_min": box.y_min, "x_max": box.x_max, "y_max": box.y_max}
 
 
+def _error(result: pb.DetectionResult | cpb.ClassificationResult) -> dict[str, Any] | None:
+    if not result.HasField("error"):
+        return None
+    code = grpc.StatusCode.UNKNOWN
+    for candidate in grpc.StatusCode:
+        if candidate.value[0] == result.error.code:
+            code = candidate
+    return {"code": code.name, "message": result.error.message}
+
+
 def result_to_dict(result: pb.DetectionResult) -> dict[str, Any]:
     """A DetectionResult as plain JSON-ready data, fields in a fixed, readable order."""
+    error = _error(result)
+    if error is not None:
+        return {"request_id": result.request_id, "error": error}
     return {
         "request_id": result.request_id,
         "model": {"name": result.model.name, "version": result.model.version},
@@ -81,42 +165,39 @@ def result_to_dict(result: pb.DetectionResult) -> dict[str, Any]:
     }
 
 
-class DetectionClient:
-    """Blocking client; one channel, reused for every call."""
+def classification_to_dict(result: cpb.ClassificationResult) -> dict[str, Any]:
+    """A ClassificationResult as plain JSON-ready data."""
+    error = _error(result)
+    if error is not None:
+        return {"request_id": result.request_id, "error": error}
+    return {
+        "request_id": result.request_id,
+        "model": {"name": result.model.name, "version": result.model.version},
+        "image_width": result.image_width,
+        "image_height": result.image_height,
+        "classes": [
+            {"class_id": c.class_id, "label": c.label, "score": round(c.score, 4)}
+            for c in result.classes
+        ],
+    }
 
+
+class _Client:
     def __init__(
         self,
         target: str,
         *,
         timeout: float = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tls: TLS | None = None,
     ) -> None:
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.max_receive_message_length", max_message_bytes),
-            ],
-        )
-        self._stub = pb_grpc.DetectionServiceStub(self._channel)
-
-    def detect(self, image: bytes, **fields: Any) -> pb.DetectionResult:
-        """Runs detection on one encoded image. Raises grpc.RpcError on failure."""
-        result: pb.DetectionResult = self._stub.Detect(
-            make_request(image, **fields), timeout=self.timeout
-        )
-        return result
-
-    def detect_stream(self, images: Iterable[bytes], **fields: Any) -> Iterator[pb.DetectionResult]:
-        """Streams images (e.g. video frames); yields results in the same order."""
-        requests = (make_request(image, **fields) for image in images)
-        yield from self._stub.DetectStream(requests, timeout=self.timeout)
+        self._channel = open_channel(target, tls, max_message_bytes)
 
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> DetectionClient:
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(
@@ -128,48 +209,120 @@ class DetectionClient:
         self.close()
 
 
+class DetectionClient(_Client):
+    """Blocking detection client; one channel, reused for every call."""
+
+    def __init__(self, target: str, **kwargs: Any) -> None:
+        super().__init__(target, **kwargs)
+        self._stub = pb_grpc.DetectionServiceStub(self._channel)
+
+    def detect(self, image: bytes, **fields: Any) -> pb.DetectionResult:
+        """Runs detection on one encoded image. Raises grpc.RpcError on failure."""
+        result: pb.DetectionResult = self._stub.Detect(
+            make_request(image, **fields), timeout=self.timeout
+        )
+        return result
+
+    def detect_stream(self, images: Iterable[bytes], **fields: Any) -> Iterator[pb.DetectionResult]:
+        """Streams images (e.g. video frames); yields results in the same order (a result
+        with `error` set for an image that failed on its own)."""
+        requests = (make_request(image, **fields) for image in images)
+        yield from self._stub.DetectStream(requests, timeout=self.timeout)
+
+
+class ClassificationClient(_Client):
+    """Blocking classification client; one channel, reused for every call."""
+
+    def __init__(self, target: str, **kwargs: Any) -> None:
+        super().__init__(target, **kwargs)
+        self._stub = cpb_grpc.ClassificationServiceStub(self._channel)
+
+    def classify(self, image: bytes, **fields: Any) -> cpb.ClassificationResult:
+        """Classifies one encoded image. Raises grpc.RpcError on failure."""
+        result: cpb.ClassificationResult = self._stub.Classify(
+            make_classify_request(image, **fields), timeout=self.timeout
+        )
+        return result
+
+    def classify_stream(
+        self, images: Iterable[bytes], **fields: Any
+    ) -> Iterator[cpb.ClassificationResult]:
+        """Streams images; yields results in the same order."""
+        requests = (make_classify_request(image, **fields) for image in images)
+        yield from self._stub.ClassifyStream(requests, timeout=self.timeout)
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tls, --ca-file, --cert-file, --key-file, --server-name (shared with other CLIs)."""
+    group = parser.add_argument_group("TLS to the gateway")
+    group.add_argument("--tls", action="store_true", help="use TLS (implied by the files)")
+    group.add_argument("--ca-file", help="PEM CA bundle (default: the system roots)")
+    group.add_argument("--cert-file", help="PEM client certificate chain (mTLS)")
+    group.add_argument("--key-file", help="PEM private key of the client certificate")
+    group.add_argument("--server-name", help="name expected in the gateway's certificate")
+
+
+def tls_from_args(args: argparse.Namespace) -> TLS | None:
+    if bool(args.cert_file) != bool(args.key_file):
+        raise SystemExit("--cert-file and --key-file go together")
+    if not (args.tls or args.ca_file or args.cert_file):
+        return None
+    return TLS(args.ca_file, args.cert_file, args.key_file, args.server_name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.client", description="Run detection on image files."
+        prog="python -m gateway.client", description="Run detection or classification on images."
     )
     parser.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
     parser.add_argument("--target", default="localhost:50051", help="gateway host:port")
+    parser.add_argument("--task", choices=("detect", "classify"), default="detect")
     parser.add_argument("--model", default="", help="model name (default: the gateway's)")
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--version", type=int, help="model version")
     choice.add_argument("--label", help="model version label, e.g. stable")
     parser.add_argument("--min-score", type=float, default=0.0)
-    parser.add_argument("--max-detections", type=int, default=0)
+    parser.add_argument("--max-detections", type=int, default=0, help="detect only")
+    parser.add_argument("--top-k", type=int, default=0, help="classify only")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
     parser.add_argument("--stream", action="store_true", help="send all images on one stream")
+    add_tls_arguments(parser)
     args = parser.parse_args(argv)
 
-    fields = {
+    fields: dict[str, Any] = {
         "model": args.model,
         "version": args.version,
         "label": args.label,
         "min_score": args.min_score,
-        "max_detections": args.max_detections,
     }
+    client: DetectionClient | ClassificationClient
+    if args.task == "detect":
+        fields["max_detections"] = args.max_detections
+        client = DetectionClient(args.target, timeout=args.timeout, tls=tls_from_args(args))
+        one, many, to_dict = client.detect, client.detect_stream, result_to_dict
+    else:
+        fields["top_k"] = args.top_k
+        client = ClassificationClient(args.target, timeout=args.timeout, tls=tls_from_args(args))
+        one, many, to_dict = client.classify, client.classify_stream, classification_to_dict  # type: ignore[assignment]
     failed = 0
-    with DetectionClient(args.target, timeout=args.timeout) as client:
+    with client:
         try:
             if args.stream:
                 blobs = (path.read_bytes() for path in args.images)
-                for path, result in zip(
-                    args.images, client.detect_stream(blobs, **fields), strict=True
-                ):
-                    print(json.dumps({"image": str(path), **result_to_dict(result)}))
+                for path, result in zip(args.images, many(blobs, **fields), strict=True):
+                    line = to_dict(result)
+                    failed += "error" in line
+                    print(json.dumps({"image": str(path), **line}))
             else:
                 for path in args.images:
                     try:
-                        result = client.detect(path.read_bytes(), **fields)
+                        result = one(path.read_bytes(), **fields)
                     except grpc.RpcError as e:
                         failed += 1
                         error = {"code": e.code().name, "message": e.details()}
                         print(json.dumps({"image": str(path), "error": error}))
                         continue
-                    print(json.dumps({"image": str(path), **result_to_dict(result)}))
+                    print(json.dumps({"image": str(path), **to_dict(result)}))
         except grpc.RpcError as e:
             print(json.dumps({"error": {"code": e.code().name, "message": e.details()}}))
             return 1

@@ -28,11 +28,15 @@ class Settings:
     # one gateway replica to one TF Serving pod, because gRPC keeps one HTTP/2 connection).
     upstream: str = "127.0.0.1:8500"
     upstream_lb: str = "pick_first"
-    # The model used when a request names none.
+    # The default model: used when a detection request names none (unless the model config
+    # says otherwise), by readiness, and by the HTTP door's /invocations and /ping.
     model: str = "detector"
+    # Per-model config (TOML, gateway/models.py): task, labels, input preparation, request
+    # defaults. Empty: every model is a detection model with the defaults below.
+    model_config: str = ""
     # Per-model OD API label maps: model name -> label_map.pbtxt.
     label_maps: Mapping[str, Path] = field(default_factory=dict)
-    # Defaults for requests that leave min_score / max_detections at 0.
+    # Defaults for detection requests that leave min_score / max_detections at 0.
     min_score: float = 0.5
     max_detections: int = 100
     # Longest a TF Serving call may take when the client set no shorter deadline. Detection
@@ -162,6 +166,7 @@ _HELP = {
     "upstream": "TF Serving gRPC target (host:port or dns:///service:port)",
     "upstream_lb": "client-side load balancing over the target's addresses",
     "model": "model used when a request names none",
+    "model_config": "TOML file with per-model task, labels, input preparation and defaults",
     "label_maps": "MODEL=PATH[,MODEL=PATH...] OD API label_map.pbtxt per model",
     "min_score": "default minimum score",
     "max_detections": "default maximum detections per image",
@@ -218,7 +223,8 @@ def parse_settings(
     defaults = Settings()
     parser = argparse.ArgumentParser(
         prog="python -m gateway",
-        description="Detection gateway: typed gRPC API in front of TensorFlow Serving. "
+        description="Vision gateway: typed gRPC API (detection, classification) in front of "
+        "TensorFlow Serving. "
         "Each flag can also be set with the environment variable shown.",
     )
     for f in fields(Settings):

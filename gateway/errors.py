@@ -1,99 +1,104 @@
-"""The one place where failures become gRPC status codes and messages a person can act on.
+"""Domain errors: what went wrong, as a kind and a message a person can act on.
 
-Every error a client sees is a GatewayError raised by the gateway's own code or translated
-here from an image error or a TF Serving status. Anything else is a bug: the servicer logs
-it with its traceback and answers INTERNAL without details.
+No transport words here. Each front door maps kinds to its own codes in one table
+(gateway/frontends/grpc/status.py, gateway/frontends/http/status.py). `Kind.code` is the
+canonical status name (google.rpc.Code) that the request log and the metrics record, the
+same whichever door the request came in by.
+
+Anything that is not a GatewayError is a bug: the pipeline logs it with its traceback and
+answers INTERNAL without details.
 """
 
 from __future__ import annotations
 
-import grpc
+from enum import Enum
 
-from gateway.domain import ModelRef
-from gateway.images import ImageError
+from gateway.imaging.images import ImageError, ImageTooLarge
+
+
+class Kind(Enum):
+    """What kind of failure (see `code` for its canonical status name)."""
+
+    # The request is wrong and the same request will never succeed: bad fields, an empty or
+    # undecodable image, or a request TF Serving refused as invalid.
+    INVALID_INPUT = "invalid_input"
+    # The image is over a size or pixel limit. Never retried either: it fails again.
+    TOO_LARGE = "too_large"
+    # TF Serving refused a value as out of range.
+    OUT_OF_RANGE = "out_of_range"
+    # No such model, version or label.
+    NOT_FOUND = "not_found"
+    # The model cannot be used for this task (its signature or outputs are not what the task
+    # needs, or it is configured for another task).
+    BAD_MODEL = "bad_model"
+    # The gateway or TF Serving is full: retry with backoff.
+    OVERLOADED = "overloaded"
+    # TF Serving cannot be reached.
+    UNAVAILABLE = "unavailable"
+    # The caller's deadline (or the gateway's upstream timeout) passed.
+    DEADLINE = "deadline"
+    # The caller or the gateway's shutdown cancelled the work.
+    CANCELLED = "cancelled"
+    # A bug in the gateway, or a TF Serving failure with no better kind.
+    INTERNAL = "internal"
+
+    @property
+    def code(self) -> str:
+        """The canonical status name (google.rpc.Code) recorded in logs and metrics."""
+        return _CODES[self]
+
+    @property
+    def per_item(self) -> bool:
+        """True when the failure concerns one image only, so a stream of images goes on;
+        the other kinds concern the model, the service or the call, and end a stream."""
+        return self in _PER_ITEM
+
+
+_CODES = {
+    Kind.INVALID_INPUT: "INVALID_ARGUMENT",
+    Kind.TOO_LARGE: "INVALID_ARGUMENT",
+    Kind.OUT_OF_RANGE: "OUT_OF_RANGE",
+    Kind.NOT_FOUND: "NOT_FOUND",
+    Kind.BAD_MODEL: "FAILED_PRECONDITION",
+    Kind.OVERLOADED: "RESOURCE_EXHAUSTED",
+    Kind.UNAVAILABLE: "UNAVAILABLE",
+    Kind.DEADLINE: "DEADLINE_EXCEEDED",
+    Kind.CANCELLED: "CANCELLED",
+    Kind.INTERNAL: "INTERNAL",
+}
+_PER_ITEM = frozenset({Kind.INVALID_INPUT, Kind.TOO_LARGE, Kind.OUT_OF_RANGE, Kind.INTERNAL})
 
 
 class GatewayError(Exception):
-    """An error with the gRPC status code the client gets."""
+    """A failure with its kind and a message for the caller."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, kind: Kind, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.kind = kind
         self.message = message
 
-
-def invalid_argument(message: str) -> GatewayError:
-    return GatewayError(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def failed_precondition(message: str) -> GatewayError:
-    return GatewayError(grpc.StatusCode.FAILED_PRECONDITION, message)
+    @property
+    def code(self) -> str:
+        return self.kind.code
 
 
-def resource_exhausted(message: str) -> GatewayError:
-    return GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+def invalid_input(message: str) -> GatewayError:
+    return GatewayError(Kind.INVALID_INPUT, message)
+
+
+def bad_model(message: str) -> GatewayError:
+    return GatewayError(Kind.BAD_MODEL, message)
+
+
+def overloaded(message: str) -> GatewayError:
+    return GatewayError(Kind.OVERLOADED, message)
 
 
 def from_image_error(error: ImageError) -> GatewayError:
-    """Bad or oversized images are the request's fault: INVALID_ARGUMENT.
+    """Bad or oversized images are the request's fault.
 
-    Over-limit images are INVALID_ARGUMENT too, not RESOURCE_EXHAUSTED: the same image will
-    never pass, so clients and meshes must not retry it.
+    Over-limit images are TOO_LARGE (INVALID_ARGUMENT in gRPC, 413 in HTTP), not
+    RESOURCE_EXHAUSTED: the same image will never pass, so clients and meshes must not retry.
     """
-    return invalid_argument(str(error))
-
-
-def from_upstream(
-    error: grpc.RpcError,
-    *,
-    target: str,
-    model: ModelRef,
-) -> GatewayError:
-    """Translates a TF Serving (or transport) status, keeping TF Serving's own text."""
-    code = error.code()
-    details = error.details() or ""
-    C = grpc.StatusCode
-    if code == C.NOT_FOUND:
-        return GatewayError(
-            code,
-            f"{model.describe()} is not available on TF Serving ({details}); "
-            "check DetectRequest.model against the models TF Serving loads",
-        )
-    if code == C.INVALID_ARGUMENT and "version label" in details:
-        return GatewayError(
-            code, f"{model.describe()}: {details}; use a label from the TF Serving model config"
-        )
-    if code in (C.INVALID_ARGUMENT, C.FAILED_PRECONDITION, C.OUT_OF_RANGE):
-        return GatewayError(
-            code, f"TF Serving rejected the request for {model.describe()}: {details}"
-        )
-    if code == C.RESOURCE_EXHAUSTED:
-        # grpcio prefixes its own transport messages ("CLIENT: Sent message larger ...").
-        if "Sent message larger than max" in details:
-            return GatewayError(
-                code,
-                f"the request to TF Serving is over the gateway's upstream send limit ({details}); "
-                "raise GATEWAY_UPSTREAM_MAX_SEND_BYTES or lower GATEWAY_MAX_PIXELS",
-            )
-        if "Received message larger than max" in details:
-            return GatewayError(
-                code,
-                f"TF Serving's response is over the gateway's upstream receive limit ({details}); "
-                "raise GATEWAY_UPSTREAM_MAX_RECEIVE_BYTES",
-            )
-        return GatewayError(code, f"TF Serving is out of capacity: {details or 'no details'}")
-    if code == C.UNAVAILABLE:
-        return GatewayError(
-            code, f"TF Serving at {target} is unavailable: {details}; retry with backoff"
-        )
-    if code == C.DEADLINE_EXCEEDED:
-        return GatewayError(
-            code,
-            f"TF Serving did not answer in time for {model.describe()} ({details}); "
-            "raise the call's deadline or GATEWAY_UPSTREAM_TIMEOUT",
-        )
-    if code == C.CANCELLED:
-        return GatewayError(code, f"the call to TF Serving was cancelled: {details}")
-    return GatewayError(
-        C.INTERNAL, f"TF Serving failed on {model.describe()}: {code.name} {details}"
-    )
+    kind = Kind.TOO_LARGE if isinstance(error, ImageTooLarge) else Kind.INVALID_INPUT
+    return GatewayError(kind, str(error))

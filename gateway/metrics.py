@@ -8,9 +8,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 # Decode takes ~1-100 ms, TF Serving ~20 ms to seconds: buckets cover 1 ms .. 30 s.
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
+# The names keep their `detection_` prefix (dashboards rely on them) and count every task.
 REQUESTS = Counter(
     "detection_gateway_requests",
-    "Images processed, by RPC method and gRPC status code (one per DetectStream frame).",
+    "Images processed, by method (RPC or HTTP route) and canonical status code (one per "
+    "stream frame).",
     ["method", "code"],
 )
 LATENCY = Histogram(
@@ -32,6 +34,29 @@ UPSTREAM_RETRIES = Counter(
     "retried, or not retried because the retry budget was spent.",
     ["rpc", "decision"],
 )
+
+
+_children: dict[tuple[str, str], tuple[Counter, Histogram, Histogram, Histogram]] = {}
+
+
+def record(method: str, code: str, total: float, decode: float, upstream: float) -> None:
+    """Counts one image and observes its stage latencies (labelled metrics looked up once)."""
+    children = _children.get((method, code))
+    if children is None:
+        children = (
+            REQUESTS.labels(method, code),
+            LATENCY.labels(method, "total"),
+            LATENCY.labels(method, "decode"),
+            LATENCY.labels(method, "upstream"),
+        )
+        _children[(method, code)] = children
+    requests, total_hist, decode_hist, upstream_hist = children
+    requests.inc()
+    total_hist.observe(total)
+    if decode:
+        decode_hist.observe(decode)
+    if upstream:
+        upstream_hist.observe(upstream)
 
 
 def serve(port: int, host: str) -> None:

@@ -24,7 +24,7 @@ from types import TracebackType
 import grpc
 
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tfserving import GET_MODEL_METADATA, GET_MODEL_STATUS, PREDICT
+from gateway.upstream.client import GET_MODEL_METADATA, GET_MODEL_STATUS, PREDICT
 
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 # Enough threads for every Predict a test holds at once plus health checks.

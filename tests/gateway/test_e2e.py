@@ -1,8 +1,8 @@
 """End to end over real sockets: client -> gateway -> local TF Serving -> reference models.
 
 One local TF Serving-compatible server and one gateway serve the whole module: `detector`
-(versions 1 and 2, labels stable=1 and canary=2), `detector_encoded`, and `classifier`, a
-SavedModel with a non-detection signature.
+(versions 1 and 2, labels stable=1 and canary=2), `detector_encoded`, and `embedder`, a
+SavedModel with a signature no task can use (a float vector in, probabilities out).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def model_config(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("e2e-models")
     shutil.copytree(model_repo, root, dirs_exist_ok=True)
     export_models(root, version=2, names=["detector"])
-    _save_classifier(root / "classifier" / "1")
+    _save_classifier(root / "embedder" / "1")
     config = root / "models.config"
     config.write_text(
         f"""
@@ -70,7 +70,7 @@ def model_config(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             model_platform: 'tensorflow'
           }}
           config {{
-            name: 'classifier' base_path: '{root / "classifier"}' model_platform: 'tensorflow'
+            name: 'embedder' base_path: '{root / "embedder"}' model_platform: 'tensorflow'
           }}
         }}
         """
@@ -336,17 +336,49 @@ def test_stream_reads_at_most_a_window_of_frames_ahead(gateway, stub):
     assert max(seen) == STREAM_WINDOW, sorted(set(seen))
 
 
-def test_stream_stops_at_the_first_bad_frame_after_delivering_earlier_results(stub):
+def test_a_bad_frame_gets_its_own_error_and_the_stream_goes_on(stub):
     good = scenes.encode(scene_for(80).pixels, "PNG")
+    huge = scenes.encode(scene_for(80).pixels, "PNG")[:16] + b"\x00" * 8  # header only
     requests = [pb.DetectRequest(image=good, request_id=str(i)) for i in range(3)]
     requests.append(pb.DetectRequest(image=b"not an image", request_id="bad"))
+    requests.append(pb.DetectRequest(image=good, min_score=2.0, request_id="bad-option"))
+    requests.append(pb.DetectRequest(image=huge, request_id="truncated"))
+    requests.append(pb.DetectRequest(image=good, request_id="after"))
+    results = list(stub.DetectStream(iter(requests), timeout=60))
+    assert [r.request_id for r in results] == [
+        "0",
+        "1",
+        "2",
+        "bad",
+        "bad-option",
+        "truncated",
+        "after",
+    ]
+    for r in (results[0], results[1], results[2], results[6]):
+        assert not r.HasField("error") and r.model.name == "detector" and r.detections
+    for r in results[3:6]:
+        assert r.HasField("error") and not r.detections and not r.HasField("model")
+        assert r.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "could not be decoded as any supported format" in results[3].error.message
+    assert "min_score must be in [0, 1]" in results[4].error.message
+    assert "looks like PNG but could not be decoded" in results[5].error.message
+
+
+def test_a_stream_wide_failure_ends_the_stream_after_earlier_results(stub):
+    good = scenes.encode(scene_for(80).pixels, "PNG")
+    requests = [pb.DetectRequest(image=good, request_id=str(i)) for i in range(2)]
+    requests.append(
+        pb.DetectRequest(image=good, model=pb.ModelSpec(name="no_such_model"), request_id="x")
+    )
     requests.append(pb.DetectRequest(image=good, request_id="after"))
     received = []
     with pytest.raises(grpc.RpcError) as info:
         for result in stub.DetectStream(iter(requests), timeout=60):
             received.append(result.request_id)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert received == ["0", "1", "2"]
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert received == ["0", "1"]
+    trailers = dict(info.value.trailing_metadata() or ())
+    assert trailers.get("x-request-id")
 
 
 # --- the error table -------------------------------------------------------------------
@@ -434,7 +466,7 @@ def test_out_of_range_fields_are_invalid_argument(stub, fields, text):
 
 
 def test_model_without_a_detection_signature_is_failed_precondition(stub):
-    error = rpc_error(stub, scenes.encode(scene_for(94).pixels, "PNG"), model=model("classifier"))
+    error = rpc_error(stub, scenes.encode(scene_for(94).pixels, "PNG"), model=model("embedder"))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = error.details()
     assert "features: DT_FLOAT [-1,4]" in details and "probabilities" in details

@@ -18,12 +18,14 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageOps
 
-from gateway import images
-from gateway.domain import ModelRef
-from gateway.inputs import build_input
+from gateway.core.domain import ModelRef
+from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.imaging import images
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tensors import image_tensor, predict_request, string_tensor, to_array
-from gateway.tfserving import InputMode, request_envelope
+from gateway.tasks.detection import REQUIRED_OUTPUTS
+from gateway.upstream.client import request_envelope
+from gateway.upstream.tensors import image_tensor, string_tensor, to_array
+from gateway.upstream.wire import predict_request
 
 LIMITS = images.ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=10_000_000)
 JPEG_TOLERANCE = 2
@@ -136,8 +138,8 @@ def test_jpeg_with_a_libjpeg_warning_is_decoded_as_pillow_decodes_it() -> None:
     _, pixels = images.decode_image(damaged, LIMITS)
     np.testing.assert_array_equal(pixels, pillow_pixels(damaged))
     # The same through the request builder, whose buffer the failed fast decode already took.
-    envelope = request_envelope(ModelRef("detector"))
-    built = build_input(damaged, InputMode.PIXELS, "input_tensor", envelope, LIMITS)
+    envelope = request_envelope(ModelRef("detector"), REQUIRED_OUTPUTS)
+    built = build_input(damaged, InputPlan("input_tensor", InputMode.PIXELS), envelope, LIMITS)
     sent = to_array(tfs.PredictRequest.FromString(built.request).inputs["input_tensor"])
     np.testing.assert_array_equal(sent[0], pixels)
 
@@ -158,9 +160,9 @@ def _count_fast_decodes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 # --- the request bytes ----------------------------------------------------------------------
 
 ENVELOPES = {
-    "version": request_envelope(ModelRef("detector", version=300)),
-    "label": request_envelope(ModelRef("detector", label="canary")),
-    "latest": request_envelope(ModelRef("a" * 200)),
+    "version": request_envelope(ModelRef("detector", version=300), REQUIRED_OUTPUTS),
+    "label": request_envelope(ModelRef("detector", label="canary"), REQUIRED_OUTPUTS),
+    "latest": request_envelope(ModelRef("a" * 200), REQUIRED_OUTPUTS),
 }
 
 
@@ -177,7 +179,7 @@ def test_pixel_request_bytes_parse_as_the_protobuf_request(
     name: str, mode: InputMode, envelope: str
 ) -> None:
     data = VARIANTS[name][0]()
-    built = build_input(data, mode, "input_tensor", ENVELOPES[envelope], LIMITS)
+    built = build_input(data, InputPlan("input_tensor", mode), ENVELOPES[envelope], LIMITS)
     parsed = tfs.PredictRequest.FromString(built.request)
     pixels = images.decode_image(data, LIMITS)[1]
     if mode is InputMode.FLOAT_PIXELS:
@@ -193,7 +195,7 @@ def test_pixel_request_bytes_parse_as_the_protobuf_request(
 @pytest.mark.parametrize("envelope", ENVELOPES)
 def test_encoded_request_bytes_carry_the_original_jpeg(envelope: str) -> None:
     data = jpeg(RGB, quality=90, exif=with_orientation(6))
-    built = build_input(data, InputMode.ENCODED, "images", ENVELOPES[envelope], LIMITS)
+    built = build_input(data, InputPlan("images", InputMode.ENCODED), ENVELOPES[envelope], LIMITS)
     parsed = tfs.PredictRequest.FromString(built.request)
     assert parsed == _reference_request(ENVELOPES[envelope], "images", string_tensor([data]))
     # The string mode overhead: envelope, key and a few length fields.

@@ -22,7 +22,7 @@ from tensorflow_serving.apis import (
 )
 
 from gateway.proto.tfswire.v1 import tfserving_pb2 as ours
-from gateway.tensors import image_tensor, string_tensor, to_array
+from gateway.upstream.tensors import image_tensor, string_tensor, to_array
 
 # Official fields we leave out on purpose (kept as unknown fields when they occur).
 OMITTED = {

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tensors import to_array
+from gateway.upstream.tensors import to_array
 from tests.faultupstream import FaultyUpstream
 from tests.gateway.gatewayproc import run_gateway
 from tests.localserver import LocalServer
@@ -80,7 +80,10 @@ CASES: dict[str, tuple[Mutation, str]] = {
         _edit("detection_scores", lambda a: a[:, :50]),
         "do not match detection_boxes",
     ),
-    "string dtype": (_as_strings("detection_classes"), "unsupported tensor dtype DT_STRING"),
+    "string dtype": (
+        _as_strings("detection_classes"),
+        "detection_classes has dtype string; expected numbers",
+    ),
     "short tensor_content": (_truncate_content("detection_boxes"), "tensor_content has"),
     "NaN score": (
         _edit("detection_scores", _set((0, 0), float("nan"))),
@@ -135,7 +138,7 @@ def test_broken_answer_is_failed_precondition_logged_once_per_version(
         assert "model 'detector' version 1" in error.details()
         assert text in error.details(), error.details()
     assert len(result.detections) == 2
-    warnings = [r for r in records if r.get("logger") == "gateway.detections"]
+    warnings = [r for r in records if r.get("logger") == "gateway.tasks"]
     assert len(warnings) == 1
     assert warnings[0]["level"] == "WARNING"
     assert (warnings[0]["model"], warnings[0]["version"]) == ("detector", 1)

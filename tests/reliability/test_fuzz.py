@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gateway.detections import OutputError, map_detections
-from gateway.domain import ModelRef
-from gateway.images import ImageError, ImageLimits
-from gateway.inputs import ModelInput, build_input
-from gateway.labelmap import LabelMap
+from gateway.core.domain import ModelRef
+from gateway.core.inputs import InputMode, InputPlan, ModelInput, build_input
+from gateway.imaging.images import ImageError, ImageLimits
+from gateway.labels import Labels
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tfserving import InputMode, request_envelope
+from gateway.tasks.detection import REQUIRED_OUTPUTS, OutputError, map_detections
+from gateway.upstream.client import request_envelope
 from tests.reliability import hostile
 from tests.reliability.conftest import SOAK, Figures, scaled
 
@@ -30,7 +30,7 @@ LIMITS = ImageLimits(max_bytes=4 * 1024 * 1024, max_pixels=4_000_000)
 SEEDS = hostile.seeds()
 MODES = (InputMode.PIXELS, InputMode.ENCODED)
 INPUT_KEY = "input_tensor"
-ENVELOPE = request_envelope(ModelRef("detector"))
+ENVELOPE = request_envelope(ModelRef("detector"), REQUIRED_OUTPUTS)
 FUZZ = settings(
     max_examples=scaled(400, 20_000),
     derandomize=not SOAK,  # CI: the same examples every run
@@ -44,7 +44,7 @@ outcomes: Counter[str] = Counter()
 def check_image(data: bytes, mode: InputMode) -> str:
     """Runs build_input; returns the outcome's name. Any exception but ImageError fails."""
     try:
-        result = build_input(data, mode, INPUT_KEY, ENVELOPE, LIMITS)
+        result = build_input(data, InputPlan(INPUT_KEY, mode), ENVELOPE, LIMITS)
     except ImageError as e:
         assert str(e), "an image error must say what was wrong"
         return type(e).__name__
@@ -75,7 +75,7 @@ def test_lying_headers_are_refused_without_decoding(name: str) -> None:
     data = hostile.crafted()[name]
     for mode in MODES:
         with pytest.raises(ImageError) as info:
-            build_input(data, mode, INPUT_KEY, ENVELOPE, LIMITS)
+            build_input(data, InputPlan(INPUT_KEY, mode), ENVELOPE, LIMITS)
         message = str(info.value)
         if "declaring" in name and "x0" not in name:
             assert "megapixels" in message and "GATEWAY_MAX_PIXELS" in message, message
@@ -148,7 +148,7 @@ def test_any_model_output_maps_to_valid_detections_or_an_output_error(
             outputs,
             width=width,
             height=height,
-            label_map=LabelMap(),
+            labels=Labels(),
             min_score=min_score,
             max_detections=max_detections,
         )

@@ -1,0 +1,86 @@
+"""Composition root: builds the core and the front doors, runs them, drains on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gateway import metrics
+from gateway.config import Settings
+from gateway.core.pipeline import Pipeline
+from gateway.frontends.grpc import server as grpc_door
+from gateway.labels import Labels
+from gateway.models import ModelRegistry, default_registry, load_registry
+from gateway.readiness import Readiness
+from gateway.upstream.client import TFServingClient
+
+log = logging.getLogger("gateway.server")
+
+
+def load_models(settings: Settings) -> ModelRegistry:
+    """The model registry from --model-config and --label-maps (LabelsError,
+    ModelConfigError on bad files)."""
+    label_maps = {
+        name: Labels.load_label_map(Path(path)) for name, path in settings.label_maps.items()
+    }
+    if settings.model_config:
+        return load_registry(Path(settings.model_config), settings.model, label_maps)
+    return default_registry(settings.model, label_maps)
+
+
+async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
+    """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace."""
+    registry = load_models(settings)
+    executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+    client = TFServingClient(settings)
+    pipeline = Pipeline(settings, client, registry, executor)
+    grpc = grpc_door.build(settings, pipeline)
+    await grpc.statuses.start()
+    readiness = Readiness(client, registry.default_model, settings.health_interval)
+    readiness.subscribe(grpc.statuses.on_readiness)
+    metrics.serve(settings.metrics_port, settings.host)
+    await grpc.server.start()
+    readiness_task = asyncio.create_task(readiness.run())
+    log.info(
+        "gateway listening",
+        extra={
+            "fields": {
+                "address": f"{settings.host}:{grpc.port}",
+                "upstream": settings.upstream,
+                "model": registry.default_model,
+                "models": sorted(registry.models),
+                "metrics_port": settings.metrics_port,
+                "tls": _tls_mode(settings.tls_cert_file, settings.tls_client_ca_file),
+                "upstream_tls": _tls_mode(settings.upstream_uses_tls, settings.upstream_cert_file),
+            }
+        },
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+
+    log.info("shutting down", extra={"fields": {"grace_seconds": settings.shutdown_grace}})
+    # Readiness goes NOT_SERVING first so load balancers stop sending new work, then the
+    # server refuses new RPCs and waits for the in-flight ones up to the grace period.
+    await grpc.health.enter_graceful_shutdown()
+    readiness_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await readiness_task
+    await grpc.server.stop(settings.shutdown_grace)
+    await client.close()
+    executor.shutdown(wait=False, cancel_futures=True)
+    log.info("stopped")
+
+
+def _tls_mode(tls: object, mutual: object) -> str:
+    """off, tls, or mtls (both sides present certificates), for the startup log."""
+    return "mtls" if tls and mutual else "tls" if tls else "off"

@@ -1,0 +1,118 @@
+"""Plain Python types of the gateway's domain: what a front door hands the pipeline and what
+it gets back. Protobuf, JSON and MessagePack stay at the edges (gateway/frontends)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as a caller asks for it: a name and at most one of version or label."""
+
+    name: str
+    version: int | None = None
+    label: str | None = None
+
+    def describe(self) -> str:
+        if self.version is not None:
+            return f"model '{self.name}' version {self.version}"
+        if self.label is not None:
+            return f"model '{self.name}' label '{self.label}'"
+        return f"model '{self.name}'"
+
+
+@dataclass(frozen=True)
+class Box:
+    """Pixel box of the displayed image; min inclusive, max exclusive."""
+
+    x_min: int
+    y_min: int
+    x_max: int
+    y_max: int
+
+
+@dataclass(frozen=True)
+class NormalizedBox:
+    """Box as fractions of the displayed image's width (x) and height (y)."""
+
+    x_min: float
+    y_min: float
+    x_max: float
+    y_max: float
+
+
+@dataclass(frozen=True)
+class Detection:
+    class_id: int
+    label: str
+    score: float
+    box: Box
+    normalized: NormalizedBox
+
+
+@dataclass(frozen=True)
+class DetectOptions:
+    """Detection options as the caller gave them; 0 means the model's default."""
+
+    min_score: float = 0.0
+    max_detections: int = 0
+
+
+@dataclass(frozen=True)
+class ClassifyOptions:
+    """Classification options as the caller gave them; 0 means the model's default."""
+
+    top_k: int = 0
+    min_score: float = 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One image to run a task on, from any front door.
+
+    `model.name` may be empty (the task's default model). `timeout` is the caller's deadline
+    in seconds from now (None: no deadline; the gateway's upstream timeout still applies).
+    `request_id` may be empty: the pipeline makes one. `method` names the call in metrics and
+    logs (e.g. "Detect", "ClassifyStream", "POST :detect").
+    """
+
+    image: bytes
+    model: ModelRef
+    options: DetectOptions | ClassifyOptions
+    request_id: str = ""
+    timeout: float | None = None
+    method: str = ""
+    # Caller metadata to pass to TF Serving (trace context headers), as (key, value) pairs.
+    trace: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Detections:
+    detections: list[Detection]
+
+
+@dataclass(frozen=True)
+class ScoredClass:
+    class_id: int  # index in the model's labels; -1 for a label the model named that is not
+    label: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Classes:
+    classes: list[ScoredClass]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What every task returns: its result plus the image and model that produced it."""
+
+    result: Detections | Classes
+    image_width: int
+    image_height: int
+    model_name: str
+    model_version: int
+    request_id: str
+    # Time spent per stage, in seconds (decode: image to request; upstream: TF Serving).
+    timings: dict[str, float] = field(default_factory=dict)

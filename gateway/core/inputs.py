@@ -1,0 +1,272 @@
+"""Image bytes -> the serialized PredictRequest, in the input form the model's signature asks.
+
+The form is read once per model version (`plan_input`: the signature's single input plus the
+model config) and is the same for every task:
+- uint8 / float32 pixels, NHWC [1,H,W,3] or NCHW [1,3,H,W]: the decoded, EXIF-oriented RGB
+  pixels, resized to the signature's fixed size (or the config's `resize`, or down to its
+  `max_side`), rescaled and normalised as the config says. uint8 NHWC at the image's own
+  size is decoded straight into the request bytes (gateway.upstream.wire), so a 1080p image
+  costs one decode and no copies of its 6 MB of pixels.
+- string [N] encoded images: the caller's original bytes untouched when TensorFlow can decode
+  them to the same pixels (the model then sees the stored, un-oriented image, so detection
+  boxes are mapped through the EXIF orientation afterwards). Other formats (WebP, TIFF, CMYK
+  JPEG, ...) are decoded here and sent as PNG of the oriented image, and images over the
+  config's `max_side` as a JPEG of the scaled-down image. `string_encoding = "base64url"`
+  sends the bytes base64url-encoded, as a ViT exported with its preprocessing expects.
+
+build_input runs in a worker thread: decoding is CPU-bound and must stay off the event loop.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from enum import Enum
+from functools import partial
+
+import numpy as np
+
+from gateway import errors
+from gateway.imaging import images, resize
+from gateway.models import InputPrep
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tasks.base import BoxTransform
+from gateway.upstream.signatures import Signature
+from gateway.upstream.wire import RequestBuffer, predict_request, string_request
+
+
+class InputMode(Enum):
+    """How an image is handed to the model."""
+
+    PIXELS = "uint8 pixels"  # OD API image_tensor
+    FLOAT_PIXELS = "float32 pixels"  # OD API float_image_tensor, or normalised floats
+    ENCODED = "string [N] encoded images"  # OD API encoded_image_string_tensor
+
+
+_PIXEL_DTYPES: dict[InputMode, tuple[np.dtype, int]] = {
+    InputMode.PIXELS: (np.dtype(np.uint8), tfs.DT_UINT8),
+    InputMode.FLOAT_PIXELS: (np.dtype("<f4"), tfs.DT_FLOAT),
+}
+_MODES: dict[int, InputMode] = {
+    tfs.DT_UINT8: InputMode.PIXELS,
+    tfs.DT_FLOAT: InputMode.FLOAT_PIXELS,
+}
+_DTYPE_NAMES: dict[str, int] = {"uint8": tfs.DT_UINT8, "float32": tfs.DT_FLOAT}
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """The input form of one model version, with the preparation the gateway does."""
+
+    key: str
+    mode: InputMode
+    layout: str = "NHWC"  # NHWC | NCHW (pixels only)
+    size: tuple[int, int] | None = None  # (width, height) every image is resized to
+    max_side: int | None = None  # longest side sent; larger images are scaled down
+    scale: float | None = None  # pixel values (0..255) times this (float only)
+    mean: tuple[float, float, float] | None = None  # then minus mean ...
+    std: tuple[float, float, float] | None = None  # ... divided by std, per channel
+    base64url: bool = False  # encoded images sent base64url-encoded (string inputs)
+
+    @property
+    def plain_pixels(self) -> bool:
+        """uint8 NHWC at the image's own size: decoded straight into the request."""
+        return (
+            self.mode is InputMode.PIXELS
+            and self.layout == "NHWC"
+            and self.size is None
+            and self.max_side is None
+        )
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    request: bytes  # the serialized PredictRequest
+    width: int  # of the image as a viewer shows it
+    height: int
+    transform: BoxTransform | None  # model's box -> displayed image box; None when identical
+
+
+def plan_input(signature: Signature, prep: InputPrep) -> InputPlan:
+    """The input form for `signature` with the model config's `prep`; BAD_MODEL otherwise."""
+    inputs = signature.inputs
+    what = f"model '{signature.model}' version {signature.version}"
+    if len(inputs) == 1:
+        key, spec = next(iter(inputs.items()))
+        shape = spec.shape
+        if spec.dtype == tfs.DT_STRING and shape is not None and len(shape) == 1:
+            if prep.scale is not None or prep.mean is not None or prep.std is not None:
+                raise errors.bad_model(
+                    f"{what} takes encoded images (input '{key}': {spec.describe()}), but the "
+                    "model config sets scale/mean/std, which are for models that take pixels"
+                )
+            return InputPlan(
+                key,
+                InputMode.ENCODED,
+                max_side=prep.max_side,
+                base64url=prep.string_encoding == "base64url",
+            )
+        if spec.dtype in _MODES and shape is not None and len(shape) == 4:
+            return _pixel_plan(key, spec.dtype, shape, prep, what)
+    raise errors.bad_model(
+        f"{what} cannot be used by the gateway: its 'serving_default' signature has "
+        f"{signature.describe()}; the gateway needs one image input: string [-1] of encoded "
+        "images, or uint8/float32 pixels [1,H,W,3] (NHWC) or [1,3,H,W] (NCHW)"
+    )
+
+
+def _pixel_plan(
+    key: str, dtype: int, shape: tuple[int, ...], prep: InputPrep, what: str
+) -> InputPlan:
+    shown = str(list(shape)).replace(" ", "")
+    layout = prep.layout
+    if layout is None:
+        layout = "NCHW" if shape[1] == 3 and shape[3] not in (3, -1) else "NHWC"
+    channels, height, width = (shape[3], shape[1], shape[2]) if layout == "NHWC" else shape[1:]
+    if channels not in (3, -1) or shape[0] not in (1, -1):
+        raise errors.bad_model(
+            f"{what} takes input '{key}' {shown}, which is not one RGB image in {layout} "
+            f"layout ([1,H,W,3] or [1,3,H,W]); set input.layout in the model config if the "
+            "layout is the other one"
+        )
+    if prep.dtype is not None and _DTYPE_NAMES[prep.dtype] != dtype:
+        raise errors.bad_model(
+            f"the model config says input.dtype = '{prep.dtype}' but {what} takes "
+            f"{_dtype_word(dtype)} input '{key}'"
+        )
+    mode = _MODES[dtype]
+    if mode is InputMode.PIXELS and (
+        prep.scale is not None or prep.mean is not None or prep.std is not None
+    ):
+        raise errors.bad_model(
+            f"{what} takes uint8 pixels, but the model config sets scale/mean/std, which "
+            "need a float32 input"
+        )
+    size = None
+    if height > 0 and width > 0:
+        size = (width, height)
+        if prep.resize is not None and prep.resize != (height, width):
+            raise errors.bad_model(
+                f"the model config says input.resize = {list(prep.resize)} but {what} takes "
+                f"{height}x{width} images (input '{key}' {shown})"
+            )
+    elif prep.resize is not None:
+        size = (prep.resize[1], prep.resize[0])
+    elif height > 0 or width > 0:
+        raise errors.bad_model(
+            f"{what} fixes only one side of its input '{key}' {shown}; set input.resize = "
+            "[height, width] in the model config"
+        )
+    return InputPlan(
+        key,
+        mode,
+        layout=layout,
+        size=size,
+        max_side=None if size is not None else prep.max_side,
+        scale=prep.scale,
+        mean=prep.mean,
+        std=prep.std,
+    )
+
+
+def _dtype_word(dtype: int) -> str:
+    return "uint8" if dtype == tfs.DT_UINT8 else "float32"
+
+
+def forward_encoded(
+    data: bytes, plan: InputPlan, envelope: bytes, limits: images.ImageLimits
+) -> ModelInput | None:
+    """For a string [N] model: the request carrying the caller's bytes untouched, or None
+    when they must be transcoded or scaled down first (build_input does that).
+
+    Reads the header only (well under a millisecond), so it may run on the event loop.
+    Raises images.ImageError like build_input.
+    """
+    info = images.inspect_image(data, limits)
+    if not images.model_can_decode(info):
+        return None
+    if plan.max_side is not None and max(info.width, info.height) > plan.max_side:
+        return None
+    transform = None
+    if info.orientation != 1:
+        transform = partial(images.orient_box, orientation=info.orientation)
+    value = base64.urlsafe_b64encode(data) if plan.base64url else data
+    request = string_request(envelope, plan.key, value)
+    return ModelInput(request, info.width, info.height, transform)
+
+
+def build_input(
+    data: bytes, plan: InputPlan, envelope: bytes, limits: images.ImageLimits
+) -> ModelInput:
+    """The request for `data`: `envelope` (a PredictRequest without inputs) plus the image
+    as input `plan.key`. Raises images.ImageError for an empty, undecodable or oversized
+    image."""
+    if plan.mode is InputMode.ENCODED:
+        forwarded = forward_encoded(data, plan, envelope, limits)
+        if forwarded is not None:
+            return forwarded
+        if plan.max_side is not None:
+            info, pixels = resize.decode_within(data, limits, plan.max_side)
+        else:
+            info, pixels = images.decode_image(data, limits)
+        # A scaled-down photo goes as JPEG (a tenth of a PNG's size); a transcoded original
+        # as lossless PNG, so the model sees its exact pixels.
+        scaled = pixels.shape[:2] != (info.height, info.width)
+        encoded = resize.encode_jpeg(pixels) if scaled else images.encode_png(pixels)
+        if plan.base64url:
+            encoded = base64.urlsafe_b64encode(encoded)
+        return ModelInput(
+            string_request(envelope, plan.key, encoded), info.width, info.height, None
+        )
+
+    dtype, tensor_dtype = _PIXEL_DTYPES[plan.mode]
+    if plan.plain_pixels:
+        return _decode_into_request(data, plan, envelope, limits)
+    if plan.size is not None:
+        info, pixels = resize.decode_to_size(data, limits, plan.size)
+    elif plan.max_side is not None:
+        info, pixels = resize.decode_within(data, limits, plan.max_side)
+    else:
+        info, pixels = images.decode_image(data, limits)
+    height, width = pixels.shape[:2]
+    shape = (1, height, width, 3) if plan.layout == "NHWC" else (1, 3, height, width)
+    size = height * width * 3 * dtype.itemsize
+    buffer = predict_request(envelope, plan.key, tensor_dtype, shape, size)
+    out = np.frombuffer(buffer.payload, dtype=dtype).reshape(shape[1:])
+    source = pixels if plan.layout == "NHWC" else pixels.transpose(2, 0, 1)
+    if dtype == np.uint8:
+        np.copyto(out, source)
+    else:
+        _normalise(source, out, plan)
+    return ModelInput(buffer.data, info.width, info.height, None)
+
+
+def _normalise(pixels: np.ndarray, out: np.ndarray, plan: InputPlan) -> None:
+    """float32 `out` = ((pixels * scale) - mean) / std, per channel, in place."""
+    np.copyto(out, pixels, casting="unsafe")
+    if plan.scale is not None:
+        out *= np.float32(plan.scale)
+    axis = (1, 1, 3) if plan.layout == "NHWC" else (3, 1, 1)
+    if plan.mean is not None:
+        out -= np.asarray(plan.mean, dtype=np.float32).reshape(axis)
+    if plan.std is not None:
+        out /= np.asarray(plan.std, dtype=np.float32).reshape(axis)
+
+
+def _decode_into_request(
+    data: bytes, plan: InputPlan, envelope: bytes, limits: images.ImageLimits
+) -> ModelInput:
+    buffers: list[RequestBuffer] = []
+
+    def into_request(info: images.ImageInfo) -> np.ndarray:
+        shape = (info.height, info.width, 3)
+        buffer = predict_request(
+            envelope, plan.key, tfs.DT_UINT8, (1, *shape), info.height * info.width * 3
+        )
+        # Called again when Pillow takes over from a failed fast decode: the last one counts.
+        buffers[:] = [buffer]
+        return np.frombuffer(buffer.payload, dtype=np.uint8).reshape(shape)
+
+    info, _ = images.decode_image(data, limits, into=into_request)
+    (buffer,) = buffers
+    return ModelInput(buffer.data, info.width, info.height, None)

@@ -1,0 +1,313 @@
+"""One image end to end, the same for every task and every front door.
+
+limit -> model and options -> deadline budget -> signature (cached) -> input plan (cached per
+model version and task) -> request built in a worker thread -> Predict on TF Serving ->
+outputs mapped by the task -> outcome. Each image is counted in the metrics and logged as
+one JSON line, whatever its outcome. Failures are raised as GatewayError (gateway.errors);
+the front doors turn them into their own status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from functools import lru_cache
+
+from gateway import errors, metrics
+from gateway.config import Settings
+from gateway.core.domain import ModelRef, Outcome, Request
+from gateway.core.inputs import (
+    InputMode,
+    InputPlan,
+    ModelInput,
+    build_input,
+    forward_encoded,
+    plan_input,
+)
+from gateway.errors import GatewayError, Kind
+from gateway.imaging import images
+from gateway.models import ModelConfig, ModelRegistry
+from gateway.tasks.base import BAD_OUTPUTS, Frame, OutputError, OutputPlan, Task
+from gateway.tasks.classification import ClassificationTask
+from gateway.tasks.detection import DetectionTask
+from gateway.upstream.client import (
+    StaleSignature,
+    TFServingClient,
+    UnreadableOutput,
+    request_envelope,
+)
+from gateway.upstream.signatures import Signature
+
+request_log = logging.getLogger("gateway.request")
+log = logging.getLogger("gateway.pipeline")
+
+TASKS: Mapping[str, Task] = {task.name: task for task in (DetectionTask(), ClassificationTask())}
+# Input plans kept per (model, version, task); bounded although only served versions get here.
+_MAX_PLANS = 4096
+
+
+def new_request_id() -> str:
+    """32 random hex digits, like uuid4().hex (not a secret: it names a request in logs)."""
+    return f"{random.getrandbits(128):032x}"
+
+
+class ConcurrencyLimit:
+    """Counts images in flight; refuses more than the limit instead of queueing them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+    def acquire(self) -> None:
+        if self.in_flight >= self.limit:
+            raise errors.overloaded(
+                f"the gateway is working on its limit of {self.limit} images; retry with "
+                "backoff, add gateway replicas or raise GATEWAY_MAX_CONCURRENT_REQUESTS"
+            )
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one model version is called for one task."""
+
+    input: InputPlan
+    outputs: OutputPlan
+
+
+@lru_cache(maxsize=1024)
+def _envelope(model: ModelRef, output_filter: tuple[str, ...]) -> bytes:
+    return request_envelope(model, output_filter)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: Settings,
+        client: TFServingClient,
+        registry: ModelRegistry,
+        executor: Executor,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self._client = client
+        self._executor = executor
+        self._limit = ConcurrencyLimit(settings.max_concurrent_requests)
+        self._image_limits = images.ImageLimits(settings.max_image_bytes, settings.max_pixels)
+        self._plans: dict[tuple[str, int, str], Plan] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return self._limit.in_flight
+
+    async def run(self, task_name: str, request: Request) -> Outcome:
+        """Runs `task_name` on one image; raises GatewayError on failure."""
+        task = TASKS[task_name]
+        started = time.perf_counter()
+        timings = {"decode": 0.0, "upstream": 0.0}
+        request_id = request.request_id or new_request_id()
+        code = "OK"
+        model: ModelRef | None = None
+        outcome: Outcome | None = None
+        metrics.IN_FLIGHT.inc()
+        try:
+            self._limit.acquire()
+            try:
+                model = self.model_ref(task, request.model)
+                outcome = await self._run(task, model, request, request_id, timings)
+            finally:
+                self._limit.release()
+            return outcome
+        except GatewayError as e:
+            code = e.code
+            raise
+        except asyncio.CancelledError:
+            code = Kind.CANCELLED.code
+            raise
+        except Exception:
+            code = Kind.INTERNAL.code
+            log.exception("unexpected error", extra={"fields": {"request_id": request_id}})
+            raise GatewayError(
+                Kind.INTERNAL, f"internal error in the gateway; quote request id {request_id}"
+            ) from None
+        finally:
+            metrics.IN_FLIGHT.dec()
+            total = time.perf_counter() - started
+            self._record(task, request, code, request_id, model, outcome, timings, total)
+
+    def model_ref(self, task: Task, requested: ModelRef) -> ModelRef:
+        """The model to call: the request's, or the task's default; INVALID_INPUT when the
+        version or label is malformed or no model is named and none is configured."""
+        if requested.version is not None and requested.version <= 0:
+            raise errors.invalid_input(
+                f"model.version must be a positive version number, got {requested.version}; "
+                "leave it unset for the latest version"
+            )
+        if requested.label is not None and not requested.label:
+            raise errors.invalid_input(
+                "model.label is set but empty; leave it unset or name a label"
+            )
+        if requested.name:
+            return requested
+        default = self.registry.default_for(task.name)
+        if default is None:
+            raise errors.invalid_input(
+                f"the request names no model and the gateway has no default {task.name} "
+                f"model; name one in model.name, or set [defaults] {task.name} in the model "
+                "config (GATEWAY_MODEL_CONFIG)"
+            )
+        return ModelRef(default, requested.version, requested.label)
+
+    def _config(self, task: Task, model: ModelRef) -> ModelConfig:
+        config = self.registry.get(model.name, task.name)
+        if config.task != task.name:
+            raise errors.bad_model(
+                f"model '{model.name}' is configured as a {config.task} model (model config), "
+                f"not for {task.name}; call the {config.task} API for it"
+            )
+        return config
+
+    def _timeout(self, deadline: float | None) -> float:
+        """Seconds left for a TF Serving call: the caller's deadline, capped by ours."""
+        if deadline is None:
+            return self.settings.upstream_timeout
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise GatewayError(Kind.DEADLINE, "the call's deadline passed in the gateway")
+        return min(remaining, self.settings.upstream_timeout)
+
+    def _plan(self, task: Task, signature: Signature, config: ModelConfig) -> Plan:
+        key = (signature.model, signature.version, task.name)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = Plan(plan_input(signature, config.input), task.output_plan(signature, config))
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    async def _build_input(
+        self, image: bytes, plan: InputPlan, envelope: bytes, timings: dict[str, float]
+    ) -> ModelInput:
+        started = time.perf_counter()
+        try:
+            if plan.mode is InputMode.ENCODED:
+                # Forwarding the caller's bytes needs only their header: no thread hop.
+                forwarded = forward_encoded(image, plan, envelope, self._image_limits)
+                if forwarded is not None:
+                    return forwarded
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._executor, build_input, image, plan, envelope, self._image_limits
+            )
+        except images.ImageError as e:
+            raise errors.from_image_error(e) from None
+        finally:
+            timings["decode"] += time.perf_counter() - started
+
+    async def _run(
+        self,
+        task: Task,
+        model: ModelRef,
+        request: Request,
+        request_id: str,
+        timings: dict[str, float],
+    ) -> Outcome:
+        config = self._config(task, model)
+        options = task.resolve(request.options, config, self.settings)
+        deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        for attempt in (1, 2):
+            signature = await self._client.signature(model, self._timeout(deadline))
+            plan = self._plan(task, signature, config)
+            envelope = _envelope(model, plan.outputs.output_filter)
+            model_input = await self._build_input(request.image, plan.input, envelope, timings)
+            started = time.perf_counter()
+            try:
+                prediction = await self._client.predict(
+                    model, model_input.request, self._timeout(deadline), request.trace
+                )
+                break
+            except StaleSignature:
+                if attempt == 2:
+                    raise
+            except UnreadableOutput as e:
+                BAD_OUTPUTS.report(e.model, e.version, e.problem)
+                raise
+            finally:
+                timings["upstream"] += time.perf_counter() - started
+        frame = Frame(model_input.width, model_input.height, model_input.transform)
+        try:
+            result = task.map(prediction.outputs, plan.outputs, frame, options, config)
+        except OutputError as e:
+            BAD_OUTPUTS.report(model.name, prediction.version, str(e))
+            raise errors.bad_model(
+                f"model '{model.name}' version {prediction.version} gave unusable outputs: {e}"
+            ) from None
+        return Outcome(
+            result=result,
+            image_width=model_input.width,
+            image_height=model_input.height,
+            model_name=model.name,
+            model_version=prediction.version,
+            request_id=request_id,
+            timings=timings,
+        )
+
+    def _record(
+        self,
+        task: Task,
+        request: Request,
+        code: str,
+        request_id: str,
+        model: ModelRef | None,
+        outcome: Outcome | None,
+        timings: dict[str, float],
+        total: float,
+    ) -> None:
+        method = request.method or task.name
+        metrics.record(method, code, total, timings["decode"], timings["upstream"])
+        if not request_log.isEnabledFor(logging.INFO):
+            return
+        fields: dict[str, object] = {
+            "method": method,
+            "code": code,
+            "request_id": request_id,
+            "task": task.name,
+            "model": model.name if model else request.model.name or None,
+            "requested_version": (model.version or model.label) if model else None,
+            "version": outcome.model_version if outcome else None,
+        }
+        if outcome is not None:
+            fields.update(task.summary(outcome.result))
+        trace_id = _trace_id(request.trace)
+        if trace_id:
+            fields["trace_id"] = trace_id
+        fields["image_bytes"] = len(request.image)
+        fields["latency_ms"] = {
+            "decode": round(timings["decode"] * 1000, 2),
+            "upstream": round(timings["upstream"] * 1000, 2),
+            "total": round(total * 1000, 2),
+        }
+        request_log.info("request", extra={"fields": fields})
+
+
+def _trace_id(trace: tuple[tuple[str, str], ...]) -> str:
+    """The trace id from W3C traceparent (version-traceid-spanid-flags) or B3 headers."""
+    for key, value in trace:
+        if key == "traceparent":
+            parts = value.split("-")
+            if len(parts) >= 4 and len(parts[1]) == 32:
+                return parts[1]
+        elif key == "x-b3-traceid":
+            return value
+        elif key == "b3":
+            return value.split("-", 1)[0]
+    return ""

@@ -1,0 +1,196 @@
+"""detection.v1 and classification.v1 servicers: convert, delegate to the pipeline, answer.
+
+No pipeline logic here. Unary calls return the result or abort with the status of the
+pipeline's error (gateway.frontends.grpc.status). Streams keep a window of images in flight,
+answer in request order, put a per-image error (google.rpc.Status) in the result of an image
+that failed on its own and go on, and end with the status of an error that concerns the whole
+stream. Every call carries `x-request-id` back in its trailing metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+import grpc
+
+from gateway.core.domain import Outcome, Request
+from gateway.core.pipeline import Pipeline, new_request_id
+from gateway.errors import GatewayError
+from gateway.frontends.grpc import converters
+from gateway.frontends.grpc.status import STATUS
+from gateway.models import CLASSIFICATION, DETECTION
+from gateway.proto.classification.v1 import classification_pb2 as cpb
+from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
+from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+
+DETECTION_SERVICE = pb.DESCRIPTOR.services_by_name["DetectionService"].full_name
+CLASSIFICATION_SERVICE = cpb.DESCRIPTOR.services_by_name["ClassificationService"].full_name
+# Incoming metadata passed on to TF Serving, so traces connect through the gateway.
+TRACE_HEADERS = frozenset(
+    {
+        "traceparent",
+        "tracestate",
+        "x-request-id",
+        "b3",
+        "x-b3-traceid",
+        "x-b3-spanid",
+        "x-b3-parentspanid",
+        "x-b3-sampled",
+        "x-b3-flags",
+    }
+)
+
+RequestT = TypeVar("RequestT")
+ResultT = TypeVar("ResultT")
+ToRequest = Callable[[RequestT, str, str, float | None, converters.Trace], Request]
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> tuple[str, converters.Trace]:
+    """The caller's x-request-id (or "") and the trace headers to pass on."""
+    request_id = ""
+    trace = []
+    for key, value in context.invocation_metadata() or ():
+        if key in TRACE_HEADERS and isinstance(value, str):
+            trace.append((key, value))
+            if key == "x-request-id":
+                request_id = value
+    return request_id, tuple(trace)
+
+
+async def _unary(
+    pipeline: Pipeline,
+    task: str,
+    method: str,
+    request: RequestT,
+    context: grpc.aio.ServicerContext,
+    to_request: ToRequest[RequestT],
+    to_result: Callable[[Outcome], ResultT],
+) -> ResultT:
+    header_id, trace = _metadata(context)
+    request_id = getattr(request, "request_id", "") or header_id or new_request_id()
+    context.set_trailing_metadata((("x-request-id", request_id),))
+    try:
+        outcome = await pipeline.run(
+            task, to_request(request, request_id, method, context.time_remaining(), trace)
+        )
+    except GatewayError as e:
+        await context.abort(STATUS[e.kind], e.message)
+        raise  # unreachable: abort raises
+    return to_result(outcome)
+
+
+async def _stream(
+    pipeline: Pipeline,
+    task: str,
+    method: str,
+    requests: AsyncIterator[RequestT],
+    context: grpc.aio.ServicerContext,
+    to_request: ToRequest[RequestT],
+    to_result: Callable[[Outcome], ResultT],
+    error_result: Callable[[GatewayError, str], ResultT],
+) -> AsyncIterator[ResultT]:
+    header_id, trace = _metadata(context)
+    stream_id = header_id or new_request_id()
+    context.set_trailing_metadata((("x-request-id", stream_id),))
+    window = pipeline.settings.stream_window
+    pending: deque[tuple[str, asyncio.Task[Outcome]]] = deque()
+
+    async def answer(request_id: str, work: asyncio.Task[Outcome]) -> ResultT:
+        try:
+            return to_result(await work)
+        except GatewayError as e:
+            if e.kind.per_item:
+                return error_result(e, request_id)
+            raise
+
+    try:
+        index = 0
+        async for request in requests:
+            request_id = getattr(request, "request_id", "") or f"{stream_id}-{index}"
+            index += 1
+            timeout = context.time_remaining()
+            work = pipeline.run(task, to_request(request, request_id, method, timeout, trace))
+            pending.append((request_id, asyncio.ensure_future(work)))
+            # Back-pressure: with a full window, stop reading frames until the oldest
+            # result has been handed to gRPC (which waits on the client's flow control).
+            if len(pending) >= window:
+                yield await answer(*pending.popleft())
+        while pending:
+            yield await answer(*pending.popleft())
+    except GatewayError as e:
+        await context.abort(STATUS[e.kind], e.message)
+    finally:
+        for _, left in pending:
+            left.cancel()
+
+
+class DetectionServicer(pb_grpc.DetectionServiceServicer):
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+
+    async def Detect(
+        self, request: pb.DetectRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DetectionResult:
+        return await _unary(
+            self._pipeline,
+            DETECTION,
+            "Detect",
+            request,
+            context,
+            converters.to_detect,
+            converters.to_detection_result,
+        )
+
+    async def DetectStream(
+        self, request_iterator: AsyncIterator[pb.DetectRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.DetectionResult]:
+        async for result in _stream(
+            self._pipeline,
+            DETECTION,
+            "DetectStream",
+            request_iterator,
+            context,
+            converters.to_detect,
+            converters.to_detection_result,
+            lambda e, rid: pb.DetectionResult(request_id=rid, error=converters.to_status(e)),
+        ):
+            yield result
+
+
+class ClassificationServicer(cpb_grpc.ClassificationServiceServicer):
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+
+    async def Classify(
+        self, request: cpb.ClassifyRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ClassificationResult:
+        return await _unary(
+            self._pipeline,
+            CLASSIFICATION,
+            "Classify",
+            request,
+            context,
+            converters.to_classify,
+            converters.to_classification_result,
+        )
+
+    async def ClassifyStream(
+        self,
+        request_iterator: AsyncIterator[cpb.ClassifyRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[cpb.ClassificationResult]:
+        async for result in _stream(
+            self._pipeline,
+            CLASSIFICATION,
+            "ClassifyStream",
+            request_iterator,
+            context,
+            converters.to_classify,
+            converters.to_classification_result,
+            lambda e, rid: cpb.ClassificationResult(request_id=rid, error=converters.to_status(e)),
+        ):
+            yield result

@@ -1,0 +1,110 @@
+"""What a task declares, so the pipeline can run it without knowing it.
+
+A task (detection, classification, ...) says:
+- which outputs it needs from a signature and which it asks TF Serving for (`output_plan`),
+  refusing signatures it cannot use with a message that shows the signature;
+- how request options are checked and completed with the model's defaults (`resolve`);
+- how the outputs of one image become its result (`map`), refusing outputs that do not have
+  the shapes, types or ranges it needs (OutputError);
+- what the request log says about a result (`summary`).
+
+The image input is not the task's business: gateway.core.inputs reads it from the signature
+and the model config, the same for every task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from gateway.config import Settings
+from gateway.core.domain import Classes, Detections
+from gateway.models import ModelConfig
+from gateway.upstream.signatures import Signature
+
+# (ymin, xmin, ymax, xmax) normalized box of the image the model saw -> the same box
+# normalized to the displayed image (EXIF orientation applied).
+BoxTransform = Callable[[tuple[float, float, float, float]], tuple[float, float, float, float]]
+
+# Distinct (model, version) pairs whose bad outputs have been logged; bounded because model
+# names come from clients (unknown ones fail earlier, but stay safe).
+_MAX_REPORTED = 1024
+
+log = logging.getLogger("gateway.tasks")
+
+
+class OutputError(ValueError):
+    """Model outputs that do not have the shapes, types or value ranges the task needs."""
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """Which outputs a task reads from one model version (and asks TF Serving for)."""
+
+    output_filter: tuple[str, ...]
+    form: str = ""  # the task's name for the output form it found (e.g. "logits")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The image as the caller sees it, and how the model's view of it maps back."""
+
+    width: int
+    height: int
+    transform: BoxTransform | None = None  # None: the model saw the displayed image
+
+
+class Task(Protocol):
+    name: str  # as in the model config: "detection", "classification"
+
+    def resolve(
+        self, options: Any, config: ModelConfig, settings: Settings
+    ) -> Any:  # the task's resolved options
+        """Checks the caller's options (GatewayError INVALID_INPUT) and fills in defaults."""
+        ...
+
+    def output_plan(self, signature: Signature, config: ModelConfig) -> OutputPlan:
+        """The outputs to read, or GatewayError BAD_MODEL naming what is missing."""
+        ...
+
+    def map(
+        self,
+        outputs: Mapping[str, np.ndarray],
+        plan: OutputPlan,
+        frame: Frame,
+        options: Any,
+        config: ModelConfig,
+    ) -> Detections | Classes:
+        """The result for one image; OutputError when the outputs are unusable."""
+        ...
+
+    def summary(self, result: Any) -> dict[str, object]:
+        """Fields for the request log line."""
+        ...
+
+
+class BadOutputLog:
+    """Logs a model version's unusable outputs once, not once per request."""
+
+    def __init__(self) -> None:
+        self._reported: set[tuple[str, int]] = set()
+
+    def report(self, model: str, version: int, problem: str) -> bool:
+        """Logs a warning the first time `model` `version` gives bad outputs; True if logged."""
+        key = (model, version)
+        if key in self._reported or len(self._reported) >= _MAX_REPORTED:
+            return False
+        self._reported.add(key)
+        log.warning(
+            "model outputs are unusable; requests to this version fail with "
+            "FAILED_PRECONDITION (logged once per model version)",
+            extra={"fields": {"model": model, "version": version, "problem": problem}},
+        )
+        return True
+
+
+BAD_OUTPUTS = BadOutputLog()

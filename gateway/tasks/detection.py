@@ -1,0 +1,209 @@
+"""The detection task: TF Object Detection API outputs -> detections in pixels of the image.
+
+The model reports `detection_boxes` as normalized [ymin, xmin, ymax, xmax] of the image it
+saw, `detection_scores` sorted descending, 1-based `detection_classes` and `num_detections`
+(the rows after it are padding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from gateway import errors
+from gateway.config import Settings
+from gateway.core.domain import Box, Detection, Detections, DetectOptions, NormalizedBox
+from gateway.labels import Labels
+from gateway.models import DETECTION, ModelConfig
+from gateway.tasks.base import BoxTransform, Frame, OutputError, OutputPlan
+from gateway.upstream.signatures import Signature
+
+BOXES = "detection_boxes"
+SCORES = "detection_scores"
+CLASSES = "detection_classes"
+NUM_DETECTIONS = "num_detections"
+REQUIRED_OUTPUTS = (BOXES, SCORES, CLASSES, NUM_DETECTIONS)
+# OD API exporters clip boxes to the image window, so a box edge past it is a rounding error
+# at most; boxes farther out mean another output layout (pixels, or [x, y, w, h]) and would
+# come out as garbage if clamped. Edges within this margin are clamped, others refused.
+BOX_MARGIN = 0.05
+
+
+def _pixel(fraction: float, size: int) -> int:
+    # Round half up, then clamp: a box edge at 0.5 px belongs to the next pixel.
+    return min(max(math.floor(fraction * size + 0.5), 0), size)
+
+
+def _checked(outputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    missing = [k for k in REQUIRED_OUTPUTS if k not in outputs]
+    if missing:
+        raise OutputError(f"TF Serving response lacks outputs {missing}")
+    for key in REQUIRED_OUTPUTS:
+        dtype = outputs[key].dtype
+        if dtype.kind not in "fiu":
+            shown = "string" if dtype.kind == "O" else str(dtype)
+            raise OutputError(f"{key} has dtype {shown}; expected numbers")
+    boxes = outputs[BOXES]
+    scores, classes, num = outputs[SCORES], outputs[CLASSES], outputs[NUM_DETECTIONS]
+    if boxes.ndim != 3 or boxes.shape[2] != 4 or boxes.shape[0] < 1:
+        raise OutputError(f"{BOXES} has shape {list(boxes.shape)}; expected [1, N, 4]")
+    n = boxes.shape[1]
+    if scores.shape[:2] != (boxes.shape[0], n) or classes.shape[:2] != (boxes.shape[0], n):
+        raise OutputError(
+            f"{SCORES} {list(scores.shape)} and {CLASSES} {list(classes.shape)} "
+            f"do not match {BOXES} {list(boxes.shape)}"
+        )
+    if num.size < 1:
+        raise OutputError(f"{NUM_DETECTIONS} is empty")
+    return boxes[0], scores[0], classes[0], num.reshape(-1)
+
+
+def _valid_count(num: float, rows: int) -> int:
+    if not math.isfinite(num) or num < 0 or num != int(num):
+        raise OutputError(f"{NUM_DETECTIONS} is {num}; expected a whole number >= 0")
+    if num > rows:
+        raise OutputError(
+            f"{NUM_DETECTIONS} is {int(num)} but the outputs hold only {rows} detections"
+        )
+    return int(num)
+
+
+def _check_values(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> None:
+    """Checks the first `len(boxes)` rows: finite scores in [0, 1], class ids >= 0, and
+    normalized boxes within the image (plus BOX_MARGIN)."""
+    with np.errstate(invalid="ignore"):
+        bad_scores = ~((scores >= 0) & (scores <= 1))  # NaN compares False
+        bad_classes = ~(np.isfinite(classes) & (classes >= 0))
+        bad_boxes = ~((boxes >= -BOX_MARGIN) & (boxes <= 1 + BOX_MARGIN)).all(axis=1)
+    if bad_scores.any():
+        i = int(np.argmax(bad_scores))
+        raise OutputError(f"{SCORES}[{i}] is {float(scores[i])}; scores must be numbers in [0, 1]")
+    if bad_classes.any():
+        i = int(np.argmax(bad_classes))
+        raise OutputError(f"{CLASSES}[{i}] is {float(classes[i])}; class ids must be numbers >= 0")
+    if bad_boxes.any():
+        i = int(np.argmax(bad_boxes))
+        shown = ", ".join(f"{float(v):g}" for v in boxes[i])
+        raise OutputError(
+            f"{BOXES}[{i}] is [{shown}], outside [0, 1]: the gateway needs normalized "
+            "[ymin, xmin, ymax, xmax] boxes, as OD API exports give (not pixels)"
+        )
+
+
+def map_detections(
+    outputs: Mapping[str, np.ndarray],
+    *,
+    width: int,
+    height: int,
+    labels: Labels,
+    min_score: float,
+    max_detections: int,
+    transform: BoxTransform | None = None,
+) -> list[Detection]:
+    """Detections of the first batch item, best first, in pixels of a width x height image.
+
+    Raises OutputError when the outputs are not what an OD API model gives: missing,
+    misshapen or non-numeric tensors, num_detections beyond the arrays, NaN or out-of-range
+    scores, negative class ids, boxes outside the image.
+    """
+    boxes, scores, classes, num = _checked(outputs)
+    valid = _valid_count(float(num[0]), boxes.shape[0])
+    _check_values(boxes[:valid], scores[:valid], classes[:valid])
+    found: list[Detection] = []
+    for i in range(valid):
+        score = float(scores[i])
+        if score < min_score:
+            continue
+        ymin, xmin, ymax, xmax = (float(v) for v in boxes[i])
+        if transform is not None:
+            ymin, xmin, ymax, xmax = transform((ymin, xmin, ymax, xmax))
+        ymin, ymax = sorted((min(max(ymin, 0.0), 1.0), min(max(ymax, 0.0), 1.0)))
+        xmin, xmax = sorted((min(max(xmin, 0.0), 1.0), min(max(xmax, 0.0), 1.0)))
+        class_id = round(float(classes[i]))
+        found.append(
+            Detection(
+                class_id=class_id,
+                label=labels.label(class_id),
+                score=score,
+                box=Box(
+                    x_min=_pixel(xmin, width),
+                    y_min=_pixel(ymin, height),
+                    x_max=_pixel(xmax, width),
+                    y_max=_pixel(ymax, height),
+                ),
+                normalized=NormalizedBox(x_min=xmin, y_min=ymin, x_max=xmax, y_max=ymax),
+            )
+        )
+    # OD API models sort by score already; sorting again costs nothing and makes the
+    # contract hold for models that do not.
+    found.sort(key=lambda d: d.score, reverse=True)
+    return found[:max_detections]
+
+
+@dataclass(frozen=True)
+class DetectionSettings:
+    """A request's detection options with the defaults filled in."""
+
+    min_score: float
+    max_detections: int
+
+
+class DetectionTask:
+    name = DETECTION
+
+    def resolve(
+        self, options: DetectOptions, config: ModelConfig, settings: Settings
+    ) -> DetectionSettings:
+        min_score = config.min_score if config.min_score is not None else settings.min_score
+        max_detections = config.max_detections or settings.max_detections
+        if math.isnan(options.min_score) or not 0.0 <= options.min_score <= 1.0:
+            raise errors.invalid_input(
+                f"min_score must be in [0, 1] (0 means the server default {min_score}), "
+                f"got {options.min_score}"
+            )
+        if options.max_detections < 0:
+            raise errors.invalid_input(
+                f"max_detections must be >= 0 (0 means the server default "
+                f"{max_detections}), got {options.max_detections}"
+            )
+        return DetectionSettings(
+            min_score=options.min_score or min_score,
+            max_detections=options.max_detections or max_detections,
+        )
+
+    def output_plan(self, signature: Signature, config: ModelConfig) -> OutputPlan:
+        missing = [k for k in REQUIRED_OUTPUTS if k not in signature.outputs]
+        if missing:
+            raise errors.bad_model(
+                f"model '{signature.model}' version {signature.version} cannot be used for "
+                f"detection: its 'serving_default' signature has {signature.describe()}; "
+                f"detection needs the outputs {', '.join(REQUIRED_OUTPUTS)} (a TF Object "
+                f"Detection API export)"
+            )
+        return OutputPlan(REQUIRED_OUTPUTS)
+
+    def map(
+        self,
+        outputs: Mapping[str, np.ndarray],
+        plan: OutputPlan,
+        frame: Frame,
+        options: DetectionSettings,
+        config: ModelConfig,
+    ) -> Detections:
+        return Detections(
+            map_detections(
+                outputs,
+                width=frame.width,
+                height=frame.height,
+                labels=config.labels,
+                min_score=options.min_score,
+                max_detections=options.max_detections,
+                transform=frame.transform,
+            )
+        )
+
+    def summary(self, result: Detections) -> dict[str, object]:
+        return {"detections": len(result.detections)}

@@ -1,0 +1,373 @@
+"""The TF Serving hop: one gRPC channel, the exact TF Serving RPC paths, no TensorFlow.
+
+Task-agnostic: Predict with a request built elsewhere, GetModelMetadata (through the
+signature cache), GetModelStatus; retries within the caller's deadline and a retry budget;
+TF Serving's statuses translated into domain errors. Messages are our wire-compatible copies
+(gateway/proto/tfswire); the paths are TF Serving's, so the other end can be the real
+`tensorflow_model_server` or the local stand-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import numpy as np
+
+from gateway import metrics
+from gateway.config import Settings
+from gateway.core.domain import ModelRef
+from gateway.errors import GatewayError, Kind
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.upstream.signatures import (
+    SIGNATURE,
+    Signature,
+    SignatureCache,
+    signature_from_metadata,
+)
+from gateway.upstream.tensors import TensorDecodeError, to_array
+
+PREDICT = "/tensorflow.serving.PredictionService/Predict"
+GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
+GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
+# Longest wait between two attempts of one call.
+RETRY_BACKOFF_CAP = 1.0
+# Retries the budget allows before it needs deposits from calls (a burst, e.g. every call
+# in flight when a connection drops).
+RETRY_RESERVE = 10.0
+# Reconnecting to TF Serving: gRPC's default backoff grows to 120 s, which would keep the
+# gateway away for minutes after a long outage. Capped at 1 s, the gateway serves again
+# within about a second of TF Serving's return, for one connection attempt per second.
+RECONNECT_BACKOFF_MS = {"initial": 250, "min": 250, "max": 1000}
+
+
+class StaleSignature(GatewayError):
+    """TF Serving now serves a version whose input dtype differs from the cached signature."""
+
+
+class UnreadableOutput(GatewayError):
+    """TF Serving answered with an output tensor that cannot be decoded."""
+
+    def __init__(self, model: str, version: int, problem: str) -> None:
+        super().__init__(
+            Kind.BAD_MODEL,
+            f"cannot read the output of model '{model}' version {version}: {problem}",
+        )
+        self.model = model
+        self.version = version
+        self.problem = problem
+
+
+ResponseT = TypeVar("ResponseT")
+# gRPC metadata sent along with a call: (key, value) pairs.
+Metadata = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    version: int
+    outputs: dict[str, np.ndarray]
+
+
+def channel_options(settings: Settings) -> list[tuple[str, object]]:
+    options: list[tuple[str, object]] = [
+        ("grpc.max_send_message_length", settings.upstream_send_bytes),
+        ("grpc.max_receive_message_length", settings.upstream_max_receive_bytes),
+        # Detect a dead TF Serving pod behind a silent network path within ~30 s.
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+    options += [
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["initial"]),
+        ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["min"]),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["max"]),
+    ]
+    if settings.upstream_server_name:
+        options.append(("grpc.ssl_target_name_override", settings.upstream_server_name))
+    if settings.upstream_lb == "round_robin":
+        config: dict[str, object] = {"loadBalancingConfig": [{"round_robin": {}}]}
+        options.append(("grpc.service_config", json.dumps(config)))
+    return options
+
+
+def read_pem(path: str, setting: str) -> bytes:
+    """A certificate or key file named by a setting; OSError naming the setting otherwise."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise OSError(f"cannot read {setting} {path!r}: {e.strerror or e}") from None
+
+
+def channel_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
+    """TLS (and mTLS with a client certificate) to TF Serving; None for plaintext."""
+    if not settings.upstream_uses_tls:
+        return None
+    ca = (
+        read_pem(settings.upstream_ca_file, "upstream-ca-file")
+        if settings.upstream_ca_file
+        else None
+    )
+    cert = key = None
+    if settings.upstream_cert_file:
+        cert = read_pem(settings.upstream_cert_file, "upstream-cert-file")
+        key = read_pem(settings.upstream_key_file, "upstream-key-file")
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+
+
+def is_queue_full(error: grpc.RpcError) -> bool:
+    """TF Serving's UNAVAILABLE for a full batch queue ("The batch scheduling queue to which
+    this task was submitted is full"): backpressure, never retried."""
+    details = (error.details() or "").lower()
+    return "queue" in details and "full" in details
+
+
+def is_retryable(error: grpc.RpcError) -> bool:
+    """UNAVAILABLE, whether from the transport (TF Serving down, restarting, connection
+    reset) or from a server shutting down, except TF Serving's full batch queue: another
+    attempt may reach a healthy server. Everything else is the answer."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and not is_queue_full(error)
+
+
+class RetryBudget:
+    """Caps retries to a fraction of calls: each call deposits `ratio` tokens (up to the
+    reserve), each retry spends one. In an outage retries stop after the reserve, and then
+    add at most `ratio` extra calls per call instead of multiplying the load."""
+
+    def __init__(self, ratio: float, reserve: float = RETRY_RESERVE) -> None:
+        self.ratio = ratio
+        self.reserve = reserve
+        self.tokens = reserve
+
+    def deposit(self) -> None:
+        self.tokens = min(self.reserve, self.tokens + self.ratio)
+
+    def withdraw(self) -> bool:
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+def backoff(attempt: int, base: float) -> float:
+    """Seconds before attempt `attempt + 1`: full jitter over base * 2^(attempt-1), capped."""
+    return random.uniform(0.0, min(RETRY_BACKOFF_CAP, base * 2 ** (attempt - 1)))
+
+
+def _model_spec(model: ModelRef, signature: bool) -> tfs.ModelSpec:
+    spec = tfs.ModelSpec(name=model.name, signature_name=SIGNATURE if signature else "")
+    if model.version is not None:
+        spec.version.value = model.version
+    elif model.label is not None:
+        spec.version_label = model.label
+    return spec
+
+
+def request_envelope(model: ModelRef, output_filter: Sequence[str]) -> bytes:
+    """A serialized PredictRequest without inputs: model spec, signature and output filter.
+
+    gateway.upstream.wire appends the input tensor to it (protobuf fields may come in any
+    order).
+    """
+    request = tfs.PredictRequest(
+        model_spec=_model_spec(model, signature=True), output_filter=list(output_filter)
+    )
+    return request.SerializeToString()
+
+
+def from_upstream(error: grpc.RpcError, *, target: str, model: ModelRef) -> GatewayError:
+    """Translates a TF Serving (or transport) status, keeping TF Serving's own text."""
+    code = error.code()
+    details = error.details() or ""
+    C = grpc.StatusCode
+    if code == C.NOT_FOUND:
+        return GatewayError(
+            Kind.NOT_FOUND,
+            f"{model.describe()} is not available on TF Serving ({details}); "
+            "check the request's model against the models TF Serving loads",
+        )
+    if code == C.INVALID_ARGUMENT and "version label" in details:
+        return GatewayError(
+            Kind.INVALID_INPUT,
+            f"{model.describe()}: {details}; use a label from the TF Serving model config",
+        )
+    rejected = {
+        C.INVALID_ARGUMENT: Kind.INVALID_INPUT,
+        C.FAILED_PRECONDITION: Kind.BAD_MODEL,
+        C.OUT_OF_RANGE: Kind.OUT_OF_RANGE,
+    }
+    if code in rejected:
+        return GatewayError(
+            rejected[code], f"TF Serving rejected the request for {model.describe()}: {details}"
+        )
+    if code == C.RESOURCE_EXHAUSTED:
+        # grpcio prefixes its own transport messages ("CLIENT: Sent message larger ...").
+        if "Sent message larger than max" in details:
+            return GatewayError(
+                Kind.OVERLOADED,
+                f"the request to TF Serving is over the gateway's upstream send limit ({details}); "
+                "raise GATEWAY_UPSTREAM_MAX_SEND_BYTES or lower GATEWAY_MAX_PIXELS",
+            )
+        if "Received message larger than max" in details:
+            return GatewayError(
+                Kind.OVERLOADED,
+                f"TF Serving's response is over the gateway's upstream receive limit ({details}); "
+                "raise GATEWAY_UPSTREAM_MAX_RECEIVE_BYTES",
+            )
+        return GatewayError(
+            Kind.OVERLOADED, f"TF Serving is out of capacity: {details or 'no details'}"
+        )
+    if code == C.UNAVAILABLE:
+        return GatewayError(
+            Kind.UNAVAILABLE,
+            f"TF Serving at {target} is unavailable: {details}; retry with backoff",
+        )
+    if code == C.DEADLINE_EXCEEDED:
+        return GatewayError(
+            Kind.DEADLINE,
+            f"TF Serving did not answer in time for {model.describe()} ({details}); "
+            "raise the call's deadline or GATEWAY_UPSTREAM_TIMEOUT",
+        )
+    if code == C.CANCELLED:
+        return GatewayError(Kind.CANCELLED, f"the call to TF Serving was cancelled: {details}")
+    return GatewayError(
+        Kind.INTERNAL, f"TF Serving failed on {model.describe()}: {code.name} {details}"
+    )
+
+
+class TFServingClient:
+    """Async calls to TF Serving with deadlines and retries, plus the signature cache."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.target = settings.upstream
+        self._settings = settings
+        credentials = channel_credentials(settings)
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(
+                settings.upstream, options=channel_options(settings)
+            )
+        else:
+            self._channel = grpc.aio.secure_channel(
+                settings.upstream, credentials, options=channel_options(settings)
+            )
+        self._budget = RetryBudget(settings.upstream_retry_budget)
+        # Predict requests arrive serialized (gateway.upstream.wire writes the pixels in).
+        self._predict = self._channel.unary_unary(
+            PREDICT,
+            request_serializer=None,
+            response_deserializer=tfs.PredictResponse.FromString,
+        )
+        self._metadata = self._channel.unary_unary(
+            GET_MODEL_METADATA,
+            request_serializer=tfs.GetModelMetadataRequest.SerializeToString,
+            response_deserializer=tfs.GetModelMetadataResponse.FromString,
+        )
+        self._status = self._channel.unary_unary(
+            GET_MODEL_STATUS,
+            request_serializer=tfs.GetModelStatusRequest.SerializeToString,
+            response_deserializer=tfs.GetModelStatusResponse.FromString,
+        )
+        self.signatures = SignatureCache(self._fetch_signature, settings.upstream_timeout)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def _error(self, e: grpc.RpcError, model: ModelRef) -> GatewayError:
+        return from_upstream(e, target=self.target, model=model)
+
+    async def _call(
+        self,
+        rpc: str,
+        method: Callable[..., Awaitable[ResponseT]],
+        request: object,
+        timeout: float,
+        metadata: Metadata = (),
+    ) -> ResponseT:
+        """One idempotent call with retries: UNAVAILABLE except TF Serving's queue-full, with
+        jittered exponential backoff, within `timeout` overall and the retry budget."""
+        deadline = time.monotonic() + timeout
+        self._budget.deposit()
+        attempt = 1
+        while True:
+            try:
+                return await method(
+                    request,
+                    timeout=max(deadline - time.monotonic(), 0.001),
+                    metadata=metadata or None,
+                )
+            except grpc.RpcError as e:
+                if attempt >= self._settings.upstream_max_attempts or not is_retryable(e):
+                    raise
+                delay = backoff(attempt, self._settings.upstream_retry_backoff)
+                if time.monotonic() + delay >= deadline:
+                    raise
+                if not self._budget.withdraw():
+                    metrics.UPSTREAM_RETRIES.labels(rpc, "budget_exhausted").inc()
+                    raise
+                metrics.UPSTREAM_RETRIES.labels(rpc, "retried").inc()
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def signature(self, model: ModelRef, timeout: float) -> Signature:
+        """The signature to build this request's input with (cached; see SignatureCache)."""
+        return await self.signatures.get(model, timeout)
+
+    async def _fetch_signature(
+        self, model: ModelRef, timeout: float, metadata: Metadata = ()
+    ) -> Signature:
+        request = tfs.GetModelMetadataRequest(
+            model_spec=_model_spec(model, signature=False), metadata_field=["signature_def"]
+        )
+        try:
+            response = await self._call(
+                "GetModelMetadata", self._metadata, request, timeout, metadata
+            )
+        except grpc.RpcError as e:
+            raise self._error(e, model) from None
+        return signature_from_metadata(model, response)
+
+    async def predict(
+        self, model: ModelRef, request: bytes, timeout: float, metadata: Metadata = ()
+    ) -> Prediction:
+        """Sends a serialized PredictRequest (see request_envelope) for `model`; `metadata`
+        goes along (trace context)."""
+        try:
+            # Predict is retried: inference has no side effects in TF Serving, so a repeat
+            # costs compute only, and the budget bounds that (README "Reliability").
+            response = await self._call("Predict", self._predict, request, timeout, metadata)
+        except grpc.RpcError as e:
+            error = self._error(e, model)
+            if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "Expects arg[" in (
+                e.details() or ""
+            ):
+                # The served version changed to one with another input dtype: the caller
+                # refreshes the signature and tries once more.
+                self.signatures.forget(model)
+                raise StaleSignature(error.kind, error.message) from None
+            raise error from None
+        version = response.model_spec.version.value
+        self.signatures.observe(model, version)
+        try:
+            outputs = {k: to_array(v) for k, v in response.outputs.items()}
+        except TensorDecodeError as e:
+            raise UnreadableOutput(model.name, version, str(e)) from None
+        return Prediction(version, outputs)
+
+    async def model_available(self, name: str, timeout: float) -> bool:
+        """True when TF Serving reports some version of the model AVAILABLE."""
+        request = tfs.GetModelStatusRequest(model_spec=tfs.ModelSpec(name=name))
+        try:
+            response = await self._status(request, timeout=timeout)
+        except grpc.RpcError:
+            return False
+        return any(
+            s.state == tfs.ModelVersionStatus.AVAILABLE for s in response.model_version_status
+        )
