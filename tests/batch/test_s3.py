@@ -116,9 +116,7 @@ def test_manifest_on_s3_with_relative_image_paths(s3, bucket, gateway, images) -
     assert got[5]["source"] == f"s3://in-bucket/images/{images[5].key}"
 
 
-def test_sigkill_and_resume_on_s3(
-    s3, bucket, gateway, local_reference, tmp_path: Path
-) -> None:
+def test_sigkill_and_resume_on_s3(s3, bucket, gateway, local_reference, tmp_path: Path) -> None:
     fs, env = s3
     args = ["s3://in-bucket/images", "s3://out-bucket/killed", "--target", gateway.target,
             "--checkpoint-seconds", "0.2"]  # fmt: skip
