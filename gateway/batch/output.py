@@ -133,6 +133,17 @@ class Output:
             return None
         return Counts.from_json(self.read_json(posixpath.join(STATE, "done", unit + ".json")))
 
+    def remove_temporaries(self, units: list[str]) -> None:
+        """Temporaries that killed runs left next to the files they were writing (local
+        disks; an object store has none). A duplicate process on the same shard may lose
+        a write in progress to this and fail; its restart resumes."""
+        directories = {self.path(""), self.path(STATE), self.path(posixpath.join(STATE, "done"))}
+        for unit in units:
+            directories.add(posixpath.dirname(self.path(unit)))
+            directories.add(posixpath.dirname(self.path(posixpath.join(STATE, "done", unit))))
+        for directory in sorted(directories):
+            storage.remove_temporaries(self.fs, directory)
+
     def clean_unit(self, unit: str) -> None:
         """Parts left when a run was killed between writing the output and deleting them."""
         directory = self.parts_dir(unit)

@@ -22,6 +22,9 @@ from tests.batch.helpers import ok, run, start
 from tests.gateway.gatewayproc import GatewayProcess
 
 COUNT = 1040
+# Fewer images in flight than the runner's default make a run last long enough (several
+# seconds) for kills to land in the middle of it.
+SLOW = ["--concurrency", "8", "--checkpoint-seconds", "0.3"]
 ROUNDS = int(os.environ.get("BATCH_KILL_ROUNDS", "1"))
 FORMS = ("directory", "tfrecord")
 
@@ -49,7 +52,7 @@ def references(
     for form, source in datasets.items():
         out = tmp_path_factory.mktemp(f"reference-{form}")
         started = time.monotonic()
-        summary = ok(run([str(source), str(out), "--target", gateway.target]))
+        summary = ok(run([str(source), str(out), "--target", gateway.target, *SLOW]))
         found[form] = (outputs(out), summary["codes"], time.monotonic() - started)
     return found
 
@@ -66,13 +69,12 @@ def test_sigkill_three_times_then_resume_gives_the_uninterrupted_output(
 ) -> None:
     reference, codes, seconds = references[form]
     out = tmp_path / "out"
-    args = [str(datasets[form]), str(out), "--target", gateway.target,
-            "--checkpoint-seconds", "0.3"]  # fmt: skip
+    args = [str(datasets[form]), str(out), "--target", gateway.target, *SLOW]
     rng = random.Random()
     kills = []
     for _ in range(3):
         process = start(args, tmp_path / "runs.log")
-        time.sleep(rng.uniform(0.3, max(0.4, 0.7 * seconds)))
+        time.sleep(rng.uniform(0.3, max(0.4, 0.5 * seconds)))
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             kills.append(round(time.monotonic(), 2))
