@@ -345,7 +345,9 @@ async def run_shard(
     first_started = float(out.read_json(shard_state)["started_at"])
     run_started = time.monotonic()
     units = sources.units(dataset, index, args.shard_count)
-    await asyncio.to_thread(out.remove_temporaries, [u.name for u in units])
+    await asyncio.to_thread(
+        out.remove_temporaries, index, [u.name for u in units], args.shard_count == 1
+    )
     states = []
     for unit in units:
         done = await asyncio.to_thread(out.unit_done, unit.name)
