@@ -43,7 +43,8 @@ def committed(out: Path) -> int:
     """Lines committed so far: finished output files plus checkpointed parts."""
     total = 0
     for path in out.glob("*.jsonl"):
-        total += path.read_bytes().count(b"\n")
+        if not path.name.startswith(".tmp-"):  # a write in progress, or a killed one's
+            total += path.read_bytes().count(b"\n")
     for part in out.glob("_batch/parts/*/*.jsonl"):
         start, _, end = part.stem.partition("-")
         if start.isdigit() and end.isdigit():
@@ -52,7 +53,9 @@ def committed(out: Path) -> int:
 
 
 def outputs(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.glob("*.jsonl"))}
+    """The finished output files (temporaries are not outputs)."""
+    found = sorted(out.glob("*.jsonl"))
+    return {p.name: p.read_bytes() for p in found if not p.name.startswith(".tmp-")}
 
 
 @pytest.fixture(scope="module")
