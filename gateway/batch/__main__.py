@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (job.JobError, sources.DatasetError, storage.StorageError) as e:
         print(f"detection-batch: error: {e}", file=sys.stderr)
         return 2
-    except runner.FatalError as e:
+    except (runner.FatalError, sources.ReadError) as e:
         print(f"detection-batch: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -344,8 +344,12 @@ async def run_shard(
         out.write_json(shard_state, {"started_at": now()})
     first_started = float(out.read_json(shard_state)["started_at"])
     run_started = time.monotonic()
+    units = sources.units(dataset, index, args.shard_count)
+    await asyncio.to_thread(
+        out.remove_temporaries, index, [u.name for u in units], args.shard_count == 1
+    )
     states = []
-    for unit in sources.units(dataset, index, args.shard_count):
+    for unit in units:
         done = await asyncio.to_thread(out.unit_done, unit.name)
         size = sum(f.size for f in unit.files)
         if done is not None:

@@ -133,6 +133,32 @@ class Output:
             return None
         return Counts.from_json(self.read_json(posixpath.join(STATE, "done", unit + ".json")))
 
+    def remove_temporaries(self, shard: int, units: list[str], alone: bool) -> None:
+        """Temporaries that killed runs of this shard left next to the files it writes
+        (local disks; an object store has none). Files other shards write too (job.json,
+        summary.json, _SUCCESS) only when the job has one shard: another shard may be
+        writing them right now."""
+        targets = {
+            self.path(shard_marker(index=shard)),
+            self.path(f"{STATE}/shard-{shard:05d}.json"),
+        }
+        for unit in units:
+            targets.add(self.path(unit))
+            targets.add(self.path(posixpath.join(STATE, "done", unit + ".json")))
+        if alone:
+            targets |= {
+                self.path("summary.json"),
+                self.path("_SUCCESS"),
+                self.path(f"{STATE}/job.json"),
+            }
+        by_directory: dict[str, set[str]] = {}
+        for target in targets:
+            by_directory.setdefault(posixpath.dirname(target), set()).add(
+                posixpath.basename(target)
+            )
+        for directory, names in sorted(by_directory.items()):
+            storage.remove_temporaries(self.fs, directory, names)
+
     def clean_unit(self, unit: str) -> None:
         """Parts left when a run was killed between writing the output and deleting them."""
         directory = self.parts_dir(unit)

@@ -37,6 +37,11 @@ class DatasetError(Exception):
     """INPUT cannot be used as a dataset; the message says why and what to do."""
 
 
+class ReadError(Exception):
+    """A manifest or TFRecord file could not be read during the run (storage trouble that
+    may pass: the run stops, resumable)."""
+
+
 @dataclass(frozen=True)
 class InputFile:
     path: str  # on the dataset's filesystem
@@ -197,7 +202,7 @@ def _manifest_items(dataset: Dataset, f: InputFile, start: int) -> Iterator[Item
         with _open(dataset, f) as stream:
             text = stream.read()
     except OSError as e:
-        raise DatasetError(f"cannot read manifest {manifest_url}: {e}") from None
+        raise ReadError(f"cannot read manifest {manifest_url}: {e}") from None
     lines = text.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line
@@ -267,8 +272,8 @@ def _tfrecord_items(dataset: Dataset, f: InputFile, start: int) -> Iterator[Item
                 if not compressed and f.size:
                     item.position = min(1.0, (record.offset + len(record.data or b"")) / f.size)
                 yield item
-    except OSError as e:
-        raise DatasetError(f"cannot read TFRecord file {url}: {e}") from None
+    except (OSError, EOFError) as e:
+        raise ReadError(f"cannot read TFRecord file {url}: {e}") from None
 
 
 def _tfrecord_item(record: tfrecord.Record, source: str) -> Item:

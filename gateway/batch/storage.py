@@ -120,12 +120,16 @@ def write_atomic_parts(
     fs.pipe_file(path, b"".join(chunks))
 
 
-def remove_temporaries(fs: Any, directory: str) -> None:
-    """Deletes temporaries a killed process left in `directory` (local disks only)."""
+def remove_temporaries(fs: Any, directory: str, names: set[str] | None = None) -> None:
+    """Deletes temporaries a killed process left in `directory` (local disks only): all of
+    them, or those for the files `names`."""
     if not isinstance(fs, LocalFileSystem) or not os.path.isdir(directory):
         return
     for name in os.listdir(directory):
-        if name.startswith(".tmp-"):
+        if not name.startswith(".tmp-"):
+            continue
+        target = name.split("-", 2)[2] if name.count("-") >= 2 else ""
+        if names is None or target in names:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(directory, name))
 

@@ -20,23 +20,15 @@ from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
+from serving.reference import CLASSIFIER_PALETTE, read_labels
 from tests.gateway.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.localserver import run_local_server
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = ROOT / "serving" / "gateway-models.toml"
 CLASSIFIERS = ("classifier", "classifier_scores", "classifier_logits")
-LABELS = ["red", "green", "blue", "yellow", "cyan", "magenta", "white", "black"]
-PALETTE = {
-    "red": (255, 0, 0),
-    "green": (0, 255, 0),
-    "blue": (0, 0, 255),
-    "yellow": (255, 255, 0),
-    "cyan": (0, 255, 255),
-    "magenta": (255, 0, 255),
-    "white": (255, 255, 255),
-    "black": (0, 0, 0),
-}
+LABELS = read_labels()
+PALETTE = CLASSIFIER_PALETTE
 # Inverse of the transposition ImageOps.exif_transpose applies for each orientation.
 _UNDO = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
