@@ -9,10 +9,15 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
+
 from gateway import metrics
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
+from gateway.frontends.grpc import jobs as grpc_jobs
 from gateway.frontends.grpc import server as grpc_door
+from gateway.jobs.service import Executor, JobService
+from gateway.jobs.store import JobStore
 from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.readiness import Readiness
@@ -38,12 +43,16 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     client = TFServingClient(settings)
     pipeline = Pipeline(settings, client, registry, executor)
-    grpc = grpc_door.build(settings, pipeline)
+    jobs, lane = build_jobs(settings, pipeline, client)
+    grpc = grpc_door.build(settings, pipeline, jobs)
     await grpc.statuses.start()
     readiness = Readiness(client, registry.default_model, settings.health_interval)
     readiness.subscribe(grpc.statuses.on_readiness)
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
+    if lane is not None:
+        await lane.start()
+    await jobs.start()
     readiness_task = asyncio.create_task(readiness.run())
     log.info(
         "gateway listening",
@@ -76,9 +85,39 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await readiness_task
     await grpc.server.stop(settings.shutdown_grace)
+    # Running batch jobs stop where they are (their state stays RUNNING) and resume on start.
+    await jobs.close()
+    if lane is not None:
+        await lane.stop(1.0)
     await client.close()
     executor.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
+
+
+def build_jobs(
+    settings: Settings, pipeline: Pipeline, client: TFServingClient
+) -> tuple[JobService, grpc.aio.Server | None]:
+    """Batch jobs over the API and their executor; with the local executor also the batch
+    lane's loopback server (not started)."""
+    store = JobStore(settings.job_store)
+    lane_server: grpc.aio.Server | None = None
+
+    def executor(service: JobService) -> Executor:
+        nonlocal lane_server
+        if settings.batch_executor == "kubernetes":
+            from gateway.jobs.kube import KubernetesExecutor  # imports the kubernetes client
+
+            return KubernetesExecutor(service, settings)
+        from gateway.jobs.local import BatchLane, LocalExecutor
+
+        local = LocalExecutor(service, settings)
+        lane = BatchLane(pipeline, settings.batch_yield_threshold)
+        lane_server, port = grpc_jobs.build_lane(settings, lane)
+        local.target = f"127.0.0.1:{port}"
+        return local
+
+    jobs = JobService(settings, store, pipeline, client, executor)
+    return jobs, lane_server
 
 
 def _tls_mode(tls: object, mutual: object) -> str:

@@ -94,6 +94,37 @@ class Settings:
     # Gateway processes sharing the port (SO_REUSEPORT), for more than one core per pod:
     # one process runs Python on one core at a time. 1 serves in this process.
     workers: int = 1
+    # --- batch jobs over the API (gateway/jobs; README "Batch jobs") ---
+    # Where jobs run: local (inside this process, yielding to online requests) or
+    # kubernetes (one Indexed Job per batch job).
+    batch_executor: str = "local"
+    # Job records, uploads and default outputs: a local directory or any fsspec URI (shared
+    # storage such as s3://bucket/jobs when several replicas or the kubernetes executor run).
+    job_store: str = "/tmp/detection-gateway-jobs"
+    # Output prefixes a caller may name (comma-separated); the job store is always allowed.
+    batch_allowed_uris: str = ""
+    # Unfinished jobs at once, in total and per caller (the client certificate's identity or
+    # the mesh's x-forwarded-client-cert URI; "anonymous" without either).
+    batch_max_jobs: int = 32
+    batch_max_jobs_per_caller: int = 8
+    # Largest upload (all UploadImages calls of one upload_id together).
+    batch_max_upload_bytes: int = 1024 * MIB
+    # local executor: jobs running at once, images in flight over all of them, and the
+    # number of online images in flight at which batch images are refused (retried later).
+    batch_max_running: int = 2
+    batch_concurrency: int = 4
+    batch_yield_threshold: int = 2
+    # Seconds between the runner's checkpoints (at most this much is redone after a crash).
+    batch_checkpoint_seconds: float = 2.0
+    # kubernetes executor: namespace (empty: the pod's own), kubeconfig (empty: in-cluster),
+    # the runner's image, the gateway address its pods call, and their resources.
+    batch_namespace: str = ""
+    batch_kubeconfig: str = ""
+    batch_image: str = "detection-gateway:0.1.0"
+    batch_runner_target: str = "detection-gateway:50051"
+    batch_parallelism: int = 10
+    batch_cpu: str = "250m,1"
+    batch_memory: str = "512Mi,1Gi"
 
     @property
     def upstream_uses_tls(self) -> bool:
@@ -125,6 +156,13 @@ class Settings:
             "stream_window",
             "decode_threads",
             "workers",
+            "batch_max_jobs",
+            "batch_max_jobs_per_caller",
+            "batch_max_upload_bytes",
+            "batch_max_running",
+            "batch_concurrency",
+            "batch_yield_threshold",
+            "batch_parallelism",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
@@ -142,6 +180,12 @@ class Settings:
             raise ValueError("tls-cert-file and tls-key-file go together")
         if self.tls_client_ca_file and not self.tls_cert_file:
             raise ValueError("tls-client-ca-file needs tls-cert-file and tls-key-file")
+        if self.batch_executor not in ("local", "kubernetes"):
+            raise ValueError(
+                f"batch-executor must be local or kubernetes, got {self.batch_executor!r}"
+            )
+        if self.batch_checkpoint_seconds <= 0:
+            raise ValueError("batch-checkpoint-seconds must be positive")
 
 
 def env_name(field_name: str) -> str:
@@ -195,6 +239,23 @@ _HELP = {
     "tls_key_file": "PEM private key for tls-cert-file",
     "tls_client_ca_file": "PEM CA bundle; when set, clients must present a certificate (mTLS)",
     "workers": "gateway processes sharing the port (SO_REUSEPORT); 1 serves in this process",
+    "batch_executor": "where batch jobs run: local (in this process) or kubernetes (Jobs)",
+    "job_store": "batch job records, uploads and default outputs (directory or fsspec URI)",
+    "batch_allowed_uris": "comma-separated output prefixes callers may name (job store always)",
+    "batch_max_jobs": "unfinished batch jobs at once, all callers",
+    "batch_max_jobs_per_caller": "unfinished batch jobs at once per caller",
+    "batch_max_upload_bytes": "largest UploadImages upload, in bytes",
+    "batch_max_running": "local executor: batch jobs running at once (others wait, QUEUED)",
+    "batch_concurrency": "local executor: batch images in flight over all running jobs",
+    "batch_yield_threshold": "local executor: online images in flight that pause batch images",
+    "batch_checkpoint_seconds": "seconds between batch checkpoints (redone after a crash)",
+    "batch_namespace": "kubernetes executor: namespace for Jobs (default: the pod's own)",
+    "batch_kubeconfig": "kubernetes executor: kubeconfig file (default: in-cluster config)",
+    "batch_image": "kubernetes executor: image of the runner pods (the gateway's image)",
+    "batch_runner_target": "kubernetes executor: gateway host:port the runner pods call",
+    "batch_parallelism": "kubernetes executor: shards (pods) running at once per job",
+    "batch_cpu": "kubernetes executor: runner pod CPU request,limit",
+    "batch_memory": "kubernetes executor: runner pod memory request,limit",
 }
 
 

@@ -24,6 +24,8 @@ PACKAGE = "gateway.proto"
 DEFAULT_OUT = ROOT / "gateway" / "proto"
 # Top-level proto packages whose imports must be rewritten.
 PROTO_ROOTS = ("classification", "detection", "tfswire")
+LONGRUNNING = "google/longrunning/operations.proto"
+LONGRUNNING_SHIPPED = "google/longrunning/operations_proto.proto"
 _IMPORT = re.compile(rf"^(from|import) ({'|'.join(PROTO_ROOTS)})([. ])", re.MULTILINE)
 
 
@@ -31,39 +33,52 @@ def proto_files() -> list[Path]:
     return sorted(PROTO_DIR.rglob("*.proto"))
 
 
-def include_dirs() -> list[str]:
+def include_dirs(staging: Path | None = None) -> list[str]:
     """protoc's own well-known types and googleapis-common-protos' .proto files
     (google/rpc/status.proto, google/longrunning/...); their Python code comes from those
-    packages, never from here."""
+    packages, never from here.
+
+    googleapis-common-protos ships the longrunning proto as
+    `google/longrunning/operations_proto.proto` but registers its descriptor (and generates
+    `operations_pb2`) under the canonical `google/longrunning/operations.proto`, which our
+    protos import. With `staging` (a temporary directory), a copy under the canonical name is
+    put there and that directory goes first on the include path."""
     import google.rpc.status_pb2 as status
 
     googleapis = Path(status.__file__).resolve().parents[2]
-    return [f"-I{PROTO_DIR}", f"-I{Path(protoc.__file__).parent / '_proto'}", f"-I{googleapis}"]
+    dirs = [f"-I{PROTO_DIR}"]
+    if staging is not None:
+        canonical = staging / LONGRUNNING
+        canonical.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(googleapis / LONGRUNNING_SHIPPED, canonical)
+        dirs.append(f"-I{staging}")
+    return [*dirs, f"-I{Path(protoc.__file__).parent / '_proto'}", f"-I{googleapis}"]
 
 
 def write_image(path: Path, proto_dir: Path = PROTO_DIR) -> None:
     """A FileDescriptorSet of the .proto files under proto_dir with their imports and
     comments, for `buf lint` and `buf breaking` (buf cannot fetch googleapis here)."""
     files = [str(p.relative_to(proto_dir)) for p in sorted(proto_dir.rglob("*.proto"))]
-    args = [
-        "grpc_tools.protoc",
-        *[f"-I{proto_dir}", *include_dirs()[1:]],
-        "--include_imports",
-        "--include_source_info",
-        f"--descriptor_set_out={path}",
-        *files,
-    ]
-    if protoc.main(args) != 0:
-        raise SystemExit("protoc failed")
+    with tempfile.TemporaryDirectory() as staging:
+        args = [
+            "grpc_tools.protoc",
+            *[f"-I{proto_dir}", *include_dirs(Path(staging))[1:]],
+            "--include_imports",
+            "--include_source_info",
+            f"--descriptor_set_out={path}",
+            *files,
+        ]
+        if protoc.main(args) != 0:
+            raise SystemExit("protoc failed")
 
 
 def generate(out_dir: Path) -> list[Path]:
     """Writes the generated package to out_dir (replacing it) and returns the files written."""
     bin_dir = Path(sys.executable).parent
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as staging:
         args = [
             "grpc_tools.protoc",
-            *include_dirs(),
+            *include_dirs(Path(staging)),
             f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
             f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
             f"--python_out={tmp}",

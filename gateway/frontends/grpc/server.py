@@ -10,6 +10,7 @@ from grpc_reflection.v1alpha import reflection
 
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
+from gateway.frontends.grpc import jobs as jobs_door
 from gateway.frontends.grpc.health import HealthStatuses
 from gateway.frontends.grpc.servicers import (
     CLASSIFICATION_SERVICE,
@@ -17,6 +18,7 @@ from gateway.frontends.grpc.servicers import (
     ClassificationServicer,
     DetectionServicer,
 )
+from gateway.jobs.service import JobService
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.upstream.client import read_pem
@@ -54,16 +56,18 @@ class GrpcDoor:
     statuses: HealthStatuses
 
 
-def build(settings: Settings, pipeline: Pipeline) -> GrpcDoor:
+def build(settings: Settings, pipeline: Pipeline, jobs: JobService | None = None) -> GrpcDoor:
     """The server with every service added and its port bound (not started yet)."""
     credentials = server_credentials(settings)  # before anything starts: bad files fail fast
     server = grpc.aio.server(options=server_options(settings))
     pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline), server)
     cpb_grpc.add_ClassificationServiceServicer_to_server(ClassificationServicer(pipeline), server)
+    # Batch jobs over the API (BatchService + google.longrunning.Operations), when enabled.
+    job_services = jobs_door.add_services(server, jobs) if jobs is not None else ()
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        (*SERVICES, *job_services, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"{settings.host}:{settings.port}"
     if credentials is None:
