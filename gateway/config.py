@@ -110,7 +110,8 @@ class Settings:
     # Largest upload (all UploadImages calls of one upload_id together).
     batch_max_upload_bytes: int = 1024 * MIB
     # local executor: jobs running at once, images in flight over all of them, and the
-    # number of online images in flight at which batch images are refused (retried later).
+    # number of online images in flight at which batch images are refused (retried later;
+    # 0 pauses batch work: jobs are accepted and wait).
     batch_max_running: int = 2
     batch_concurrency: int = 4
     batch_yield_threshold: int = 2
@@ -161,7 +162,6 @@ class Settings:
             "batch_max_upload_bytes",
             "batch_max_running",
             "batch_concurrency",
-            "batch_yield_threshold",
             "batch_parallelism",
         ):
             if getattr(self, name) < 1:
@@ -184,6 +184,8 @@ class Settings:
             raise ValueError(
                 f"batch-executor must be local or kubernetes, got {self.batch_executor!r}"
             )
+        if self.batch_yield_threshold < 0:
+            raise ValueError("batch-yield-threshold must be >= 0 (0 pauses local batch work)")
         if self.batch_checkpoint_seconds <= 0:
             raise ValueError("batch-checkpoint-seconds must be positive")
 

@@ -1,0 +1,25 @@
+"""One local TF Serving (a detector and a classifier) for the batch-job tests; each test
+starts the gateway processes it needs (they differ in settings, and some are killed)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.localserver import LocalServer, run_local_server
+
+MODELS = ("detector", "classifier_scores")
+
+
+@pytest.fixture(scope="session")
+def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    config = tmp_path_factory.mktemp("jobs-serving") / "models.config"
+    entries = "".join(
+        f"config {{ name: '{n}' base_path: '{model_repo / n}' model_platform: 'tensorflow' }}\n"
+        for n in MODELS
+    )
+    config.write_text(f"model_config_list {{\n{entries}}}\n")
+    with run_local_server([f"--model_config_file={config}"]) as server:
+        yield server

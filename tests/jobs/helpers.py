@@ -1,0 +1,105 @@
+"""Datasets, gateways and waiting for operations, for the batch-job tests."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+from google.longrunning import operations_pb2 as lro
+from google.longrunning import operations_pb2_grpc as lro_grpc
+from PIL import Image
+
+from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
+from tests.gateway.gatewayproc import GatewayProcess, run_gateway
+from tests.localserver import LocalServer
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_CONFIG = ROOT / "serving" / "gateway-models.toml"
+State = bpb.BatchJobMetadata.State
+
+
+def make_images(directory: Path, count: int, size: tuple[int, int] = (64, 48)) -> list[Path]:
+    """`count` small JPEGs of different colours, named so that name order is input order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index in range(count):
+        colour = ((index * 37) % 256, (index * 91) % 256, (index * 53) % 256)
+        buffer = io.BytesIO()
+        Image.new("RGB", size, colour).save(buffer, "JPEG", quality=90)
+        path = directory / f"img-{index:05d}.jpg"
+        path.write_bytes(buffer.getvalue())
+        paths.append(path)
+    return paths
+
+
+@contextmanager
+def gateway(
+    tfs: LocalServer, store: Path, log_dir: Path, extra: Sequence[str] = ()
+) -> Iterator[GatewayProcess]:
+    args = [
+        f"--model-config={MODEL_CONFIG}",
+        f"--job-store={store}",
+        "--batch-checkpoint-seconds=0.2",
+        *extra,
+    ]
+    with run_gateway(tfs.target, args, log_dir=log_dir) as gw:
+        yield gw
+
+
+class Client:
+    """The official Operations stub and our BatchService stub on one channel."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.batch = bpb_grpc.BatchServiceStub(channel)
+        self.ops = lro_grpc.OperationsStub(channel)
+
+    def create(self, **fields: object) -> lro.Operation:
+        return self.batch.CreateBatchJob(bpb.CreateBatchJobRequest(**fields), timeout=30)
+
+    def get(self, name: str) -> lro.Operation:
+        return self.ops.GetOperation(lro.GetOperationRequest(name=name), timeout=10)
+
+    def wait(self, name: str, seconds: float = 120) -> lro.Operation:
+        """WaitOperation until done (it may return early: call again)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{name} not done after {seconds} s: {metadata(self.get(name))}"
+            request = lro.WaitOperationRequest(name=name)
+            request.timeout.FromSeconds(int(min(left, 30)) + 1)
+            op = self.ops.WaitOperation(request, timeout=min(left, 30) + 5)
+            if op.done:
+                return op
+
+    def until(
+        self, name: str, check: Callable[[bpb.BatchJobMetadata], bool], seconds: float = 120
+    ) -> bpb.BatchJobMetadata:
+        """Polls GetOperation until `check(metadata)` holds."""
+        deadline = time.monotonic() + seconds
+        while True:
+            found = metadata(self.get(name))
+            if check(found):
+                return found
+            assert time.monotonic() < deadline, f"condition not met after {seconds} s: {found}"
+            time.sleep(0.02)
+
+    def lines(self, name: str, token: str = "") -> list[bpb.BatchResultLine]:
+        request = bpb.ReadBatchResultsRequest(name=name, page_token=token)
+        return list(self.batch.ReadBatchResults(request, timeout=60))
+
+
+def metadata(op: lro.Operation) -> bpb.BatchJobMetadata:
+    found = bpb.BatchJobMetadata()
+    assert op.metadata.Unpack(found)
+    return found
+
+
+def result(op: lro.Operation) -> bpb.BatchJobResult:
+    found = bpb.BatchJobResult()
+    assert op.response.Unpack(found), op
+    return found
