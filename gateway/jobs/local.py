@@ -118,6 +118,14 @@ class LocalExecutor:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(task)
 
+    async def delete(self, job: Job) -> None:
+        task = self._tasks.get(job.id)
+        if task is not None:
+            self._cancelling.add(job.id)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+
     async def refresh(self, job: Job) -> Job:
         return job
 

@@ -107,6 +107,8 @@ class Executor(Protocol):
 
     async def cancel(self, job: Job) -> None: ...
 
+    async def delete(self, job: Job) -> None: ...
+
     async def refresh(self, job: Job) -> Job: ...
 
     async def close(self) -> None: ...
@@ -417,9 +419,8 @@ class JobService:
 
     async def delete(self, name: str) -> None:
         job = await self._load(name)
-        if not job.done:
-            job.cancel_requested = True
-            await self.executor.cancel(job)
+        job.cancel_requested = True
+        await self.executor.delete(job)  # stops its work, if any
         await asyncio.to_thread(self.store.delete, job.id)
         if job.default_output:
             await asyncio.to_thread(self.store.remove_tree, job.output_url)

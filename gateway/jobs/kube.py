@@ -1,0 +1,303 @@
+"""The `kubernetes` executor: one Indexed Job per batch job (k8s/jobs/batch's template).
+
+The gateway creates the Job with the official `kubernetes` client (in-cluster config, or a
+kubeconfig with --batch-kubeconfig), labelled with the operation id; pod i runs shard i of
+the batch runner against the gateway's Service and writes to the job's output prefix. The
+job's state is derived on every read from the Job's status and the shards' `_SUCCESS.SSSSS`
+markers, and kept in the job store once it has ended, so every gateway replica sees the same
+jobs. Cancel and Delete delete the Job (its pods go with it, propagationPolicy Background).
+
+Calls made: create, get and delete of jobs in one namespace — within the Role of
+k8s/components/batch (create/get/list/watch/delete jobs, get/list pods).
+
+This module imports `kubernetes`; the gateway imports it only with --batch-executor
+kubernetes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from gateway.batch import job as batch_job
+from gateway.batch import storage
+from gateway.batch.output import Output
+from gateway.config import Settings
+from gateway.jobs import progress
+from gateway.jobs.store import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
+
+if TYPE_CHECKING:
+    from gateway.jobs.service import JobService
+
+log = logging.getLogger("gateway.jobs")
+
+OPERATION_LABEL = "detection.gateway/operation"
+APP = "detection-batch"
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+CANCELLED_CODE, FAILED_PRECONDITION_CODE, ABORTED_CODE = 1, 9, 10
+RUNNER_CONCURRENCY = 64  # as k8s/jobs/batch: per pod, against the gateway Service
+
+
+def job_name(job_id: str) -> str:
+    return f"{APP}-{job_id}"
+
+
+def runner_args(job: Job, target: str) -> list[str]:
+    """The runner's command-line arguments (gateway.batch.__main__) for the job."""
+    p = job.params
+    model = p["model"]
+    args = [
+        job.input_url,
+        job.output_url,
+        f"--target={target}",
+        f"--task={p['task']}",
+        f"--concurrency={RUNNER_CONCURRENCY}",
+        f"--shard-count={job.shards}",
+    ]
+    if model["name"]:
+        args.append(f"--model={model['name']}")
+    if model["version"] is not None:
+        args.append(f"--version={model['version']}")
+    if model["label"] is not None:
+        args.append(f"--label={model['label']}")
+    for key in ("min_score", "max_detections", "top_k"):
+        if p[key]:
+            args.append(f"--{key.replace('_', '-')}={p[key]}")
+    return args
+
+
+def _pair(text: str) -> tuple[str, str]:
+    request, _, limit = text.partition(",")
+    return request.strip(), (limit or request).strip()
+
+
+def job_manifest(job: Job, settings: Settings, namespace: str) -> dict[str, Any]:
+    """The Indexed Job for `job`: k8s/jobs/batch/job.yaml with this job's values."""
+    cpu, memory = _pair(settings.batch_cpu), _pair(settings.batch_memory)
+    labels = {"app": APP, OPERATION_LABEL: job.id, "app.kubernetes.io/part-of": "detection"}
+    hardening = {"runAsNonRoot": True, "runAsUser": 10001}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job_name(job.id), "namespace": namespace, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": job.shards,
+            "parallelism": min(settings.batch_parallelism, job.shards),
+            "backoffLimitPerIndex": 3,
+            "maxFailedIndexes": min(10, job.shards),
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailIndex",
+                        "onExitCodes": {"containerName": "batch", "operator": "In", "values": [2]},
+                    },
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]
+            },
+            "ttlSecondsAfterFinished": 604800,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {"sidecar.istio.io/nativeSidecar": "true"},
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": APP,
+                    "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": 30,
+                    "securityContext": {
+                        **hardening,
+                        "runAsGroup": 10001,
+                        "fsGroup": 10001,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": "batch",
+                            "image": settings.batch_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["detection-batch"],
+                            "args": runner_args(job, settings.batch_runner_target),
+                            "envFrom": [
+                                {
+                                    "secretRef": {
+                                        "name": "detection-batch-credentials",
+                                        "optional": True,
+                                    }
+                                }
+                            ],
+                            "resources": {
+                                "requests": {"cpu": cpu[0], "memory": memory[0]},
+                                "limits": {"cpu": cpu[1], "memory": memory[1]},
+                            },
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                                **hardening,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                        }
+                    ],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                },
+            },
+        },
+    }
+
+
+class KubernetesExecutor:
+    name = "kubernetes"
+
+    def __init__(self, service: JobService, settings: Settings) -> None:
+        self._service = service
+        self._settings = settings
+        configuration = k8s.Configuration()
+        if settings.batch_kubeconfig:
+            k8s_config.load_kube_config(
+                config_file=settings.batch_kubeconfig, client_configuration=configuration
+            )
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        self._api = k8s.ApiClient(configuration)
+        self._batch = k8s.BatchV1Api(self._api)
+        self.namespace = settings.batch_namespace or _own_namespace()
+
+    async def start(self, jobs: list[Job]) -> None:
+        """Jobs whose Kubernetes Job was never created (a crash in between) get it now."""
+        for job in jobs:
+            if job.state == QUEUED and not job.cancel_requested:
+                await self.submit(job)
+
+    async def submit(self, job: Job) -> None:
+        manifest = job_manifest(job, self._settings, self.namespace)
+        try:
+            await asyncio.to_thread(self._batch.create_namespaced_job, self.namespace, manifest)
+        except ApiException as e:
+            if e.status != 409:  # 409: created before (a retry, or another replica)
+                raise
+        log.info(
+            "batch Job created",
+            extra={"fields": {"operation": job.name, "job": manifest["metadata"]["name"]}},
+        )
+        if job.kube_job != job_name(job.id):
+            job.kube_job = job_name(job.id)
+            await self._service.save(job)
+
+    async def _delete_job(self, job: Job) -> None:
+        try:
+            await asyncio.to_thread(
+                self._batch.delete_namespaced_job,
+                job_name(job.id),
+                self.namespace,
+                propagation_policy="Background",
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def cancel(self, job: Job) -> None:
+        await self._delete_job(job)
+        await self._end(job, CANCELLED, CANCELLED_CODE, "cancelled by the caller")
+
+    async def delete(self, job: Job) -> None:
+        await self._delete_job(job)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._api.close)
+
+    async def refresh(self, job: Job) -> Job:
+        """The job's state from its Job's status and the shards' markers."""
+        if job.done:
+            return job
+        if job.cancel_requested:
+            await self.cancel(job)
+            return await self._reload(job)
+        found = await asyncio.to_thread(progress.read, job.output_url, job.units, job.shards)
+        try:
+            status = (
+                await asyncio.to_thread(
+                    self._batch.read_namespaced_job, job_name(job.id), self.namespace
+                )
+            ).status
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            status = None
+        if all(found.shards_done):
+            out = Output(storage.resolve(job.output_url))
+            await asyncio.to_thread(batch_job.finalize_if_complete, out)
+            await self._end(job, SUCCEEDED, None, "", found)
+            return await self._reload(job)
+        if status is None:
+            if job.kube_job:
+                message = f"the Kubernetes Job {job_name(job.id)} was deleted outside the API"
+                await self._end(job, FAILED, ABORTED_CODE, message, found)
+                return await self._reload(job)
+            return job
+        for condition in status.conditions or ():
+            if condition.type == "Failed" and condition.status == "True":
+                failed = status.failed_indexes
+                failed = f"; failed shards: {failed}" if failed else ""
+                message = (
+                    f"Kubernetes Job {job_name(job.id)} failed ({condition.reason}: "
+                    f"{condition.message or 'no message'}){failed}; shards that finished keep "
+                    "their results"
+                )
+                await self._end(job, FAILED, FAILED_PRECONDITION_CODE, message, found)
+                return await self._reload(job)
+        started = status.start_time is not None or (status.active or 0) > 0
+        if job.state == QUEUED and (started or found.processed > 0):
+            job.state = RUNNING
+            job.start_time = (
+                status.start_time.timestamp() if status.start_time is not None else time.time()
+            )
+            await self._service.save(job)
+        return job
+
+    async def _reload(self, job: Job) -> Job:
+        fresh = await asyncio.to_thread(self._service.store.load, job.id)
+        return fresh or job
+
+    async def _end(
+        self,
+        job: Job,
+        state: str,
+        code: int | None,
+        message: str,
+        found: progress.Progress | None = None,
+    ) -> None:
+        from gateway.jobs.service import freeze
+
+        if found is None:
+            found = await asyncio.to_thread(progress.read, job.output_url, job.units, job.shards)
+        freeze(job, found)
+        job.state = state
+        job.end_time = time.time()
+        job.error = None if code is None else {"code": code, "message": message}
+        if state == SUCCEEDED:
+            job.result = {
+                "files": [name for _, name in job.units],
+                "codes": job.final["codes"] if job.final else {},
+                "total": found.processed,
+            }
+        await self._service.save(job)
+        log.info(
+            "batch job ended",
+            extra={"fields": {"operation": job.name, "state": state, "error": message or None}},
+        )
+
+
+def _own_namespace() -> str:
+    try:
+        return NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"
