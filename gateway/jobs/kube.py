@@ -17,6 +17,7 @@ kubernetes.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -43,6 +44,17 @@ APP = "detection-batch"
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 CANCELLED_CODE, FAILED_PRECONDITION_CODE, ABORTED_CODE = 1, 9, 10
 RUNNER_CONCURRENCY = 64  # as k8s/jobs/batch: per pod, against the gateway Service
+
+
+class ExecutorError(Exception):
+    """The job could not be started; the message says why."""
+
+
+def _message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body or "{}").get("message", ""))
+    except ValueError:
+        return str(error.body or "")
 
 
 def job_name(job_id: str) -> str:
@@ -167,6 +179,7 @@ class KubernetesExecutor:
             )
         else:
             k8s_config.load_incluster_config(client_configuration=configuration)
+        _bearer_token(configuration)
         self._api = k8s.ApiClient(configuration)
         self._batch = k8s.BatchV1Api(self._api)
         self.namespace = settings.batch_namespace or _own_namespace()
@@ -183,7 +196,10 @@ class KubernetesExecutor:
             await asyncio.to_thread(self._batch.create_namespaced_job, self.namespace, manifest)
         except ApiException as e:
             if e.status != 409:  # 409: created before (a retry, or another replica)
-                raise
+                raise ExecutorError(
+                    f"the Kubernetes API refused to create Job {job_name(job.id)} in "
+                    f"namespace {self.namespace}: {e.status} {e.reason}: {_message(e)}"
+                ) from None
         log.info(
             "batch Job created",
             extra={"fields": {"operation": job.name, "job": manifest["metadata"]["name"]}},
@@ -294,6 +310,22 @@ class KubernetesExecutor:
             "batch job ended",
             extra={"fields": {"operation": job.name, "state": state, "error": message or None}},
         )
+
+
+def _bearer_token(configuration: Any) -> None:
+    """The config loaders of kubernetes 36 put the token under api_key['authorization'], but
+    its generated client sends only api_key['BearerToken'] (else the calls go anonymous).
+    Copy it over, also after each refresh of an in-cluster (rotating) token."""
+    loaded = configuration.refresh_api_key_hook
+
+    def refresh(c: Any) -> None:
+        if loaded is not None:
+            loaded(c)
+        if "authorization" in c.api_key:
+            c.api_key["BearerToken"] = c.api_key["authorization"]
+
+    configuration.refresh_api_key_hook = refresh
+    refresh(configuration)
 
 
 def _own_namespace() -> str:

@@ -206,7 +206,13 @@ class JobService:
             "batch job created",
             extra={"fields": {"operation": job.name, "caller": caller, **params}},
         )
-        await self.executor.submit(job)
+        try:
+            await self.executor.submit(job)
+        except Exception as e:
+            # Not started: forget the record, so the same request_id can be sent again.
+            await asyncio.to_thread(self.store.delete, job.id)
+            log.exception("batch job not started", extra={"fields": {"operation": job.name}})
+            raise JobError("UNAVAILABLE", f"the batch job could not be started: {e}") from None
         async with self._changed:
             self._changed.notify_all()
         return job

@@ -23,3 +23,7 @@ def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     config.write_text(f"model_config_list {{\n{entries}}}\n")
     with run_local_server([f"--model_config_file={config}"]) as server:
         yield server
+
+
+# The real API server (envtest) of the Kubernetes tests, for the kubernetes executor's tests.
+from tests.k8s.conftest import apiserver  # noqa: E402, F401
