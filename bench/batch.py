@@ -1,6 +1,6 @@
 """`python -m bench.batch`: images/s of `detection-batch` through the gateway against the
 fast canned upstream (bench/upstream.py), next to the gateway's own throughput at the same
-concurrency, in one run -> the "Batch runner" section of bench/results.md.
+concurrency, in one run -> the "Batch runner" section of bench/results.md (one per mode).
 
 The dataset is a local directory of copies of bench/images/photo_640x480.jpg. The gateway's
 throughput is measured with bench/load.py's closed loop on unary Detect (h2load when
@@ -29,7 +29,7 @@ from bench import load
 from bench.__main__ import RESULTS, ROOT, gateway, load_average, machine, upstream
 from gateway.proto.detection.v1 import detection_pb2 as pb
 
-TITLE = "## Batch runner (`python -m bench.batch`)"
+TITLE = "## Batch runner (`python -m bench.batch`, {mode} mode)"
 PHOTO = ROOT / "bench" / "images" / "photo_640x480.jpg"
 MODELS = {"pixel": "pixels", "string": "encoded"}
 
@@ -49,11 +49,12 @@ def runner(target: str, source: Path, out: Path, model: str, concurrency: int) -
             "own_rate": summary["this_run"]["images_per_second"]}  # fmt: skip
 
 
-def write_section(lines: list[str], path: Path) -> None:
+def write_section(lines: list[str], path: Path, mode: str) -> None:
     """Replaces this benchmark's section of results.md (or appends it); leaves the rest."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    section = "\n".join([TITLE, "", *lines]) + "\n"
-    pattern = re.compile(rf"^{re.escape(TITLE)}\n.*?(?=^## |\Z)", re.S | re.M)
+    title = TITLE.format(mode=mode)
+    section = "\n".join([title, "", *lines]) + "\n"
+    pattern = re.compile(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text).rstrip("\n") + "\n"
     else:
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Runner / gateway: **{ratio:.2f}x** (target >= 0.8x: "
         f"{'met' if ratio >= 0.8 else '**not met**'}).",
     ]
-    write_section(lines, args.out)
+    write_section(lines, args.out, args.mode)
     print("\n".join(lines))
 
 

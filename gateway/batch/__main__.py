@@ -71,7 +71,8 @@ def run_parser() -> argparse.ArgumentParser:
         "--stream-window",
         type=int,
         default=4,
-        help="images in flight per stream; match GATEWAY_STREAM_WINDOW",
+        help="images in flight per stream; at least the gateway's GATEWAY_STREAM_WINDOW (a "
+        "gateway that answers once its window is full would otherwise wait for --timeout)",
     )
     parser.add_argument(
         "--connections", type=int, default=2, help="HTTP/2 connections to the gateway"
