@@ -1,0 +1,70 @@
+"""The job store and the filter grammar, in-process (no gateway)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import pytest
+
+from gateway.jobs.service import JobError, parse_filter
+from gateway.jobs.store import Job, JobStore
+
+
+def job(job_id: str, state: str = "QUEUED") -> Job:
+    return Job(
+        id=job_id, caller="c", request_id="", fingerprint="f", executor="local", params={},
+        input_url="/in", output_url="/out", default_output=False, units=[], total=None,
+        state=state,
+    )  # fmt: skip
+
+
+def test_store_writes_nothing_until_the_first_job(tmp_path: Path) -> None:
+    store = JobStore(str(tmp_path / "store"))
+    assert store.jobs() == [] and store.load("abc") is None
+    assert not (tmp_path / "store").exists()
+
+
+def test_create_if_absent_makes_one_record_under_racing_writers(tmp_path: Path) -> None:
+    store = JobStore(str(tmp_path / "store"))
+    candidates = [job("abc123", state=f"QUEUED{i}") for i in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        created = list(pool.map(store.create, candidates))
+    assert created.count(True) == 1
+    winner = candidates[created.index(True)]
+    assert store.load("abc123") == winner
+    assert [j.id for j in store.jobs()] == ["abc123"]
+    leftovers = [p.name for p in (tmp_path / "store" / "operations").iterdir()]
+    assert leftovers == ["abc123.json"]  # no temporaries left behind
+
+
+def test_records_survive_a_new_store_object_and_ids_are_checked(tmp_path: Path) -> None:
+    store = JobStore(str(tmp_path / "store"))
+    first = job("a1")
+    store.create(first)
+    first.state = "RUNNING"
+    store.save(first)
+    again = JobStore(str(tmp_path / "store")).load("a1")
+    assert again is not None and again.state == "RUNNING"
+    assert store.load("../a1") is None and store.load("A1") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "states"),
+    [
+        ("", set()),
+        ("state=RUNNING", {"RUNNING"}),
+        ('metadata.state = "queued" OR state=CANCELLING', {"QUEUED", "CANCELLING"}),
+        ("done=true", {"SUCCEEDED", "FAILED", "CANCELLED"}),
+        ("done = false", {"QUEUED", "RUNNING", "CANCELLING"}),
+    ],
+)
+def test_filters(text: str, states: set[str]) -> None:
+    assert parse_filter(text) == states
+
+
+@pytest.mark.parametrize("text", ["state=DONE", "name=x", "state=RUNNING AND done=true"])
+def test_bad_filters_are_invalid_arguments(text: str) -> None:
+    with pytest.raises(JobError) as info:
+        parse_filter(text)
+    assert info.value.code == "INVALID_ARGUMENT"
