@@ -162,35 +162,38 @@ class LocalExecutor:
         )
 
     async def _run(self, job_id: str) -> None:
-        async with self._slots:
+        try:
+            async with self._slots:  # QUEUED until a slot is free
+                await self._work(job_id)
+        except asyncio.CancelledError:
             job = await asyncio.to_thread(self._service.store.load, job_id)
-            if job is None or job.done:
+            if job_id in self._cancelling and job is not None:
+                self._cancelling.discard(job_id)
+                await self._end(job, CANCELLED, CANCELLED_CODE, "cancelled by the caller")
                 return
-            try:
-                if job.cancel_requested:
-                    raise asyncio.CancelledError
-                job.state = RUNNING
-                job.start_time = job.start_time or time.time()
-                await self._service.save(job)
-                for shard in range(job.shards):
-                    await self._shard(job, shard)
-                await self._check_missing(job)
-                out = Output(storage.resolve(job.output_url))
-                await asyncio.to_thread(batch_job.finalize, out)
-            except asyncio.CancelledError:
-                if job_id in self._cancelling:
-                    self._cancelling.discard(job_id)
-                    await self._end(job, CANCELLED, CANCELLED_CODE, "cancelled by the caller")
-                    return
-                raise  # the gateway is stopping: the job stays RUNNING and resumes on restart
-            except Stop as e:
-                await self._end(job, FAILED, e.code, e.message)
-                return
-            except Exception as e:
-                log.exception("batch job failed", extra={"fields": {"operation": job.name}})
-                await self._end(job, FAILED, INTERNAL_CODE, f"internal error: {e}")
-                return
-            await self._end(job, SUCCEEDED, None, "")
+            raise  # the gateway is stopping: the job keeps its state and resumes on restart
+
+    async def _work(self, job_id: str) -> None:
+        job = await asyncio.to_thread(self._service.store.load, job_id)
+        if job is None or job.done:
+            return
+        try:
+            job.state = RUNNING
+            job.start_time = job.start_time or time.time()
+            await self._service.save(job)
+            for shard in range(job.shards):
+                await self._shard(job, shard)
+            await self._check_missing(job)
+            out = Output(storage.resolve(job.output_url))
+            await asyncio.to_thread(batch_job.finalize, out)
+        except Stop as e:
+            await self._end(job, FAILED, e.code, e.message)
+            return
+        except Exception as e:
+            log.exception("batch job failed", extra={"fields": {"operation": job.name}})
+            await self._end(job, FAILED, INTERNAL_CODE, f"internal error: {e}")
+            return
+        await self._end(job, SUCCEEDED, None, "")
 
     def _options(self, job: Job) -> runner.Options:
         s = self._settings

@@ -99,7 +99,9 @@ def test_limits_per_caller_and_in_total_with_a_paused_lane(tfs, images, tmp_path
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "caller anonymous has its limit of 2" in info.value.details()
         request = {"input_uri": str(images)}
-        client.batch.CreateBatchJob(bpb.CreateBatchJobRequest(**request), metadata=other)
+        queued = client.batch.CreateBatchJob(
+            bpb.CreateBatchJobRequest(**request), metadata=other
+        ).name
         with pytest.raises(grpc.RpcError) as info:
             client.batch.CreateBatchJob(bpb.CreateBatchJobRequest(**request), metadata=other)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -112,6 +114,13 @@ def test_limits_per_caller_and_in_total_with_a_paused_lane(tfs, images, tmp_path
         op = client.ops.WaitOperation(wait, timeout=10)
         assert not op.done and time.monotonic() - started >= 0.3
         assert metadata(op).processed == 0
+        assert metadata(client.get(queued)).state == State.QUEUED
         client.ops.CancelOperation(lro.CancelOperationRequest(name=first))
         assert metadata(client.wait(first)).state == State.CANCELLED
-        client.create(input_uri=str(images))  # room again for the anonymous caller
+        # The two slots (--batch-max-running 2) went to the first two jobs: the third waits
+        # QUEUED until one is free (the cancelled one's), then runs (paused).
+        client.until(queued, lambda m: m.state == State.RUNNING)
+        fourth = client.create(input_uri=str(images)).name  # anonymous has room again
+        client.until(fourth, lambda m: m.state == State.QUEUED, seconds=5)
+        client.ops.CancelOperation(lro.CancelOperationRequest(name=fourth))
+        assert metadata(client.wait(fourth)).state == State.CANCELLED  # cancelled while queued
