@@ -140,8 +140,8 @@ class LocalExecutor:
 
     async def _end(self, job: Job, state: str, code: int | None, message: str) -> None:
         fresh = await asyncio.to_thread(self._service.store.load, job.id)
-        if fresh is None:
-            return  # deleted meanwhile
+        if fresh is None or fresh.done:
+            return  # deleted, or ended by another process (a cancel through it) meanwhile
         found = await asyncio.to_thread(progress.read, fresh.output_url, fresh.units, fresh.shards)
         from gateway.jobs.service import freeze
 
@@ -230,6 +230,7 @@ class LocalExecutor:
             try:
                 while not work.done():
                     await asyncio.wait({work}, timeout=MONITOR_SECONDS)
+                    await self._check_cancelled(job)
                     await self._check_missing(job)
                 work.result()
                 return
@@ -251,6 +252,14 @@ class LocalExecutor:
                     work.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await work
+
+    async def _check_cancelled(self, job: Job) -> None:
+        """Cancel or Delete may arrive through another process sharing the job store (a
+        gateway worker, another replica): the record says so."""
+        fresh = await asyncio.to_thread(self._service.store.load, job.id)
+        if fresh is None or fresh.cancel_requested:
+            self._cancelling.add(job.id)
+            raise asyncio.CancelledError
 
     async def _check_missing(self, job: Job) -> None:
         """Fails the job at its first input that could not be read (it vanished)."""
