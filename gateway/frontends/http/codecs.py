@@ -260,23 +260,25 @@ def decode_multipart(content_type: str, body: bytes, message: ApiRequest) -> Dec
         raise errors.invalid_input(
             "the multipart body could not be read: check the boundary in Content-Type"
         )
-    fields: dict[str, str] = {}
-    image: bytes | None = None
+    parts: dict[str, bytes] = {}
     for part in parsed.iter_parts():
         name = part.get_param("name", header="content-disposition")
         if not isinstance(name, str) or not name:
             raise errors.invalid_input("a multipart part has no name (Content-Disposition)")
         payload = part.get_payload(decode=True)
-        data = payload if isinstance(payload, bytes) else b""
-        if name == "image":
-            image = data
-        else:
-            try:
-                fields[name] = data.decode()
-            except UnicodeDecodeError:
-                raise errors.invalid_input(f"form field {name} is not UTF-8 text") from None
+        parts[name] = payload if isinstance(payload, bytes) else b""
+    image = parts.pop("image", None)
     if image is None:
-        raise errors.invalid_input("the multipart body has no 'image' part: add the image file")
+        raise errors.invalid_input(
+            f"the multipart body has no 'image' part (parts: {', '.join(parts) or 'none'}): "
+            "add the image file as 'image'"
+        )
+    fields: dict[str, str] = {}
+    for name, data in parts.items():
+        try:
+            fields[name] = data.decode()
+        except UnicodeDecodeError:
+            raise errors.invalid_input(f"form field {name} is not UTF-8 text") from None
     message.image = image
     apply_query(message, fields, allow_model=True, source="form field")
     return Decoded(message)
