@@ -3,7 +3,7 @@
 Pick an image and a model: the page posts the image to the model's `:detect` or `:classify`
 route and draws the boxes with labels and scores over the image (or lists the top classes),
 with the raw JSON below. No external scripts, styles or fonts (clusters may have no
-internet). `/?image=<url>&model=<name>` runs at once on that image (a data: URL works), and
+internet). `/?image=<url>&model=<name>` runs at once on that image (a small data: URL works), and
 `document.body.dataset.state` ends as `done` or `error`: how the browser test drives it.
 """
 
