@@ -346,7 +346,13 @@ def test_a_bad_frame_gets_its_own_error_and_the_stream_goes_on(stub):
     requests.append(pb.DetectRequest(image=good, request_id="after"))
     results = list(stub.DetectStream(iter(requests), timeout=60))
     assert [r.request_id for r in results] == [
-        "0", "1", "2", "bad", "bad-option", "truncated", "after"
+        "0",
+        "1",
+        "2",
+        "bad",
+        "bad-option",
+        "truncated",
+        "after",
     ]
     for r in (results[0], results[1], results[2], results[6]):
         assert not r.HasField("error") and r.model.name == "detector" and r.detections

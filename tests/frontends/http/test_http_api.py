@@ -213,9 +213,12 @@ def test_every_body_type_gives_the_grpc_door_s_detections(gateway, channel, kind
     image = PNG if kind == "raw png" else JPEG
     expected = grpc_detect(channel, image, min_score=0.5, max_detections=20)
     status, headers, raw = call(
-        gateway, "/v1/models/detector:detect" + query, body, content_type,
+        gateway,
+        "/v1/models/detector:detect" + query,
+        body,
+        content_type,
         headers={"Accept": "application/json"},
-    )  # fmt: skip
+    )
     result = ok_json((status, headers, raw))
     if "msgpack" in kind:  # MessagePack requests get their (here empty) metadata back
         assert result.pop("metadata") == {}
@@ -296,16 +299,22 @@ def test_classify_gives_the_grpc_door_s_classes(gateway, channel, http_repo: Pat
         expected = stub.Classify(
             cpb.ClassifyRequest(image=image, top_k=3, model=pb.ModelSpec(name=name)), timeout=60
         )
-        expected_dict = comparable(json_format.MessageToDict(
-            expected, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        ))  # fmt: skip
+        expected_dict = comparable(
+            json_format.MessageToDict(
+                expected,
+                preserving_proto_field_name=True,
+                always_print_fields_with_no_presence=True,
+            )
+        )
         result = ok_json(call(gateway, route.format(m=name) + "?top_k=3", image, "image/png"))
         assert comparable(result) == expected_dict, name
         assert result["classes"][0]["label"] == "blue", name
     colours = ok_json(call(gateway, route.format(m="colours") + "?top_k=3", image, "image/png"))
     assert [(c["label"], round(c["score"], 4)) for c in colours["classes"]] == [
-        ("blue", 0.7), ("red", 0.3), ("green", 0.0),
-    ]  # fmt: skip
+        ("blue", 0.7),
+        ("red", 0.3),
+        ("green", 0.0),
+    ]
 
 
 def test_classify_as_msgpack_with_metadata(gateway) -> None:
@@ -399,9 +408,12 @@ def test_msgpack_metadata_comes_back_byte_for_byte(gateway, channel) -> None:
     entries.insert(2, msgpack.packb("min_score") + msgpack.packb(0.5))  # options anywhere
     body = _map_header(len(entries)) + b"".join(entries)
     status, headers, raw = call(
-        gateway, "/v1/models/detector:detect", body, "application/x-msgpack",
+        gateway,
+        "/v1/models/detector:detect",
+        body,
+        "application/x-msgpack",
         headers={"x-request-id": "meta-1"},
-    )  # fmt: skip
+    )
     assert status == 200 and headers["content-type"] == "application/x-msgpack"
     assert headers["x-request-id"] == "meta-1"
     result = msgpack.unpackb(raw, strict_map_key=False)
@@ -422,9 +434,14 @@ def test_msgpack_metadata_comes_back_byte_for_byte(gateway, channel) -> None:
 
     # Asked for JSON: the same metadata, bin as {"b64": ...}.
     as_json = ok_json(
-        call(gateway, "/v1/models/detector:detect", body, "application/x-msgpack",
-             headers={"Accept": "application/json"})
-    )  # fmt: skip
+        call(
+            gateway,
+            "/v1/models/detector:detect",
+            body,
+            "application/x-msgpack",
+            headers={"Accept": "application/json"},
+        )
+    )
     assert as_json["metadata"] == {
         "camera": "cam-7",
         "tags": ["street", "night", 3],
@@ -443,15 +460,21 @@ def _map_header(count: int) -> bytes:
 def test_accept_msgpack_for_a_json_request_and_errors_in_msgpack(gateway) -> None:
     body = json.dumps({"image": base64.b64encode(JPEG).decode()}).encode()
     status, headers, raw = call(
-        gateway, "/v1/models/detector:detect", body, "application/json",
+        gateway,
+        "/v1/models/detector:detect",
+        body,
+        "application/json",
         headers={"Accept": "application/x-msgpack"},
-    )  # fmt: skip
+    )
     assert status == 200 and headers["content-type"] == "application/x-msgpack"
     assert_scene(msgpack.unpackb(raw))
     status, headers, raw = call(
-        gateway, "/v1/models/detector:detect", b"{", "application/json",
+        gateway,
+        "/v1/models/detector:detect",
+        b"{",
+        "application/json",
         headers={"Accept": "application/msgpack"},
-    )  # fmt: skip
+    )
     assert status == 400 and headers["content-type"] == "application/x-msgpack"
     assert msgpack.unpackb(raw)["error"]["code"] == "INVALID_ARGUMENT"
 
@@ -462,17 +485,23 @@ def test_accept_msgpack_for_a_json_request_and_errors_in_msgpack(gateway) -> Non
 def test_request_id_in_and_out_and_trace_headers_reach_the_request_log(gateway) -> None:
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     status, headers, body = call(
-        gateway, "/v1/models/detector:detect", JPEG, "image/jpeg",
+        gateway,
+        "/v1/models/detector:detect",
+        JPEG,
+        "image/jpeg",
         headers={"x-request-id": "req-http-1", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
-    )  # fmt: skip
+    )
     assert status == 200 and headers["x-request-id"] == "req-http-1"
     assert json.loads(body)["request_id"] == "req-http-1"
     # The body's request_id wins over the header, as in gRPC.
     json_body = json.dumps({"image": base64.b64encode(JPEG).decode(), "request_id": "from-body"})
     status, headers, _ = call(
-        gateway, "/v1/models/detector:detect", json_body.encode(), "application/json",
+        gateway,
+        "/v1/models/detector:detect",
+        json_body.encode(),
+        "application/json",
         headers={"x-request-id": "from-header"},
-    )  # fmt: skip
+    )
     assert headers["x-request-id"] == "from-body"
     # Without one, the gateway makes one; errors carry one too.
     _, headers, _ = call(gateway, "/v1/models/detector:detect", JPEG, "image/jpeg")
@@ -513,15 +542,31 @@ BAD_BODIES = [
     ("application/x-msgpack", msgpack.packb([1, 2]), "must be a map"),
     ("application/x-msgpack", msgpack.packb({"camera": "x"}), "no 'image' entry"),
     ("application/x-msgpack", msgpack.packb({"image": "c3RyaW5n"}), "image is a MessagePack str"),
-    ("application/x-msgpack", msgpack.packb({"image": b"x", "min_score": "0.5"}), "min_score must be a number"),
-    ("application/x-msgpack", msgpack.packb({"image": b"x", "max_detections": True}), "max_detections must be an integer"),
-    ("application/x-msgpack", msgpack.packb({"image": b"x", "model": "detector"}), "model must be a map"),
-    ("application/x-msgpack", msgpack.packb({"image": b"x", "model": {"nme": "d"}}), "model has no field 'nme'"),
+    (
+        "application/x-msgpack",
+        msgpack.packb({"image": b"x", "min_score": "0.5"}),
+        "min_score must be a number",
+    ),
+    (
+        "application/x-msgpack",
+        msgpack.packb({"image": b"x", "max_detections": True}),
+        "max_detections must be an integer",
+    ),
+    (
+        "application/x-msgpack",
+        msgpack.packb({"image": b"x", "model": "detector"}),
+        "model must be a map",
+    ),
+    (
+        "application/x-msgpack",
+        msgpack.packb({"image": b"x", "model": {"nme": "d"}}),
+        "model has no field 'nme'",
+    ),
     ("application/x-msgpack", msgpack.packb({"image": b"x"}) + b"\x01", "after its map"),
     ("application/x-msgpack", msgpack.packb({"image": b"x"})[:-1], "not valid MessagePack"),
     ("image/jpeg", b"", "image is empty"),
     ("image/jpeg", b"not an image at all", "could not be decoded"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("content_type", "body", "named"), BAD_BODIES)
@@ -555,8 +600,10 @@ def test_query_and_form_errors_are_400(gateway) -> None:
     )
     body = json.dumps({"image": base64.b64encode(JPEG).decode(), "model": {"name": "other"}})
     assert "path names 'detector'" in error_of(
-        call(gateway, "/v1/models/detector:detect", body.encode(), "application/json"), 400, "INVALID_ARGUMENT"
-    )  # fmt: skip
+        call(gateway, "/v1/models/detector:detect", body.encode(), "application/json"),
+        400,
+        "INVALID_ARGUMENT",
+    )
 
 
 def test_unknown_model_route_method_and_media_type(gateway) -> None:
@@ -586,7 +633,9 @@ def test_unknown_model_route_method_and_media_type(gateway) -> None:
         "application/octet-stream",
     ):
         assert accepted in message
-    assert error_of(call(gateway, "/v1/models/detector:detect", JPEG, None), 415, "INVALID_ARGUMENT")  # fmt: skip
+    assert error_of(
+        call(gateway, "/v1/models/detector:detect", JPEG, None), 415, "INVALID_ARGUMENT"
+    )
 
 
 def test_over_the_limits_is_413(gateway) -> None:
@@ -625,21 +674,40 @@ def test_curl_every_body_type_and_route(gateway, channel, tmp_path: Path) -> Non
     packed = tmp_path / "request.msgpack"
     packed.write_bytes(msgpack.packb({"image": JPEG, "min_score": 0.5, "camera": "cam-7"}))
 
-    raw = curl(gateway, "/v1/models/detector:detect?min_score=0.5", "-H", "Content-Type: image/jpeg",
-               "--data-binary", f"@{image}")  # fmt: skip
+    raw = curl(
+        gateway,
+        "/v1/models/detector:detect?min_score=0.5",
+        "-H",
+        "Content-Type: image/jpeg",
+        "--data-binary",
+        f"@{image}",
+    )
     assert comparable(ok_json(raw)) == expected
-    as_json = curl(gateway, "/v1/models/detector:detect", "-H", "Content-Type: application/json",
-                   "-d", f"@{request}")  # fmt: skip
+    as_json = curl(
+        gateway,
+        "/v1/models/detector:detect",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        f"@{request}",
+    )
     assert comparable(ok_json(as_json)) == expected
     form = curl(
         gateway, "/v1/models/detector:detect", "-F", f"image=@{image}", "-F", "min_score=0.5"
     )
     assert comparable(ok_json(form)) == expected
     status, headers, body = curl(
-        gateway, "/invocations", "-H", "Content-Type: application/x-msgpack",
-        "-H", "Accept: application/x-msgpack", "-H", "x-request-id: curl-1",
-        "--data-binary", f"@{packed}",
-    )  # fmt: skip
+        gateway,
+        "/invocations",
+        "-H",
+        "Content-Type: application/x-msgpack",
+        "-H",
+        "Accept: application/x-msgpack",
+        "-H",
+        "x-request-id: curl-1",
+        "--data-binary",
+        f"@{packed}",
+    )
     assert status == 200 and headers["x-request-id"] == "curl-1"
     result = msgpack.unpackb(body)
     assert result["metadata"] == {"camera": "cam-7"} and result["request_id"] == "curl-1"

@@ -48,7 +48,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A running headless chromium; yields its DevTools HTTP address."""
     binary = shutil.which("chromium")
     if binary is None:
-        pytest.skip("chromium is not installed: apt-get install -y chromium (make pytest does it as root)")
+        pytest.skip(
+            "chromium is not installed: apt-get install -y chromium (make pytest does it as root)"
+        )
     profile = tmp_path_factory.mktemp("chromium-profile")
     log = (profile.parent / "chromium.log").open("wb")
     process = subprocess.Popen(
@@ -132,8 +134,11 @@ async def _with_page(address: str, work: Any) -> Any:
                 page = Page(ws)
                 await page.send(
                     "Emulation.setDeviceMetricsOverride",
-                    width=1200, height=1000, deviceScaleFactor=1, mobile=False,
-                )  # fmt: skip
+                    width=1200,
+                    height=1000,
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
                 return await work(page)
         finally:
             async with session.get(f"http://{address}/json/close/{target['id']}"):
@@ -158,7 +163,13 @@ async def _canvas_screenshot(page: Page) -> tuple[np.ndarray, dict[str, Any]]:
     shot = await page.send(
         "Page.captureScreenshot",
         format="png",
-        clip={"x": info["x"], "y": info["y"], "width": info["width"], "height": info["height"], "scale": 1},
+        clip={
+            "x": info["x"],
+            "y": info["y"],
+            "width": info["width"],
+            "height": info["height"],
+            "scale": 1,
+        },
     )
     image = Image.open(io.BytesIO(base64.b64decode(shot["data"]))).convert("RGB")
     return np.asarray(image).astype(int), info
@@ -244,4 +255,3 @@ def test_page_shows_the_gateway_s_error(http_gateway, browser) -> None:
     state, status = asyncio.run(_with_page(browser, work))
     assert state == "error"
     assert status.startswith("INVALID_ARGUMENT: image data could not be decoded"), status
-

@@ -23,8 +23,12 @@ SCENE = scenes.generate_scene(
 def client(*args: str) -> tuple[int, list[dict]]:
     run = subprocess.run(
         [sys.executable, "-m", "gateway.client", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     return run.returncode, [json.loads(line) for line in run.stdout.splitlines()]
 
 
@@ -50,11 +54,19 @@ def test_grpc_and_http_give_the_same_lines_and_drawings(
 ) -> None:
     image = tmp_path / "scene.png"
     image.write_bytes(scenes.encode(SCENE.pixels, "PNG"))
-    code, over_grpc = client(str(image), f"--target={http_gateway.target}", "--min-score=0.5",
-                             f"--draw={tmp_path / 'grpc.png'}")  # fmt: skip
+    code, over_grpc = client(
+        str(image),
+        f"--target={http_gateway.target}",
+        "--min-score=0.5",
+        f"--draw={tmp_path / 'grpc.png'}",
+    )
     assert code == 0, over_grpc
-    code, over_http = client(str(image), f"--http={http_gateway.http_url}", "--min-score=0.5",
-                             f"--draw={tmp_path / 'http.png'}")  # fmt: skip
+    code, over_http = client(
+        str(image),
+        f"--http={http_gateway.http_url}",
+        "--min-score=0.5",
+        f"--draw={tmp_path / 'http.png'}",
+    )
     assert code == 0, over_http
     assert without_ids(over_http) == without_ids(over_grpc)
     (line,) = over_http
@@ -71,14 +83,26 @@ def test_http_client_routes_versions_classification_and_errors(
 ) -> None:
     image = tmp_path / "scene.png"
     image.write_bytes(scenes.encode(SCENE.pixels, "PNG"))
-    code, (line,) = client(str(image), f"--http={http_gateway.http_url}", "--model=detector",
-                           "--label=stable", "--max-detections=1")  # fmt: skip
+    code, (line,) = client(
+        str(image),
+        f"--http={http_gateway.http_url}",
+        "--model=detector",
+        "--label=stable",
+        "--max-detections=1",
+    )
     assert code == 0 and line["model"] == {"name": "detector", "version": 1}
     assert len(line["detections"]) == 1
     blue = tmp_path / "blue.png"
     blue.write_bytes(scenes.encode(np.full((40, 40, 3), (10, 10, 250), np.uint8), "PNG"))
-    code, lines = client(str(blue), str(image), f"--http={http_gateway.http_url}", "--task=classify",
-                         "--model=colours", "--top-k=1", f"--draw={tmp_path / 'classes.png'}")  # fmt: skip
+    code, lines = client(
+        str(blue),
+        str(image),
+        f"--http={http_gateway.http_url}",
+        "--task=classify",
+        "--model=colours",
+        "--top-k=1",
+        f"--draw={tmp_path / 'classes.png'}",
+    )
     assert code == 0
     assert lines[0]["classes"] == [{"class_id": 2, "label": "blue", "score": 1.0}]
     assert (tmp_path / "classes-0.png").is_file() and (tmp_path / "classes-1.png").is_file()

@@ -26,9 +26,7 @@ from tests.faultupstream import FaultyUpstream
 from tests.gateway.gatewayproc import GatewayProcess, run_gateway
 from tests.localserver import LocalServer, free_port
 
-IMAGE = scenes.encode(
-    scenes.generate_scene(np.random.default_rng(3), 320, 240, 3).pixels, "JPEG"
-)
+IMAGE = scenes.encode(scenes.generate_scene(np.random.default_rng(3), 320, 240, 3).pixels, "JPEG")
 DETECT = "/v1/models/detector:detect"
 
 
@@ -119,7 +117,9 @@ def test_ping_is_503_while_tf_serving_is_down(tmp_path: Path) -> None:
         assert get(gw, "/v1/models/detector")[0] == 503
 
 
-def test_a_caller_that_hangs_up_cancels_its_request(upstream: FaultyUpstream, tmp_path: Path) -> None:
+def test_a_caller_that_hangs_up_cancels_its_request(
+    upstream: FaultyUpstream, tmp_path: Path
+) -> None:
     """The pipeline records CANCELLED (HTTP 499) and the TF Serving call is cancelled."""
     with run_gateway(upstream.target, [], tmp_path, http=True) as gw:
         assert post(gw)[0] == 200
@@ -143,7 +143,9 @@ def test_a_caller_that_hangs_up_cancels_its_request(upstream: FaultyUpstream, tm
         assert gw.in_flight() == 0
 
 
-def test_stalled_uploads_time_out_without_taking_a_slot(upstream: FaultyUpstream, tmp_path: Path) -> None:
+def test_stalled_uploads_time_out_without_taking_a_slot(
+    upstream: FaultyUpstream, tmp_path: Path
+) -> None:
     args = ["--max-concurrent-requests=1", "--http-body-timeout=1.5", "--http-header-timeout=1.5"]
     with run_gateway(upstream.target, args, tmp_path, http=True) as gw:
         body_staller = socket.create_connection(("127.0.0.1", gw.http_port))
@@ -151,7 +153,8 @@ def test_stalled_uploads_time_out_without_taking_a_slot(upstream: FaultyUpstream
         try:
             body_staller.sendall(
                 f"POST {DETECT} HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
-                f"Content-Length: {len(IMAGE)}\r\n\r\n".encode() + IMAGE[:100]
+                f"Content-Length: {len(IMAGE)}\r\n\r\n".encode()
+                + IMAGE[:100]
             )
             header_staller.sendall(f"POST {DETECT} HTTP/1.1\r\nHost: x\r\n".encode())
             started = time.monotonic()
@@ -174,7 +177,9 @@ def test_stalled_uploads_time_out_without_taking_a_slot(upstream: FaultyUpstream
         assert post(gw)[0] == 200
 
 
-def test_1_gb_upload_is_refused_without_memory_growth(upstream: FaultyUpstream, tmp_path: Path) -> None:
+def test_1_gb_upload_is_refused_without_memory_growth(
+    upstream: FaultyUpstream, tmp_path: Path
+) -> None:
     """A streamed (chunked) 1 GB body and a 1 GB Content-Length: 413, RSS flat."""
     args = ["--max-image-bytes=1048576"]
     with run_gateway(upstream.target, args, tmp_path, http=True) as gw:
@@ -199,7 +204,8 @@ def test_1_gb_upload_is_refused_without_memory_growth(upstream: FaultyUpstream, 
             with socket.create_connection(("127.0.0.1", gw.http_port)) as sock:
                 sock.sendall(
                     f"POST {DETECT} HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
-                    f"Content-Length: {1 << 30}\r\n\r\n".encode() + bytes(65536)
+                    f"Content-Length: {1 << 30}\r\n\r\n".encode()
+                    + bytes(65536)
                 )
                 sock.settimeout(10)
                 declared = sock.recv(65536)
@@ -215,7 +221,9 @@ def test_1_gb_upload_is_refused_without_memory_growth(upstream: FaultyUpstream, 
         assert post(gw)[0] == 200
 
 
-def test_sigterm_lets_in_flight_http_requests_finish(upstream: FaultyUpstream, tmp_path: Path) -> None:
+def test_sigterm_lets_in_flight_http_requests_finish(
+    upstream: FaultyUpstream, tmp_path: Path
+) -> None:
     with run_gateway(upstream.target, ["--shutdown-grace=20"], tmp_path, http=True) as gw:
         assert post(gw)[0] == 200
         upstream.hold()

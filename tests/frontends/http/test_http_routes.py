@@ -65,10 +65,6 @@ def test_openapi_parameters_match_the_path_templates() -> None:
 
 
 def test_aiohttp_is_imported_only_when_the_http_port_is_on() -> None:
-    code = (
-        "import sys, asyncio\n"
-        "from gateway import app\n"
-        "print('aiohttp' in sys.modules)\n"
-    )
+    code = "import sys, asyncio\nfrom gateway import app\nprint('aiohttp' in sys.modules)\n"
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.stdout.strip() == "False", run.stderr
