@@ -241,3 +241,32 @@ def test_sigterm_lets_in_flight_http_requests_finish(
         status, body = answer["result"]  # type: ignore[misc]
         assert status == 200 and body["detections"], body
         assert gw.process.wait(30) == 0
+
+
+def _listeners(port: int) -> int:
+    """Sockets listening on `port` (each worker has its own: SO_REUSEPORT)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+def test_workers_share_the_http_port_too(http_tfs: LocalServer, tmp_path: Path) -> None:
+    with run_gateway(http_tfs.target, ["--workers=2"], tmp_path, http=True) as gw:
+        deadline = time.monotonic() + 60
+        while _listeners(gw.http_port) < 2 or _listeners(gw.port) < 2:
+            assert time.monotonic() < deadline, "both workers did not listen on both ports"
+            time.sleep(0.1)
+        assert all(post(gw)[0] == 200 for _ in range(6))
+        assert get(gw, "/ping") == (200, {})
+        # The supervisor's metrics sum the workers' HTTP requests.
+        text = (
+            urllib.request.urlopen(f"http://127.0.0.1:{gw.metrics_port}/metrics", timeout=10)
+            .read()
+            .decode()
+        )
+        assert 'detection_gateway_requests_total{code="OK",method="POST :detect"} 6.0' in text
+        assert gw.stop() == 0
