@@ -156,6 +156,10 @@ class Settings:
             raise ValueError("workers above 1 need a fixed port (they share it), not port 0")
         if self.http_port < 0 or self.port < 0:
             raise ValueError("port and http-port must be >= 0 (http-port 0 disables HTTP)")
+        if self.http_port and self.http_port in (self.port, self.metrics_port):
+            raise ValueError(
+                f"http-port {self.http_port} is also the gRPC or metrics port; give each its own"
+            )
         if self.http_header_timeout <= 0 or self.http_body_timeout <= 0:
             raise ValueError("http-header-timeout and http-body-timeout must be positive")
         if self.upstream_timeout <= 0 or self.health_interval <= 0:

@@ -225,6 +225,15 @@ class HttpDoor:
         except web.HTTPException as e:
             # aiohttp's own refusals (e.g. a bad Expect header): its status, as JSON.
             return self._http_error(request, HttpError(e.status, "INVALID_ARGUMENT", e.reason))
+        except Exception:
+            # A bug in the door (the pipeline turns its own into INTERNAL): logged with its
+            # traceback, answered without details, as the pipeline does.
+            request_id = request.headers.get(REQUEST_ID, "") or new_request_id()
+            log.exception("unexpected error", extra={"fields": {"request_id": request_id}})
+            message = f"internal error in the gateway; quote request id {request_id}"
+            return _error_response(
+                500, Kind.INTERNAL.code, message, request_id, _wants_msgpack(request, False)
+            )
 
     def _http_error(self, request: web.Request, error: HttpError) -> web.Response:
         request_id = request.headers.get(REQUEST_ID, "") or new_request_id()

@@ -9,6 +9,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.http.server import HttpDoor
@@ -68,3 +70,20 @@ def test_aiohttp_is_imported_only_when_the_http_port_is_on() -> None:
     code = "import sys, asyncio\nfrom gateway import app\nprint('aiohttp' in sys.modules)\n"
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.stdout.strip() == "False", run.stderr
+
+
+def test_http_settings_from_flags_and_environment() -> None:
+    from gateway.config import MIB, parse_settings
+
+    settings = parse_settings(["--http-body-timeout=5"], {"GATEWAY_HTTP_PORT": "8181"})
+    assert (settings.http_port, settings.http_body_timeout) == (8181, 5.0)
+    assert Settings().http_port == 8080
+    assert parse_settings(["--http-port=0"], {}).http_port == 0
+    # The body limit lets any image within max-image-bytes through, even base64 in JSON.
+    limits = parse_settings(["--max-image-bytes=3145728"], {})
+    assert limits.server_max_receive_bytes == 4 * MIB
+    assert limits.http_max_body_bytes == 4 * MIB + MIB
+    for argv in (["--http-port=50051"], ["--http-port=-1"], ["--http-header-timeout=0"]):
+        with pytest.raises(SystemExit) as refused:
+            parse_settings(argv, {})
+        assert refused.value.code == 2, argv
