@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from aiohttp import web
+
+# aiohttp's answer to `Expect: 100-continue`, used for bodies within the limit.
+from aiohttp.web_urldispatcher import _default_expect_handler
 from google.rpc import code_pb2
 
 from gateway import errors, metrics
@@ -145,11 +148,18 @@ class HttpDoor:
         add = app.router.add_route
         for task in TASKS.values():
             handler = partial(self._predict, task)
+            expect = partial(self._expect, f"POST :{task.verb}")
             base = f"/v1/models/{{model:{SEGMENT}}}"
-            add("POST", f"{base}:{task.verb}", handler)
-            add("POST", f"{base}/versions/{{version:{SEGMENT}}}:{task.verb}", handler)
-            add("POST", f"{base}/labels/{{label:{SEGMENT}}}:{task.verb}", handler)
-        add("POST", "/invocations", self._invocations)
+            add("POST", f"{base}:{task.verb}", handler, expect_handler=expect)
+            for choice in ("versions/{version", "labels/{label"):
+                path = f"{base}/{choice}:{SEGMENT}}}:{task.verb}"
+                add("POST", path, handler, expect_handler=expect)
+        add(
+            "POST",
+            "/invocations",
+            self._invocations,
+            expect_handler=partial(self._expect, "POST /invocations"),
+        )
         add("GET", "/ping", self._ping)
         add("GET", f"/v1/models/{{model:{SEGMENT}}}", self._model_status)
         add(
@@ -316,16 +326,38 @@ class HttpDoor:
             message.model.name = self._registry.default_model
         return decoded
 
+    def _body_limit(self, kind: str) -> int:
+        # JSON carries the image as base64 (4/3 of its size); the other forms carry it as is.
+        if kind == codecs.Kind.JSON:
+            return self._settings.http_max_body_bytes
+        return self._settings.server_max_receive_bytes
+
+    async def _expect(self, method: str, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: a body declared over the limit is refused before the
+        client sends it; otherwise aiohttp's own handling (100 Continue)."""
+        kind = codecs.body_kind(request.content_type.lower())
+        length = request.content_length
+        if kind is not None and length is not None and length > self._body_limit(kind):
+            error = _too_large(length, self._body_limit(kind))
+            request_id = request.headers.get(REQUEST_ID, "") or new_request_id()
+            self._record_rejection(method, error.code, request_id, time.perf_counter(), 413)
+            response = _error_response(
+                413,
+                error.code,
+                error.message,
+                request_id,
+                _wants_msgpack(request, kind == codecs.Kind.MSGPACK),
+            )
+            response.force_close()
+            return response
+        await _default_expect_handler(request)
+        return None
+
     async def _read_body(self, request: web.Request, kind: str) -> bytes:
         """The whole body, refused (413) past the limit before it is buffered: first by
         Content-Length, then while streaming; 408 when it does not arrive in time."""
         settings = self._settings
-        # JSON carries the image as base64 (4/3 of its size); the other forms carry it as is.
-        limit = (
-            settings.http_max_body_bytes
-            if kind == codecs.Kind.JSON
-            else settings.server_max_receive_bytes
-        )
+        limit = self._body_limit(kind)
         length = request.content_length
         if length is not None and length > limit:
             raise _too_large(length, limit)

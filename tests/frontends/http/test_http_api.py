@@ -752,3 +752,29 @@ def test_browser_page_is_self_contained(gateway) -> None:
     )
     assert "default-src 'none'" in headers["content-security-policy"]
     assert '"colours": "classification"' in html and '"detector": "detection"' in html
+
+
+def test_expect_100_continue_refuses_a_declared_oversize_body_before_it_is_sent(
+    gateway, tmp_path: Path
+) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(40 * 1024 * 1024))
+    small = tmp_path / "scene.jpg"
+    small.write_bytes(JPEG)
+    binary = shutil.which("curl")
+    assert binary
+
+    def upload(path: Path) -> tuple[str, int]:
+        run = subprocess.run(
+            [binary, "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_upload}",
+             "-H", "Expect: 100-continue", "-H", "Content-Type: image/jpeg",
+             "--data-binary", f"@{path}", f"{gateway.http_url}/v1/models/detector:detect"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        code, sent = run.stdout.split()
+        return code, int(sent)
+
+    code, sent = upload(big)
+    assert code == "413"
+    assert sent < 1024 * 1024  # curl stopped at the 413 instead of sending 40 MB
+    assert upload(small) == ("200", len(JPEG))
