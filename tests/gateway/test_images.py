@@ -511,7 +511,7 @@ def test_empty_image_is_refused() -> None:
         with pytest.raises(EmptyImage) as caught:
             function(b"", LIMITS)
         assert str(caught.value) == (
-            "image is empty: set DetectRequest.image to the encoded image bytes"
+            "image is empty: set the request's image to the encoded image bytes"
         )
 
 

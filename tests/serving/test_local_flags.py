@@ -14,6 +14,7 @@ from serving.local import config, flags
 from serving.local.errors import ServingError
 from serving.local.flags import FlagError, Options, parse_flags
 from tests.localserver import run_to_exit
+from tests.serving.facts import text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,8 +99,8 @@ def test_missing_model_paths_fail_with_tf_servings_startup_error():
     result = run_to_exit([])
     assert result.returncode == 255
     assert (
-        "Failed to start server. Error: INVALID_ARGUMENT: Both server_options.model_base_path "
-        "and server_options.model_config_file are empty!" in result.stdout
+        text("startup_failed", code="INVALID_ARGUMENT", message=text("no_model_source"))
+        in result.stdout
     )
 
 

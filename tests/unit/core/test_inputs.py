@@ -1,0 +1,114 @@
+"""Input plans read from signatures and the model config; requests built for each form."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+from tensorflow_serving.apis import predict_pb2
+
+from gateway.core.inputs import InputMode, InputPlan, build_input, plan_input
+from gateway.errors import GatewayError, Kind
+from gateway.imaging.images import ImageLimits
+from gateway.models import InputPrep
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.upstream.signatures import Signature, TensorSpec
+
+LIMITS = ImageLimits(32 << 20, 50_000_000)
+
+
+def sig(dtype: int, shape: tuple[int, ...] | None, key: str = "x") -> Signature:
+    return Signature("m", 1, {key: TensorSpec(dtype, shape)}, {})
+
+
+def jpeg(width: int, height: int) -> bytes:
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=95)
+    return out.getvalue()
+
+
+def parsed(request: bytes) -> dict[str, np.ndarray]:
+    message = predict_pb2.PredictRequest.FromString(request)
+    return {k: tf.make_ndarray(v) for k, v in message.inputs.items()}
+
+
+@pytest.mark.parametrize(
+    ("shape", "layout", "size"),
+    [
+        ((1, -1, -1, 3), "NHWC", None),
+        ((-1, 224, 224, 3), "NHWC", (224, 224)),
+        ((-1, 3, 224, 224), "NCHW", (224, 224)),
+        ((1, 320, 256, 3), "NHWC", (256, 320)),
+    ],
+)
+def test_layout_and_fixed_size_come_from_the_signature(shape, layout, size):
+    plan = plan_input(sig(tfs.DT_FLOAT, shape), InputPrep())
+    assert (plan.mode, plan.layout, plan.size) == (InputMode.FLOAT_PIXELS, layout, size)
+
+
+def test_the_config_supplies_what_the_signature_leaves_open():
+    plan = plan_input(
+        sig(tfs.DT_UINT8, (1, -1, -1, 3)), InputPrep(resize=(300, 400), max_side=None)
+    )
+    assert plan.size == (400, 300)
+    plan = plan_input(
+        sig(tfs.DT_STRING, (-1,)), InputPrep(max_side=512, string_encoding="base64url")
+    )
+    assert (plan.mode, plan.max_side, plan.base64url) == (InputMode.ENCODED, 512, True)
+
+
+@pytest.mark.parametrize(
+    ("signature", "prep", "message"),
+    [
+        (sig(tfs.DT_INT32, (1, -1, -1, 3)), InputPrep(), "cannot be used by the gateway"),
+        (sig(tfs.DT_FLOAT, (1, -1, -1, 4)), InputPrep(), "not one RGB image"),
+        (sig(tfs.DT_FLOAT, (8, 224, 224, 3)), InputPrep(), "not one RGB image"),
+        (sig(tfs.DT_UINT8, (1, -1, -1, 3)), InputPrep(scale=0.5), "need a float32 input"),
+        (sig(tfs.DT_FLOAT, (1, 224, 224, 3)), InputPrep(resize=(100, 100)), "input.resize"),
+        (sig(tfs.DT_FLOAT, (1, 224, -1, 3)), InputPrep(), "fixes only one side"),
+        (sig(tfs.DT_FLOAT, (1, 224, 224, 3)), InputPrep(dtype="uint8"), "input.dtype = 'uint8'"),
+        (sig(tfs.DT_STRING, (-1,)), InputPrep(mean=(1, 1, 1)), "takes encoded images"),
+    ],
+)
+def test_signatures_the_config_cannot_fit_are_a_bad_model(signature, prep, message):
+    with pytest.raises(GatewayError) as info:
+        plan_input(signature, prep)
+    assert info.value.kind is Kind.BAD_MODEL and message in info.value.message
+
+
+def test_a_large_jpeg_is_scaled_to_the_fixed_size_and_normalised_nchw():
+    plan = InputPlan(
+        "px", InputMode.FLOAT_PIXELS, "NCHW", (224, 224), None, 1 / 255, (0.5,) * 3, (0.5,) * 3
+    )
+    built = build_input(jpeg(2000, 1500), plan, b"", LIMITS)
+    (values,) = parsed(built.request).values()
+    assert values.shape == (1, 3, 224, 224) and values.dtype == np.float32
+    assert values.min() >= -1.0 and values.max() <= 1.0
+    assert (built.width, built.height) == (2000, 1500)
+
+
+def test_max_side_keeps_the_aspect_ratio_and_boxes_stay_normalised():
+    plan = InputPlan("px", InputMode.PIXELS, max_side=1000)
+    built = build_input(jpeg(4000, 3000), plan, b"", LIMITS)
+    (values,) = parsed(built.request).values()
+    assert values.shape == (1, 750, 1000, 3)
+    assert (built.width, built.height, built.transform) == (4000, 3000, None)
+
+
+def test_a_string_model_gets_a_smaller_jpeg_over_max_side_and_the_original_under_it():
+    big, small = jpeg(3000, 2000), jpeg(800, 600)
+    plan = InputPlan("s", InputMode.ENCODED, max_side=1024)
+    (sent,) = parsed(build_input(big, plan, b"", LIMITS).request)["s"]
+    assert len(sent) < len(big) / 3
+    assert Image.open(io.BytesIO(sent)).size == (1024, 683)
+    (sent,) = parsed(build_input(small, plan, b"", LIMITS).request)["s"]
+    assert sent == small
+    b64 = InputPlan("s", InputMode.ENCODED, base64url=True)
+    (sent,) = parsed(build_input(small, b64, b"", LIMITS).request)["s"]
+    assert base64.urlsafe_b64decode(sent) == small

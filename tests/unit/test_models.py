@@ -1,0 +1,139 @@
+"""The per-model config file: what it sets, and the clear refusals of bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.models import (
+    CLASSIFICATION,
+    DETECTION,
+    InputPrep,
+    ModelConfigError,
+    default_registry,
+    load_registry,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def config(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "labels.txt").write_text("cat\ndog\n")
+    (tmp_path / "label_map.pbtxt").write_text("item { id: 1 name: 'person' }\n")
+    path = tmp_path / "models.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_reference_config_loads_every_reference_model():
+    registry = load_registry(ROOT / "serving" / "gateway-models.toml", "detector")
+    assert registry.default_model == "detector"
+    assert registry.default_for(DETECTION) == "detector"
+    assert registry.default_for(CLASSIFICATION) == "classifier"
+    logits = registry.get("classifier_logits", CLASSIFICATION)
+    assert logits.input == InputPrep(
+        scale=1 / 255, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), layout="NCHW"
+    )
+    assert logits.labels.label(2) == "blue" and logits.labels.index("black") == 7
+    assert registry.get("classifier", CLASSIFICATION).input.string_encoding == "base64url"
+    assert registry.get("detector", DETECTION).labels.label(1)
+
+
+def test_without_a_file_every_model_is_detection():
+    registry = default_registry("detector")
+    assert registry.get("anything", DETECTION).task == DETECTION
+    assert registry.default_for(DETECTION) == "detector"
+    assert registry.default_for(CLASSIFICATION) is None
+
+
+def test_labels_and_defaults_are_read_relative_to_the_file(tmp_path):
+    registry = load_registry(
+        config(
+            tmp_path,
+            """
+default_model = "resnet"
+[models.resnet]
+task = "classification"
+labels = "labels.txt"
+top_k = 2
+min_score = 0.1
+[models.resnet.input]
+resize = [224, 224]
+[models.ssd]
+task = "detection"
+label_map = "label_map.pbtxt"
+max_detections = 20
+[models.ssd.input]
+max_side = 1024
+""",
+        ),
+        "detector",
+    )
+    resnet = registry.get("resnet", CLASSIFICATION)
+    assert (resnet.top_k, resnet.min_score, resnet.input.resize) == (2, 0.1, (224, 224))
+    assert resnet.labels.label(1) == "dog"
+    assert registry.default_for(CLASSIFICATION) == "resnet"
+    assert registry.default_for(DETECTION) is None  # --model is overridden by the file
+    ssd = registry.get("ssd", DETECTION)
+    assert (ssd.max_detections, ssd.input.max_side, ssd.labels.label(1)) == (20, 1024, "person")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[models.a]\ntask = "detection"\nlable_map = "x"\n', "unknown key 'models.a.lable_map'"),
+        ("colour = 1\n", "unknown key 'colour'"),
+        ('[models.a]\ntask = "segmentation"\n', "models.a.task must be one of"),
+        (
+            '[models.a]\ntask = "detection"\n[models.a.input]\nlayuot = "NCHW"\n',
+            "'models.a.input.layuot'",
+        ),
+        (
+            '[models.a]\ntask = "classification"\nlabel_map = "label_map.pbtxt"\n',
+            "models.a.label_map is an OD API (detection) label map",
+        ),
+        ('[models.a]\ntask = "detection"\ntop_k = 3\n', "models.a.top_k does not apply"),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.input]\n'
+            "resize = [224, 224]\nmax_side = 512\n",
+            "both resize and max_side",
+        ),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.input]\ndtype = "uint8"\nscale = 0.5\n',
+            "scale, mean and std need dtype = 'float32'",
+        ),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.input]\n'
+            'string_encoding = "base64url"\nmean = [1, 2, 3]\n',
+            "string_encoding is for models that take encoded images",
+        ),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.input]\nstd = [1, 0, 1]\n',
+            "std must not contain 0",
+        ),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.input]\nmean = [1, 2]\n',
+            "mean must be three numbers",
+        ),
+        (
+            '[models.a]\ntask = "detection"\nmin_score = 2\n',
+            "min_score must be a number in [0.0, 1.0]",
+        ),
+        ('[models.a]\ntask = "classification"\nlabels = "missing.txt"\n', "cannot read labels"),
+        (
+            '[defaults]\ndetection = "c"\n[models.c]\ntask = "classification"\n',
+            "configured with task = 'classification'",
+        ),
+        ("[models.a\n", "not valid TOML"),
+    ],
+)
+def test_bad_files_are_refused_naming_the_key(tmp_path, text, message):
+    with pytest.raises(ModelConfigError, match=r"models\.toml") as info:
+        load_registry(config(tmp_path, text), "detector")
+    assert message in str(info.value)
+
+
+def test_an_unreadable_file_is_named(tmp_path):
+    with pytest.raises(ModelConfigError, match=r"cannot read model config .*nope\.toml"):
+        load_registry(tmp_path / "nope.toml", "detector")
