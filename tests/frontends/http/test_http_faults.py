@@ -270,3 +270,40 @@ def test_workers_share_the_http_port_too(http_tfs: LocalServer, tmp_path: Path) 
         )
         assert 'detection_gateway_requests_total{code="OK",method="POST :detect"} 6.0' in text
         assert gw.stop() == 0
+
+
+def test_tls_settings_cover_the_http_door_too(http_tfs: LocalServer, tmp_path: Path) -> None:
+    """The gRPC port's certificate and client CA (mTLS) apply to the HTTP port as well."""
+    import ssl
+
+    from tests.certs import make_certificates
+
+    certs = make_certificates(tmp_path)
+    args = [
+        f"--tls-cert-file={certs.server.cert}",
+        f"--tls-key-file={certs.server.key}",
+        f"--tls-client-ca-file={certs.ca}",
+    ]
+    with run_gateway(http_tfs.target, args, tmp_path, wait_ready=False, http=True) as gw:
+        trusted = ssl.create_default_context(cafile=str(certs.ca))
+        trusted.load_cert_chain(str(certs.client.cert), str(certs.client.key))
+        url = f"https://127.0.0.1:{gw.http_port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=5, context=trusted) as r:
+                    assert r.status == 200
+                    break
+            except (OSError, urllib.error.HTTPError):
+                assert time.monotonic() < deadline, "HTTPS /ping did not answer 200"
+                time.sleep(0.2)
+        request = urllib.request.Request(
+            f"{url}{DETECT}", data=IMAGE, headers={"Content-Type": "image/jpeg"}
+        )
+        with urllib.request.urlopen(request, timeout=60, context=trusted) as response:
+            assert json.loads(response.read())["detections"]
+        no_client_cert = ssl.create_default_context(cafile=str(certs.ca))
+        with pytest.raises(OSError):  # the handshake fails: mTLS wants a client certificate
+            urllib.request.urlopen(f"{url}/ping", timeout=5, context=no_client_cert).read()
+        with pytest.raises(OSError):  # plaintext HTTP to a TLS port gets no answer
+            urllib.request.urlopen(f"http://127.0.0.1:{gw.http_port}/ping", timeout=5).read()
