@@ -23,6 +23,7 @@ import base64
 import http.client
 import json
 import multiprocessing
+import re
 import subprocess
 import sys
 import time
@@ -57,7 +58,7 @@ from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import PREDICT, request_envelope
 
 MODEL = "encoded"  # string mode: the image is forwarded, so the doors' own cost shows
-MARKER = "<!-- bench/http.py: everything below is rewritten by `python -m bench.http` -->"
+TITLE = "## HTTP door against the gRPC door (bench/http.py)"
 OVERHEAD_RATIO_TARGET = 1.3
 THROUGHPUT_RATIO_TARGET = 0.7
 START_TARGET = 1.0  # seconds
@@ -320,9 +321,15 @@ def verdict(ok: bool) -> str:
 
 
 def write(out: Path, section: list[str]) -> None:
+    """Replaces this benchmark's section of results.md (or appends it); leaves the rest."""
     text = out.read_text() if out.exists() else "# Benchmark results\n"
-    text = text.split(MARKER, 1)[0].rstrip() + "\n\n" + MARKER + "\n\n" + "\n".join(section) + "\n"
-    out.write_text(text)
+    new = "\n".join(section).rstrip() + "\n\n"
+    pattern = re.compile(rf"^{re.escape(TITLE)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: new, text)
+    else:
+        text = text.rstrip() + "\n\n" + new
+    out.write_text(text.rstrip() + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -351,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     http_rate, grpc_rate = facts["rate-HTTP raw JPEG"], facts["rate-gRPC"]
     rate_ratio = http_rate / grpc_rate
     section = [
-        "## HTTP door against the gRPC door (bench/http.py)",
+        TITLE,
         "",
         f"`python -m bench.http` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{time.monotonic() - started:.0f} s: {machine()}. Load average {load_before} before, "

@@ -166,8 +166,8 @@ def test_the_local_server_accepts_the_same_flags_and_files(tmp_path: Path) -> No
     assert batching.pad_variable_length_inputs  # type: ignore[attr-defined]
 
 
-# The detectors Dockerfile.gateway configures label maps for. detector_fixed and
-# detector_float need the same entry there (Dockerfile.gateway is not ours; see the report).
+# The detectors Dockerfile.gateway sets GATEWAY_LABEL_MAPS for. detector_fixed and
+# detector_float use the same label map and need the same entry there.
 @pytest.mark.parametrize("name", ["detector", "detector_encoded"])
 def test_label_maps_ship_with_the_gateway_image_too(name: str) -> None:
     gateway_dockerfile = (ROOT / "Dockerfile.gateway").read_text()

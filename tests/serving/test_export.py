@@ -337,3 +337,20 @@ def test_warmup_requests_run_on_every_exported_model(model_repo: Path, name: str
         else:
             scores = outputs.get("probabilities", outputs.get("logits"))
             assert scores is not None and scores.shape == (1, 8)
+
+
+def test_the_list_of_reference_models_imports_without_tensorflow() -> None:
+    """The gateway's dev launcher reads it; importing TensorFlow there would cost seconds."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from serving.reference import REFERENCE_MODELS, read_labels; "
+        "assert 'tensorflow' not in sys.modules and 'numpy' not in sys.modules; "
+        "print(len(REFERENCE_MODELS), len(read_labels()))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["7", "8"]

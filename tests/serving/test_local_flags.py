@@ -130,7 +130,15 @@ def test_repository_config_files_parse():
         monitoring_config_file=str(REPO_ROOT / "serving/monitoring.config"),
     )
     startup = config.read_startup_config(options)
-    assert [m.name for m in startup.models] == ["detector", "detector_encoded"]
+    assert [m.name for m in startup.models] == [
+        "detector",
+        "detector_encoded",
+        "detector_fixed",
+        "detector_float",
+        "classifier",
+        "classifier_scores",
+        "classifier_logits",
+    ]
     assert all(Path(m.base_path).is_absolute() for m in startup.models)
     assert startup.batching is not None
     config.check_allowed_batch_sizes(startup.batching)
