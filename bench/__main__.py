@@ -156,7 +156,7 @@ def gateway(upstream_target: str, workers: int = 1) -> Iterator[Gateway]:
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--host=127.0.0.1", f"--port={port}",
          f"--upstream={upstream_target}", "--model=pixels", f"--metrics-port={metrics_port}",
-         f"--workers={workers}"],
+         f"--workers={workers}", "--http-port=0"],
         cwd=ROOT, stderr=subprocess.DEVNULL,  # INFO request logs (the default) to /dev/null
     )  # fmt: skip
     target = f"127.0.0.1:{port}"

@@ -8,6 +8,7 @@ import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway import metrics
 from gateway.config import Settings
@@ -17,6 +18,9 @@ from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.readiness import Readiness
 from gateway.upstream.client import TFServingClient
+
+if TYPE_CHECKING:
+    from gateway.frontends.http.server import HttpDoor
 
 log = logging.getLogger("gateway.server")
 
@@ -42,14 +46,22 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await grpc.statuses.start()
     readiness = Readiness(client, registry.default_model, settings.health_interval)
     readiness.subscribe(grpc.statuses.on_readiness)
+    http: HttpDoor | None = None
+    if settings.http_port:
+        # Imported only when enabled: aiohttp adds to the footprint only when it is used.
+        from gateway.frontends.http.server import HttpDoor
+
+        http = HttpDoor(settings, pipeline, client, registry, readiness)
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
+    http_port = await http.start() if http is not None else 0
     readiness_task = asyncio.create_task(readiness.run())
     log.info(
         "gateway listening",
         extra={
             "fields": {
                 "address": f"{settings.host}:{grpc.port}",
+                "http_port": http_port or None,
                 "upstream": settings.upstream,
                 "model": registry.default_model,
                 "models": sorted(registry.models),
@@ -69,13 +81,19 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await stop.wait()
 
     log.info("shutting down", extra={"fields": {"grace_seconds": settings.shutdown_grace}})
-    # Readiness goes NOT_SERVING first so load balancers stop sending new work, then the
-    # server refuses new RPCs and waits for the in-flight ones up to the grace period.
+    # Readiness goes NOT_SERVING (and /ping 503) first so load balancers stop sending new
+    # work, then both doors refuse new requests and wait for the in-flight ones up to the
+    # grace period, side by side.
     await grpc.health.enter_graceful_shutdown()
+    if http is not None:
+        http.drain()
     readiness_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await readiness_task
-    await grpc.server.stop(settings.shutdown_grace)
+    stops = [grpc.server.stop(settings.shutdown_grace)]
+    if http is not None:
+        stops.append(http.stop())
+    await asyncio.gather(*stops)
     await client.close()
     executor.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")

@@ -371,3 +371,16 @@ class TFServingClient:
         return any(
             s.state == tfs.ModelVersionStatus.AVAILABLE for s in response.model_version_status
         )
+
+    async def model_status(self, model: ModelRef, timeout: float) -> tfs.GetModelStatusResponse:
+        """TF Serving's status of a model's versions (all, or the one named by version or
+        label); GatewayError (NOT_FOUND for an unknown model) otherwise. Retried like the
+        other calls: it only reads."""
+        request = tfs.GetModelStatusRequest(model_spec=_model_spec(model, signature=False))
+        try:
+            response: tfs.GetModelStatusResponse = await self._call(
+                "GetModelStatus", self._status, request, timeout
+            )
+        except grpc.RpcError as e:
+            raise self._error(e, model) from None
+        return response

@@ -37,10 +37,15 @@ class GatewayProcess:
     port: int
     metrics_port: int
     log_path: Path
+    http_port: int = 0  # 0: the HTTP door is off (run_gateway(..., http=True) turns it on)
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
@@ -87,9 +92,14 @@ class GatewayProcess:
 
 @contextmanager
 def run_gateway(
-    upstream: str, args: Sequence[str] = (), log_dir: Path | None = None, wait_ready: bool = True
+    upstream: str,
+    args: Sequence[str] = (),
+    log_dir: Path | None = None,
+    wait_ready: bool = True,
+    http: bool = False,
 ) -> Iterator[GatewayProcess]:
     port, metrics_port = free_port(), free_port()
+    http_port = free_port() if http else 0
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
     log_path = log_dir / f"gateway-{port}.log"
     command = [
@@ -99,11 +109,12 @@ def run_gateway(
         f"--metrics-port={metrics_port}",
         f"--upstream={upstream}",
         "--health-interval=0.3",
+        f"--http-port={http_port}",  # off unless asked: tests run gateways side by side
         *args,
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    gateway = GatewayProcess(process, port, metrics_port, log_path)
+    gateway = GatewayProcess(process, port, metrics_port, log_path, http_port)
     try:
         if wait_ready:
             gateway.wait_health(SERVING, SERVICE)
