@@ -10,6 +10,7 @@ K8S_NODE := k8s/validate/node_modules/.package-lock.json
 
 GATEWAY_PORT ?= 50051
 SERVING_PORT ?= 8500
+HTTP_PORT ?= 8080
 
 .PHONY: venv proto models test lint typecheck pytest run bench clean k8s-check
 
@@ -78,7 +79,7 @@ k8s-check: $(STAMP) $(K8S_NODE)
 	$(PY) k8s/validate/check.py
 
 run: $(STAMP) models
-	$(PY) -m tools.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) --serving-port $(SERVING_PORT)
+	$(PY) -m tools.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) --serving-port $(SERVING_PORT) --http-port $(HTTP_PORT)
 
 # Writes bench/results.md (a few minutes). h2load (Debian's nghttp2-client) generates the load
 # when it is installed or installable here; otherwise bench falls back to Python clients.
