@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -26,8 +26,11 @@ from google.protobuf import json_format
 from PIL import Image
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfswire
+from gateway.upstream.client import PREDICT
 from serving import scenes
 from serving.export import export_models
+from tests.faultupstream import FaultyUpstream
 from tests.gateway.gatewayproc import GatewayProcess, run_gateway
 from tests.localserver import free_port, run_local_server
 
@@ -568,3 +571,124 @@ def test_python_client_cli_prints_json_lines(gateway, tmp_path):
     assert len(lines) == 2
     assert lines[0]["image"] == str(path)
     assert len(lines[0]["detections"]) == len(scene.boxes)
+
+
+# --- max_side: big photos are sent at the size the model needs ---------------------------
+
+EXAMPLE_MODEL_CONFIG = Path(__file__).resolve().parents[2] / "serving" / "gateway-models.toml"
+
+
+class RecordingUpstream(FaultyUpstream):
+    """Forwards to the local TF Serving and keeps every Predict request's bytes."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__(backend)
+        self.predicts: list[bytes] = []
+
+    def _handler(self, path: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        handle = super()._handler(path)
+        if path != PREDICT:
+            return handle
+
+        def record(request: bytes, context: grpc.ServicerContext) -> bytes:
+            self.predicts.append(request)
+            return handle(request, context)
+
+        return record
+
+
+@pytest.fixture(scope="module")
+def recording(tfs) -> Iterator[RecordingUpstream]:
+    with RecordingUpstream(tfs.target) as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="module")
+def scaled_stub(recording: RecordingUpstream, tmp_path_factory) -> Iterator[object]:
+    """A gateway with the example model config (serving/gateway-models.toml: max_side 1024
+    for the reference detectors), calling TF Serving through `recording`."""
+    args = [f"--model-config={EXAMPLE_MODEL_CONFIG}"]
+    logs = tmp_path_factory.mktemp("scaled-logs")
+    with run_gateway(recording.target, args, log_dir=logs) as gw, gw.channel() as channel:
+        yield gw.stub(channel)
+
+
+def _sent_size(request: bytes) -> tuple[int, int]:
+    """(width, height) of the image in a PredictRequest: the pixel tensor's shape, or the
+    header of the encoded image in a string tensor."""
+    (tensor,) = tfswire.PredictRequest.FromString(request).inputs.values()
+    if tensor.dtype == tfswire.DT_STRING:
+        (value,) = tensor.string_val
+        with Image.open(io.BytesIO(value)) as image:
+            return image.size
+    _, height, width, _ = (d.size for d in tensor.tensor_shape.dim)
+    return width, height
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(
+    ("seed", "width", "height", "fmt"),
+    [
+        (110, 4032, 3024, "JPEG"),  # 12 MP: DCT-scaled decode (1/2), then resized to 1024x768
+        (111, 2048, 1536, "JPEG"),  # exactly 1/2: the DCT-scaled decode alone
+        (112, 1500, 1000, "PNG"),  # no DCT scaling: resized only, to 1024x683
+        (113, 3024, 4032, "JPEG"),  # portrait
+    ],
+)
+def test_max_side_sends_the_scaled_image_and_boxes_stay_within_1px_at_the_sent_scale(
+    scaled_stub, recording, name, seed, width, height, fmt
+):
+    longest = max(width, height)
+    scale = 1024 / longest
+    # Rectangles at least ~12 px and 4 px apart once scaled down.
+    rng = np.random.default_rng(seed)
+    scene = scenes.generate_scene(
+        rng, width, height, 8, noise_sigma=4.0, min_side=round(12 / scale),
+        max_side=longest // 4, gap=round(4 / scale),
+    )  # fmt: skip
+    data = scenes.encode(scene.pixels, fmt, quality=92)
+    before = len(recording.predicts)
+    result = detect(scaled_stub, data, model=model(name), timeout=120)
+    [sent] = recording.predicts[before:]
+    sent_w, sent_h = _sent_size(sent)
+    assert (sent_w, sent_h) == (round(width * scale), round(height * scale))
+    if name == "detector_encoded":
+        assert len(sent) < len(data) / 2  # a JPEG of the scaled image, not the original
+    assert (result.image_width, result.image_height) == (width, height)
+    # At the scale the model saw: truth scaled down, the model's (normalised) box scaled up.
+    unmatched = list(result.detections)
+    for truth in scene.boxes:
+        want = (
+            truth.x_min * sent_w / width, truth.y_min * sent_h / height,
+            truth.x_max * sent_w / width, truth.y_max * sent_h / height,
+        )  # fmt: skip
+
+        def at_sent_scale(d: pb.Detection) -> tuple[float, float, float, float]:
+            n = d.normalized_box
+            return n.x_min * sent_w, n.y_min * sent_h, n.x_max * sent_w, n.y_max * sent_h
+
+        match = next(
+            (
+                d
+                for d in unmatched
+                if d.class_id == truth.class_id
+                and max(abs(a - b) for a, b in zip(at_sent_scale(d), want, strict=True)) <= 1.0
+            ),
+            None,
+        )
+        assert match is not None, f"{truth} (sent scale {want}) not found in {result.detections}"
+        unmatched.remove(match)
+    assert [d for d in unmatched if d.score >= 0.5] == []
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_max_side_leaves_an_image_within_it_as_it_is(scaled_stub, recording, name):
+    scene = scene_for(114, 1000, 700, 6)
+    data = scenes.encode(scene.pixels, "JPEG")
+    before = len(recording.predicts)
+    assert_matches(detect(scaled_stub, data, model=model(name)), scene)
+    [sent] = recording.predicts[before:]
+    assert _sent_size(sent) == (1000, 700)
+    if name == "detector_encoded":
+        (tensor,) = tfswire.PredictRequest.FromString(sent).inputs.values()
+        assert tensor.string_val == [data]  # the caller's bytes, untouched
