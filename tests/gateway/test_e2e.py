@@ -13,7 +13,6 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -31,7 +30,7 @@ from gateway.upstream.client import PREDICT
 from serving import scenes
 from serving.export import export_models
 from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
+from tests.gateway.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.localserver import free_port, run_local_server
 
 MODELS = ("detector", "detector_encoded")
@@ -313,30 +312,55 @@ def test_stream_results_come_back_in_request_order(stub):
         assert_matches(result, frame)
 
 
-def test_stream_reads_at_most_a_window_of_frames_ahead(gateway, stub):
-    # What the client has handed to gRPC says little: HTTP/2 buffers hold a varying number of
-    # frames. The gateway's own in-flight count is what the window bounds, so sample it while
-    # frames that take a while each (about 0.5 s of model time) stream through.
-    frame = scenes.encode(scene_for(70, 1600, 1200, 12, noise=12).pixels, "PNG")
-    seen: list[float] = []
-    streaming = threading.Event()
-    streaming.set()
+@pytest.fixture(scope="module")
+def windowed(recording: RecordingUpstream, tmp_path_factory) -> Iterator[GatewayProcess]:
+    """A gateway with a stream window of STREAM_WINDOW, calling TF Serving via `recording`."""
+    args = [f"--stream-window={STREAM_WINDOW}"]
+    logs = tmp_path_factory.mktemp("windowed-logs")
+    with run_gateway(recording.target, args, log_dir=logs) as gw:
+        yield gw
 
-    def sample() -> None:
-        while streaming.is_set():
-            seen.append(gateway.in_flight())
-            time.sleep(0.01)
 
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
-        requests = (pb.DetectRequest(image=frame) for _ in range(8))
-        results = list(stub.DetectStream(requests, timeout=300))
-    finally:
-        streaming.clear()
-        sampler.join()
-    assert len(results) == 8
-    assert max(seen) == STREAM_WINDOW, sorted(set(seen))
+def test_stream_stops_reading_frames_while_the_client_does_not_read_results(windowed, recording):
+    # Read-side back-pressure: a client that sends frames as fast as gRPC takes them but
+    # reads no results. The gateway answers its window of frames; gRPC sends results until
+    # the client's HTTP/2 flow-control window is full; then the gateway's next result waits,
+    # and it must stop taking frames. Frames accepted (one Predict upstream each) must stay
+    # within what that window holds plus the gateway's window, far below what is offered.
+    # The client keeps HTTP/2's default 64 KiB window: with BDP probing (gRPC's default)
+    # its window grows while it does not read, and buffers hundreds of small results.
+    scene = scene_for(70, 320, 240, 12, noise=0)
+    frame = scenes.encode(scene.pixels, "PNG")
+    offered = 240
+    before = len(recording.predicts)
+    requests = (pb.DetectRequest(image=frame, request_id=str(i)) for i in range(offered))
+    options = [*CHANNEL_OPTIONS, ("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(windowed.target, options=options) as channel:
+        results = windowed.stub(channel).DetectStream(requests, timeout=600)
+        # Nothing reads `results` yet.
+        accepted = _settled(lambda: len(recording.predicts) - before, windowed)
+        # The client reads: the gateway takes the rest; every result arrives, in order.
+        got = list(results)
+    assert [r.request_id for r in got] == [str(i) for i in range(offered)]
+    assert len(recording.predicts) - before == offered
+    # Each result takes its size plus gRPC's 5-byte message prefix of the 65,535-byte window.
+    buffered = 65_535 // (got[0].ByteSize() + 5)
+    assert STREAM_WINDOW < accepted <= buffered + STREAM_WINDOW + 2 < offered, (accepted, buffered)
+
+
+def _settled(count: Callable[[], int], gateway: GatewayProcess, quiet: float = 3.0) -> int:
+    """`count()` once the gateway has nothing in flight and `count()` stayed the same for
+    `quiet` seconds of checks (a stall to prove: a longer `quiet` only makes it stricter)."""
+    deadline = time.monotonic() + 120
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = count()
+        if now != last or gateway.in_flight() != 0:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+        time.sleep(0.05)
+    raise AssertionError(f"the gateway kept taking frames: {last} accepted")
 
 
 def test_a_bad_frame_gets_its_own_error_and_the_stream_goes_on(stub):
@@ -486,15 +510,19 @@ def test_client_deadline_propagates_to_tf_serving(stub, gateway):
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - started < 5
     # The gateway gave up on TF Serving at the client's deadline, not its own 30 s timeout.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        lines = [r for r in gateway.records() if r.get("request_id") == request_id]
-        if lines:
-            break
-        time.sleep(0.1)
-    [line] = lines
+    [line] = _log_lines(gateway, request_id)
     assert line["code"] in ("DEADLINE_EXCEEDED", "CANCELLED")
     assert line["latency_ms"]["total"] < 2000
+
+
+def _log_lines(gateway: GatewayProcess, request_id: str) -> list[dict]:
+    """The gateway's log lines for `request_id`, once there are any. The line is written
+    when the request ends, which the caller may see a moment before it is flushed."""
+    deadline = time.monotonic() + 30
+    while not (lines := [r for r in gateway.records() if r.get("request_id") == request_id]):
+        assert time.monotonic() < deadline, f"no log line for {request_id}"
+        time.sleep(0.02)
+    return lines
 
 
 def test_unreachable_tf_serving_is_unavailable(tmp_path):
@@ -513,8 +541,7 @@ def test_unreachable_tf_serving_is_unavailable(tmp_path):
 def test_one_json_log_line_per_request_without_image_bytes(stub, gateway):
     data = scenes.encode(scene_for(96).pixels, "PNG")
     detect(stub, data, request_id="log-check")
-    time.sleep(0.2)
-    [line] = [r for r in gateway.records() if r.get("request_id") == "log-check"]
+    [line] = _log_lines(gateway, "log-check")
     assert line["method"] == "Detect" and line["code"] == "OK"
     assert line["model"] == "detector" and line["version"] == 2
     assert set(line["latency_ms"]) == {"decode", "upstream", "total"}
