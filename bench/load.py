@@ -40,6 +40,10 @@ class Latencies:
     rate: float = float("nan")  # completed requests per second
 
     def p(self, q: float) -> float:
+        """The q-th percentile in ms; NaN when no call completed (a --quick run on a busy
+        machine can end its measuring window before the first answer)."""
+        if not self.ms:
+            return float("nan")
         return float(np.percentile(np.asarray(self.ms), q))
 
 

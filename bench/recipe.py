@@ -10,7 +10,8 @@ heap, where freed memory is reused without faults. Every figure is therefore mea
 new process per allocator state:
 
 - default: glibc as every process starts (the gateway's image sets no MALLOC_ variable);
-- tuned: MALLOC_MMAP_THRESHOLD_=33554432.
+- tuned: MALLOC_MMAP_THRESHOLD_=33554432;
+- tuned+trim: also MALLOC_TRIM_THRESHOLD_=268435456 (see STATES).
 
 `python -m bench.recipe build` prints request-building medians as JSON (section 1);
 `python -m bench.recipe e2e --upstream ... --gateway ...` prints end-to-end latencies of the
@@ -35,6 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 STATES: dict[str, dict[str, str]] = {
     "default": {},
     "tuned": {"MALLOC_MMAP_THRESHOLD_": "33554432"},
+    # A fixed mmap threshold also fixes the trim threshold at 128 KiB, so freed blocks at
+    # the top of the heap go back to the kernel and fault in again; this keeps them.
+    "tuned+trim": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"},
 }
 
 
@@ -51,11 +55,11 @@ def in_state(state: str, *args: str, timeout: float = 1800) -> Any:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def _build(names: list[str], repeat: int) -> dict[str, Any]:
+def _build(names: list[str], repeat: int, parts: tuple[str, ...]) -> dict[str, Any]:
     from bench import building, photos
 
     chosen = {k: v for k, v in photos.load().items() if k in names}
-    rows, parse_us = building.run(chosen, repeat)
+    rows, parse_us = building.run(chosen, repeat, parts)
     return {"rows": [asdict(r) for r in rows], "parse_us": parse_us}
 
 
@@ -103,6 +107,7 @@ def main() -> None:
     build = sub.add_parser("build")
     build.add_argument("--images", required=True, help="comma-separated names from bench.photos")
     build.add_argument("--repeat", type=int, default=25)
+    build.add_argument("--part", choices=("recipe", "gateway"), help="only this one")
     e2e = sub.add_parser("e2e")
     e2e.add_argument("--upstream", required=True)
     e2e.add_argument("--gateway", required=True)
@@ -110,7 +115,8 @@ def main() -> None:
     e2e.add_argument("--calls", type=int, default=9)
     args = parser.parse_args()
     if args.what == "build":
-        result = _build(args.images.split(","), args.repeat)
+        parts = (args.part,) if args.part else ("recipe", "gateway")
+        result = _build(args.images.split(","), args.repeat, parts)
     else:
         result = _e2e(args.upstream, args.gateway, args.image, args.calls)
     print(json.dumps(result))
