@@ -67,7 +67,7 @@ FULL = Scale(
     building_repeat=25, paired_calls=200, load_seconds=8.0, start_runs=5, rounds=3, e2e_calls=9
 )
 QUICK = Scale(
-    building_repeat=2, paired_calls=5, load_seconds=0.5, start_runs=1, rounds=1, e2e_calls=1
+    building_repeat=2, paired_calls=5, load_seconds=1.5, start_runs=1, rounds=1, e2e_calls=1
 )
 
 
