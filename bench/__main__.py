@@ -543,7 +543,9 @@ def workers_estimate(facts: Facts, mode: str) -> tuple[float, float]:
     Computed for every pair of a one-worker and a two-worker run; (lowest, highest)."""
     one = [g for g, _ in facts[f"cores-{mode}"][1]]
     others = [o for _, o in facts[f"cores-{mode}"][2]]
-    bounds = [(2 - o) / g for g in one for o in others]
+    bounds = [(2 - o) / g for g in one for o in others if g > 0]
+    if not bounds:  # a --quick run on a busy machine may measure no CPU time at all
+        return float("nan"), float("nan")
     return min(bounds), max(bounds)
 
 
