@@ -197,3 +197,37 @@ def test_a_fixed_size_detector_returns_boxes_in_original_pixels(channel, seed, w
         assert abs(best.box.y_min - truth.y_min) <= tolerance_y
         assert abs(best.box.y_max - truth.y_max) <= tolerance_y
         assert best.label == truth.label.replace("_", " ")
+
+
+@pytest.mark.parametrize("service", ["detect", "classify"])
+def test_a_stream_client_that_waits_for_each_answer_gets_it(channel, service):
+    """Lockstep, as a video client that sends the next frame only after the last answer:
+    every frame is answered while the client still holds its side of the stream open."""
+    import queue
+
+    from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+
+    image = encode(striped(np.random.default_rng(5), 160, 90)[0], "PNG", 1)
+    answered: queue.Queue[str] = queue.Queue()
+    sent: list[str] = []
+
+    def frames():
+        for i in range(5):
+            sent.append(str(i))
+            if service == "detect":
+                yield pb.DetectRequest(image=image, request_id=str(i))
+            else:
+                yield cpb.ClassifyRequest(image=image, request_id=str(i))
+            # The next frame only after this one's answer (a hang would time out the call).
+            assert answered.get(timeout=60) == str(i)
+
+    if service == "detect":
+        call = pb_grpc.DetectionServiceStub(channel).DetectStream(frames(), timeout=120)
+    else:
+        call = cpb_grpc.ClassificationServiceStub(channel).ClassifyStream(frames(), timeout=120)
+    received = []
+    for result in call:
+        assert not result.HasField("error")
+        received.append(result.request_id)
+        answered.put(result.request_id)
+    assert received == sent == ["0", "1", "2", "3", "4"]

@@ -1021,7 +1021,13 @@ def test_config_copies_match_the_serving_originals() -> None:
     from tensorflow_serving.config import model_server_config_pb2
 
     config = K8S / "base" / "config"
-    for name in ("batching.config", "monitoring.config", "label_map.pbtxt"):
+    for name in (
+        "batching.config",
+        "monitoring.config",
+        "label_map.pbtxt",
+        "labels.txt",
+        "gateway-models.toml",
+    ):
         assert (config / name).read_text() == (ROOT / "serving" / name).read_text(), name
     # models.config: the same models and labels, with the image's absolute base paths.
     ours = text_format.Parse(
@@ -1037,17 +1043,26 @@ def test_config_copies_match_the_serving_originals() -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_gateway_label_maps_come_from_a_configmap(target: str) -> None:
-    from gateway.labels import Labels
+def test_gateway_model_config_and_its_labels_come_from_a_configmap(
+    target: str, tmp_path: Path
+) -> None:
+    from gateway.models import load_registry
+    from serving.reference import REFERENCE_MODELS
 
     objs = rendered(target)
     settings = gateway_settings(objs)
     files = configmap_files(objs, find(objs, "Deployment", GATEWAY), "gateway")
-    assert settings.label_maps, "GATEWAY_LABEL_MAPS is not set"
-    for model, path in settings.label_maps.items():
-        assert str(path) in files, f"{model}: {path} is not mounted from a ConfigMap"
-        labels = Labels.parse_label_map(files[str(path)], str(path))
-        assert labels.label(1) != "class_1", model
+    assert settings.model_config, "GATEWAY_MODEL_CONFIG is not set"
+    assert settings.model_config in files, f"{settings.model_config} is not mounted"
+    # The config names its label files relative to itself: they must be mounted beside it.
+    directory = Path(settings.model_config).parent
+    for path, text in files.items():
+        if Path(path).parent == directory:
+            (tmp_path / Path(path).name).write_text(text)
+    registry = load_registry(tmp_path / Path(settings.model_config).name, settings.model)
+    for model, task in REFERENCE_MODELS.items():
+        config = registry.get(model, task)
+        assert config.task == task and config.labels.names, model
 
 
 # ---- no mesh: NetworkPolicies -----------------------------------------------------------------

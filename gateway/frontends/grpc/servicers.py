@@ -10,7 +10,6 @@ stream. Every call carries `x-request-id` back in its trailing metadata.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
@@ -93,11 +92,32 @@ async def _stream(
     to_result: Callable[[Outcome], ResultT],
     error_result: Callable[[GatewayError, str], ResultT],
 ) -> AsyncIterator[ResultT]:
+    """Reads frames in one task and answers them in order as each result is ready.
+
+    Back-pressure: at most `stream_window` frames are read ahead of the last result handed
+    to gRPC (which waits on the client's flow control), so a slow reader slows the sender.
+    A client that waits for each answer before sending the next frame gets it at once.
+    """
     header_id, trace = _metadata(context)
     stream_id = header_id or new_request_id()
     context.set_trailing_metadata((("x-request-id", stream_id),))
-    window = pipeline.settings.stream_window
-    pending: deque[tuple[str, asyncio.Task[Outcome]]] = deque()
+    window = asyncio.Semaphore(pipeline.settings.stream_window)
+    # (request id, its work) in request order; None once the client has sent everything.
+    pending: asyncio.Queue[tuple[str, asyncio.Task[Outcome]] | None] = asyncio.Queue()
+    in_flight: set[asyncio.Task[Outcome]] = set()
+
+    async def read() -> None:
+        index = 0
+        async for request in requests:
+            await window.acquire()
+            request_id = getattr(request, "request_id", "") or f"{stream_id}-{index}"
+            index += 1
+            timeout = context.time_remaining()
+            work = pipeline.run(task, to_request(request, request_id, method, timeout, trace))
+            started = asyncio.ensure_future(work)
+            in_flight.add(started)
+            pending.put_nowait((request_id, started))
+        pending.put_nowait(None)
 
     async def answer(request_id: str, work: asyncio.Task[Outcome]) -> ResultT:
         try:
@@ -106,26 +126,34 @@ async def _stream(
             if e.kind.per_item:
                 return error_result(e, request_id)
             raise
+        finally:
+            in_flight.discard(work)
 
+    reader = asyncio.ensure_future(read())
     try:
-        index = 0
-        async for request in requests:
-            request_id = getattr(request, "request_id", "") or f"{stream_id}-{index}"
-            index += 1
-            timeout = context.time_remaining()
-            work = pipeline.run(task, to_request(request, request_id, method, timeout, trace))
-            pending.append((request_id, asyncio.ensure_future(work)))
-            # Back-pressure: with a full window, stop reading frames until the oldest
-            # result has been handed to gRPC (which waits on the client's flow control).
-            if len(pending) >= window:
-                yield await answer(*pending.popleft())
-        while pending:
-            yield await answer(*pending.popleft())
+        while True:
+            if reader.done():
+                reader.result()  # the client's stream broke: its error ends this one
+                item = await pending.get()
+            else:
+                # Wait for the next frame's work, or for the reader to fail or finish.
+                next_get = asyncio.ensure_future(pending.get())
+                await asyncio.wait((next_get, reader), return_when=asyncio.FIRST_COMPLETED)
+                if not next_get.done():
+                    next_get.cancel()  # nothing was taken from the queue
+                    continue
+                item = next_get.result()
+            if item is None:
+                break
+            yield await answer(*item)
+            # gRPC asks for the next result once it has taken this one: read one more frame.
+            window.release()
     except GatewayError as e:
         await context.abort(STATUS[e.kind], e.message)
     finally:
-        for _, left in pending:
-            left.cancel()
+        reader.cancel()
+        for work in in_flight:
+            work.cancel()
 
 
 class DetectionServicer(pb_grpc.DetectionServiceServicer):
