@@ -80,7 +80,7 @@ CASES: dict[str, tuple[Mutation, str]] = {
         _edit("detection_scores", lambda a: a[:, :50]),
         "do not match detection_boxes",
     ),
-    "string dtype": (_as_strings("detection_classes"), "unsupported tensor dtype DT_STRING"),
+    "string dtype": (_as_strings("detection_classes"), "detection_classes has dtype object"),
     "short tensor_content": (_truncate_content("detection_boxes"), "tensor_content has"),
     "NaN score": (
         _edit("detection_scores", _set((0, 0), float("nan"))),
