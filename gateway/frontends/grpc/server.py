@@ -1,12 +1,20 @@
-"""The gRPC door: server options, TLS, servicers, health and reflection on one grpc.aio server."""
+"""The gRPC door: server options, TLS, servicers, health and reflection on one grpc.aio server.
+
+Reflection is served as `grpc.reflection.v1.ServerReflection` (what current grpcurl, grpcui
+and Postman ask for first) and as the older `grpc.reflection.v1alpha.ServerReflection`.
+grpcio-reflection 1.85 ships only v1alpha; v1's messages are wire-identical (same fields,
+numbers and types, only the package differs), so one servicer answers both, and v1's file
+descriptor is derived from v1alpha's so `describe` finds v1 as well.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
@@ -22,6 +30,54 @@ from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.upstream.client import read_pem
 
 SERVICES = (DETECTION_SERVICE, CLASSIFICATION_SERVICE)
+REFLECTION_V1ALPHA = reflection.SERVICE_NAME
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+_V1ALPHA_PACKAGE = "grpc.reflection.v1alpha"
+_V1_PACKAGE = "grpc.reflection.v1"
+_V1_FILE = "grpc/reflection/v1/reflection.proto"
+
+
+def _register_reflection_v1(pool: descriptor_pool.DescriptorPool) -> None:
+    """Adds grpc/reflection/v1/reflection.proto to `pool`, made from v1alpha's descriptor
+    (package and type references renamed), unless the pool has it already."""
+    try:
+        pool.FindFileByName(_V1_FILE)
+        return
+    except KeyError:
+        pass
+    file = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(file)
+    file.name = _V1_FILE
+    file.package = _V1_PACKAGE
+    file.options.Clear()  # v1alpha's options name its own Java/C# packages
+    old, new = f".{_V1ALPHA_PACKAGE}.", f".{_V1_PACKAGE}."
+    for message in file.message_type:
+        for field in message.field:
+            if field.HasField("type_name"):
+                field.type_name = field.type_name.replace(old, new)
+    for service in file.service:
+        for method in service.method:
+            method.input_type = method.input_type.replace(old, new)
+            method.output_type = method.output_type.replace(old, new)
+    pool.AddSerializedFile(file.SerializeToString())
+
+
+def add_reflection(server: grpc.aio.Server, service_names: tuple[str, ...]) -> None:
+    """Reflection v1 and v1alpha for `service_names` (both reflection services are added to
+    the list) on `server`."""
+    pool = descriptor_pool.Default()
+    _register_reflection_v1(pool)
+    names = (*service_names, REFLECTION_V1, REFLECTION_V1ALPHA)
+    servicer = reflection.aio.ReflectionServicer(names, pool=pool)
+    reflection.enable_server_reflection(names, server, pool=pool)  # v1alpha
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler}),)
+    )
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
@@ -62,9 +118,7 @@ def build(settings: Settings, pipeline: Pipeline) -> GrpcDoor:
     cpb_grpc.add_ClassificationServiceServicer_to_server(ClassificationServicer(pipeline), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    add_reflection(server, (*SERVICES, health.SERVICE_NAME))
     address = f"{settings.host}:{settings.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
