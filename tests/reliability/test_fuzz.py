@@ -80,7 +80,23 @@ def test_lying_headers_are_refused_without_decoding(name: str) -> None:
         if "declaring" in name and "x0" not in name:
             assert "megapixels" in message and "GATEWAY_MAX_PIXELS" in message, message
         if "ICC" in name:
-            assert "Decompressed data too large" in message, message
+            assert "ICC colour profile (iCCP chunk) decompresses to more than" in message
+            assert "truncated" not in message
+
+
+@pytest.mark.parametrize("compressed", ["zTXt", "iTXt"])
+def test_png_text_that_inflates_past_the_guard_is_named(compressed: str) -> None:
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    if compressed == "zTXt":
+        info.add_text("Comment", "x" * 2_000_000, zip=True)
+    else:
+        info.add_itxt("Comment", "x" * 2_000_000, zip=True)
+    data = hostile.encode(hostile.pattern(), "PNG", pnginfo=info)
+    with pytest.raises(ImageError) as raised:
+        build_input(data, InputPlan(INPUT_KEY, InputMode.PIXELS), ENVELOPE, LIMITS)
+    assert f"its text ({compressed} chunk) decompresses to more than 1 MiB" in str(raised.value)
 
 
 @FUZZ

@@ -79,6 +79,16 @@ def test_hostile_corpus_through_the_gateway(gateway: GatewayProcess, figures: Fi
     assert memory["VmHWM"] < PEAK_RSS_LIMIT_KIB, memory
 
 
+def test_png_metadata_bomb_is_named_as_such_not_as_a_truncated_file(
+    gateway: GatewayProcess,
+) -> None:
+    code, details = outcome(gateway, hostile.crafted()["PNG with 2 MB ICC profile"])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ICC colour profile (iCCP chunk) decompresses to more than 1 MiB" in details
+    assert "without its ICC colour profile" in details
+    assert "truncated" not in details and "damaged" not in details
+
+
 # --- oversized messages on every hop --------------------------------------------------
 
 
