@@ -15,7 +15,7 @@ from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import server as grpc_door
 from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
-from gateway.readiness import Readiness
+from gateway.readiness import Readiness, WorkerGroup
 from gateway.upstream.client import TFServingClient
 
 log = logging.getLogger("gateway.server")
@@ -40,7 +40,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     pipeline = Pipeline(settings, client, registry, executor)
     grpc = grpc_door.build(settings, pipeline)
     await grpc.statuses.start()
-    readiness = Readiness(client, registry.default_model, settings.health_interval)
+    readiness = Readiness(
+        client, registry.default_model, settings.health_interval, WorkerGroup.from_environ()
+    )
     readiness.subscribe(grpc.statuses.on_readiness)
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
@@ -75,6 +77,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     readiness_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await readiness_task
+    readiness.withdraw()
     await grpc.server.stop(settings.shutdown_grace)
     await client.close()
     executor.shutdown(wait=False, cancel_futures=True)

@@ -45,6 +45,11 @@ class FaultyUpstream:
         self.cancelled = 0
         # (method name, the caller's metadata) for every call, in arrival order.
         self.received: list[tuple[str, dict[str, str]]] = []
+        # (method name, the caller's address as gRPC names it, e.g. "ipv4:127.0.0.1:40312").
+        self.peers: list[tuple[str, str]] = []
+        # Callers (addresses as in `peers`) whose calls of any method get UNAVAILABLE: one
+        # gateway process among several loses TF Serving while the others keep it.
+        self.cut_off: set[str] = set()
         self._failures: dict[str, deque[tuple[grpc.StatusCode, str]]] = {}
         self._released = threading.Event()
         self._released.set()
@@ -129,11 +134,15 @@ class FaultyUpstream:
             metadata = {
                 key: value for key, value in context.invocation_metadata() if isinstance(value, str)
             }
+            peer = context.peer()
             with self._lock:
                 self.calls[name] += 1
                 self.received.append((name, metadata))
+                self.peers.append((name, peer))
                 failures = self._failures.get(name)
                 failure = failures.popleft() if failures else None
+            if peer in self.cut_off:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"{peer} is cut off (fault test)")
             if path != PREDICT:
                 if failure is not None:
                     context.abort(*failure)

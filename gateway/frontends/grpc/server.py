@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends.grpc.health import HealthStatuses
+from gateway.frontends.grpc.health import HealthServicer, HealthStatuses
 from gateway.frontends.grpc.servicers import (
     CLASSIFICATION_SERVICE,
     DETECTION_SERVICE,
@@ -106,7 +106,7 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 class GrpcDoor:
     server: grpc.aio.Server
     port: int
-    health: health.aio.HealthServicer
+    health: HealthServicer
     statuses: HealthStatuses
 
 
@@ -116,7 +116,7 @@ def build(settings: Settings, pipeline: Pipeline) -> GrpcDoor:
     server = grpc.aio.server(options=server_options(settings))
     pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline), server)
     cpb_grpc.add_ClassificationServiceServicer_to_server(ClassificationServicer(pipeline), server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     add_reflection(server, (*SERVICES, health.SERVICE_NAME))
     address = f"{settings.host}:{settings.port}"
