@@ -71,14 +71,18 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await stop.wait()
 
     log.info("shutting down", extra={"fields": {"grace_seconds": settings.shutdown_grace}})
-    # Readiness goes NOT_SERVING first so load balancers stop sending new work, then the
-    # server refuses new RPCs and waits for the in-flight ones up to the grace period.
+    # Readiness goes NOT_SERVING first so load balancers stop sending new work; new API
+    # calls are refused (UNAVAILABLE) while health checks still answer, and the in-flight
+    # ones get up to the grace period. Then the server stops (cutting what is left).
     await grpc.health.enter_graceful_shutdown()
     readiness_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await readiness_task
     readiness.withdraw()
-    await grpc.server.stop(settings.shutdown_grace)
+    left = await grpc.drain.drain(settings.shutdown_grace)
+    if left:
+        log.warning("grace period over; cancelling calls", extra={"fields": {"in_flight": left}})
+    await grpc.server.stop(0)
     await client.close()
     executor.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
