@@ -64,8 +64,8 @@ def sigterm_race(
 ) -> Counter[str]:
     """One gateway, raced twice: health probes on new connections run while SIGTERM
     arrives (the drain starts: NOT_SERVING) and on while the drain ends and the server stops
-    (refused), each until it is refused. A DetectStream with no frames keeps the drain going
-    until the test ends it, so both instants fall among running probes; a probe left hanging
+    (refused), each until it is refused. An open DetectStream keeps the drain going until
+    the test ends it, so both instants fall among running probes; a probe left hanging
     by either would wait for its deadline."""
     child = forks.start(
         [
@@ -108,6 +108,11 @@ def sigterm_race(
 
     with grpc.insecure_channel(target) as channel:
         stream = pb_grpc.DetectionServiceStub(channel).DetectStream(no_frames(), timeout=120)
+        # A window of frames (empty: per-image errors, the stream goes on) and the first
+        # answer: the stream is in the gateway's hands, so the drain will wait for it.
+        for _ in range(4):  # --stream-window's default: results flow once it is full
+            frames.put(pb.DetectRequest(image=b""))
+        assert next(stream).error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         threads = [threading.Thread(target=probe) for _ in range(probes)]
         for thread in threads:
             thread.start()
