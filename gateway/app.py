@@ -9,7 +9,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gateway import metrics
+from gateway import memory, metrics
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import server as grpc_door
@@ -34,6 +34,7 @@ def load_models(settings: Settings) -> ModelRegistry:
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace."""
+    memory.tune_malloc()  # before the decode threads exist
     registry = load_models(settings)
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     client = TFServingClient(settings)

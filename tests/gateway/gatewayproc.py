@@ -74,7 +74,9 @@ class GatewayProcess:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         text = urllib.request.urlopen(url, timeout=5).read()
         match = re.search(rb"^detection_gateway_in_flight_requests (\S+)$", text, re.MULTILINE)
-        return float(match.group(1)) if match else 0.0
+        if match is None:
+            raise AssertionError(f"no detection_gateway_in_flight_requests in {url}")
+        return float(match.group(1))
 
     def records(self) -> list[dict[str, Any]]:
         """The gateway's JSON log lines."""

@@ -268,10 +268,22 @@ def test_retry_budget_caps_extra_calls_in_a_long_outage(
         codes = Counter(detect(gw, request_small, timeout=60).code for _ in range(calls))
     upstream = faulty.calls["Predict"] - 1
     assert codes == {UNAVAILABLE: calls}
-    # Without a budget: 3 attempts per call. With it: the reserve of 10 retries, then at
-    # most one retry per 10 calls.
+    # With the budget: the reserve of 10 retries, then at most one retry per 10 calls.
     assert calls < upstream <= calls + 10 + calls // 10 + 1, upstream
-    figures.record("retry_budget_outage", calls=calls, upstream_attempts=upstream)
+    # The same outage without it (2 tokens per call: every call gets both retries).
+    before = faulty.calls["Predict"]
+    unbudgeted = ["--upstream-retry-backoff=0.001", "--upstream-retry-budget=2"]
+    with run_gateway(faulty.target, unbudgeted, log_dir=tmp_path) as gw:
+        faulty.fail_next(UNAVAILABLE, "failed to connect to all addresses", times=10 * calls)
+        codes = Counter(detect(gw, request_small, timeout=60).code for _ in range(calls))
+    without = faulty.calls["Predict"] - before
+    assert codes == {UNAVAILABLE: calls} and without == 3 * calls
+    figures.record(
+        "retry_budget_outage",
+        calls=calls,
+        upstream_attempts=upstream,
+        upstream_attempts_without_budget=without,
+    )
 
 
 # --- overload ---------------------------------------------------------------------------

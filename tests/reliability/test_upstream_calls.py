@@ -123,8 +123,11 @@ def test_budget_decisions_are_counted_in_a_long_outage(
 def test_upstream_timeout_caps_a_callers_long_deadline(
     faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
 ) -> None:
-    with run_gateway(faulty.target, ["--upstream-timeout=1"], log_dir=tmp_path) as gw:
-        assert detect(gw, request_small)[0] == grpc.StatusCode.OK
+    with run_gateway(faulty.target, ["--upstream-timeout=2"], log_dir=tmp_path) as gw:
+        # Warm-up (the signature): on a busy machine the first try may itself need > 2 s.
+        for _ in range(30):
+            if detect(gw, request_small)[0] == grpc.StatusCode.OK:
+                break
         faulty.delay = 120.0
         before = len(faulty.deadlines)
         code, details, _ = detect(gw, request_small, timeout=120)
@@ -133,7 +136,8 @@ def test_upstream_timeout_caps_a_callers_long_deadline(
     # The gateway's answer (the caller's own deadline had 2 minutes to go).
     assert "GATEWAY_UPSTREAM_TIMEOUT" in details
     [(_, left)] = [d for d in faulty.deadlines[before:] if d[0] == "Predict"]
-    assert left is not None and left <= 1.0
+    # 2 s, as gRPC's timeout header carries it (rounded up), not the caller's 120 s.
+    assert left is not None and left <= 2.5
 
 
 # --- INTERNAL ---------------------------------------------------------------------------------
