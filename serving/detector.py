@@ -1,7 +1,8 @@
 """A deterministic reference detector built from TensorFlow ops, with OD API TF2 signatures.
 
 It finds solid axis-aligned rectangles painted in the palette of `serving.scenes` and returns
-exactly what a TF Object Detection API export returns (tfserving.md §5), so the gateway can be
+exactly what a TF Object Detection API export returns (the TF2 exporter, exporter_lib_v2.py in
+tensorflow/models: float32 outputs, 1-based classes), so the gateway can be
 tested end to end with exact expected boxes and no pretrained weights.
 
 How it works, per image (TF has no connected-components op):
@@ -33,8 +34,11 @@ from typing import Any
 import tensorflow as tf
 
 from serving.scenes import PALETTE
+from serving.shapes import checked_input
 
 NUM_CLASSES = len(PALETTE)
+# Height and width of the fixed-size detector's input (SSD MobileNet's 320x320).
+FIXED_SIZE = 320
 # Detections per image in the outputs (the OD API's usual max_detections).
 MAX_DETECTIONS = 100
 # Pre-NMS candidates reported in raw_detection_boxes/raw_detection_scores (zero padded). OD API
@@ -327,13 +331,16 @@ def _pad_rows(x: tf.Tensor, rows: int) -> tf.Tensor:
 
 
 def detect_image(image: tf.Tensor, palette: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
-    """Runs the detector on one uint8 [H, W, 3] image; returns the OD API outputs for it.
+    """Runs the detector on one [H, W, 3] image; returns the OD API outputs for it.
 
-    `palette` is the float32 [K, 3] class colours (default PALETTE_RGB).
+    The image is uint8, or float32 with values 0..255 (the OD API's float_image_tensor);
+    every step works on float32 pixels, so integer-valued floats give exactly the results
+    of the same uint8 pixels. `palette` is the float32 [K, 3] class colours (default
+    PALETTE_RGB).
 
     Shapes are those of OUTPUT_SHAPES (no batch dimension); everything is float32.
     """
-    image = tf.convert_to_tensor(image, dtype=tf.uint8)
+    image = tf.convert_to_tensor(image)
     height = tf.shape(image)[0]
     width = tf.shape(image)[1]
     if palette is None:
@@ -420,7 +427,8 @@ def detect_image(image: tf.Tensor, palette: tf.Tensor | None = None) -> dict[str
 
 
 def detect_batch(images: tf.Tensor, palette: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
-    """Runs detect_image over a uint8 [B, H, W, 3] batch, whatever B is at run time.
+    """Runs detect_image over a [B, H, W, 3] batch (uint8 or float32), whatever B is at
+    run time.
 
     TF Serving does not check request shapes, so a batch of 2 can reach a [1, H, W, 3]
     signature. tf.map_fn over `images` would trust the static batch size and silently process
@@ -488,3 +496,42 @@ class EncodedImageDetector(tf.Module):
             _decode, input_tensor, fn_output_signature=tf.TensorSpec([None, None, 3], tf.uint8)
         )
         return detect_batch(images, self.palette)
+
+
+class FixedSizeDetector(tf.Module):
+    """`image_tensor` exported with a fixed size: input_tensor is uint8 [1, 320, 320, 3].
+
+    Like a model exported for one input size (SSD MobileNet 320x320), it serves only that
+    size: clients resize. Another height, width or channel count fails with INVALID_ARGUMENT
+    from the model's own shape check (serving.shapes; TF Serving checks no shapes). A batch
+    of more than one image runs, as with `detector`.
+    """
+
+    SHAPE = (1, FIXED_SIZE, FIXED_SIZE, 3)
+
+    def __init__(self, version: int = 1) -> None:
+        super().__init__(name="fixed_size_detector")
+        _init_weights(self, version)
+
+    @tf.function(input_signature=[tf.TensorSpec(SHAPE, tf.uint8, name="input_tensor")])
+    def __call__(self, input_tensor: tf.Tensor) -> dict[str, Any]:
+        images = checked_input(input_tensor, "input_tensor", (None, FIXED_SIZE, FIXED_SIZE, 3))
+        result = detect_batch(images, self.palette)
+        for key, value in result.items():
+            value.set_shape([1, *OUTPUT_SHAPES[key]])  # the declared batch, as OD API exports
+        return result
+
+
+class FloatImageDetector(tf.Module):
+    """The OD API `float_image_tensor` flavour: input_tensor is float32 [1, None, None, 3]
+    with values 0..255 (not normalised; the model's own preprocessing would do that)."""
+
+    def __init__(self, version: int = 1) -> None:
+        super().__init__(name="float_image_detector")
+        _init_weights(self, version)
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([1, None, None, 3], tf.float32, name="input_tensor")]
+    )
+    def __call__(self, input_tensor: tf.Tensor) -> dict[str, Any]:
+        return detect_batch(input_tensor, self.palette)

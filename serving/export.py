@@ -1,8 +1,10 @@
-"""Exports the reference detectors as TF Serving model versions, laid out like OD API exports.
+"""Exports the reference models (serving.reference.REFERENCE_MODELS) as TF Serving versions.
 
-For each model: <out>/<name>/<version>/ holds the SavedModel (signature `serving_default`, the
-OD API TF2 exporter's inputs and outputs, tfserving.md §5) plus assets.extra/label_map.pbtxt
-and assets.extra/tf_serving_warmup_requests.
+For each model: <out>/<name>/<version>/ holds the SavedModel (signature `serving_default`)
+plus assets.extra/tf_serving_warmup_requests and the class names: label_map.pbtxt (OD API
+label map) for the detectors, labels.txt (one class per line, line i = class id i) for the
+classifiers. The detectors have the OD API TF2 exporter's inputs and outputs, the classifiers
+those of a Hugging Face ViT exported for TF Serving (serving.detector, serving.classifier).
 
 CLI: python -m serving.export --out models [--version N] [--model detector ...] [--if-missing]
 """
@@ -17,16 +19,29 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from serving import detector, warmup
+from serving import classifier, detector, warmup
+from serving.reference import LABELS_FILENAME, LABELS_PATH, REFERENCE_MODELS
+
+__all__ = ["MODELS", "REFERENCE_MODELS", "export_model", "export_models"]
 
 LABEL_MAP_PATH = Path(__file__).with_name("label_map.pbtxt")
 ASSETS_EXTRA = "assets.extra"
 LABEL_MAP_FILENAME = "label_map.pbtxt"
+# The class-name file each task ships in assets.extra/: (source, file name).
+_CLASS_NAMES = {
+    "detection": (LABEL_MAP_PATH, LABEL_MAP_FILENAME),
+    "classification": (LABELS_PATH, LABELS_FILENAME),
+}
 
-# Model name -> (module factory taking the version, whether the input is encoded image bytes).
-MODELS: dict[str, tuple[Callable[[int], tf.Module], bool]] = {
-    "detector": (detector.ImageTensorDetector, False),
-    "detector_encoded": (detector.EncodedImageDetector, True),
+# Model name -> module factory taking the version; the same names as REFERENCE_MODELS.
+MODELS: dict[str, Callable[[int], tf.Module]] = {
+    "detector": detector.ImageTensorDetector,
+    "detector_encoded": detector.EncodedImageDetector,
+    "detector_fixed": detector.FixedSizeDetector,
+    "detector_float": detector.FloatImageDetector,
+    "classifier": classifier.EncodedImageClassifier,
+    "classifier_scores": classifier.ScoresClassifier,
+    "classifier_logits": classifier.LogitsClassifier,
 }
 
 
@@ -41,7 +56,8 @@ def export_model(out_dir: Path, name: str, version: int = 1) -> Path:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
     if version < 1:
         raise ValueError(f"version must be a positive integer, got {version}")
-    factory, encoded_input = MODELS[name]
+    factory = MODELS[name]
+    class_names, class_names_file = _CLASS_NAMES[REFERENCE_MODELS[name]]
     base = out_dir / name
     base.mkdir(parents=True, exist_ok=True)
     version_dir = base / str(version)
@@ -57,10 +73,8 @@ def export_model(out_dir: Path, name: str, version: int = 1) -> Path:
         tf.saved_model.save(module, str(staging), signatures={"serving_default": signature})
         extra = staging / ASSETS_EXTRA
         extra.mkdir(exist_ok=True)
-        shutil.copyfile(LABEL_MAP_PATH, extra / LABEL_MAP_FILENAME)
-        warmup.write_warmup_file(
-            extra / warmup.WARMUP_FILENAME, warmup.warmup_requests(name, encoded_input)
-        )
+        shutil.copyfile(class_names, extra / class_names_file)
+        warmup.write_warmup_file(extra / warmup.WARMUP_FILENAME, warmup.warmup_requests(name))
         staging.rename(version_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -70,10 +84,11 @@ def export_model(out_dir: Path, name: str, version: int = 1) -> Path:
 def export_models(
     out_dir: Path,
     version: int = 1,
-    names: Sequence[str] = ("detector", "detector_encoded"),
+    names: Sequence[str] = tuple(REFERENCE_MODELS),
     if_missing: bool = False,
 ) -> dict[str, Path]:
-    """Exports each named model as <out_dir>/<name>/<version>/; returns the version dirs.
+    """Exports each named model (default: all) as <out_dir>/<name>/<version>/; returns the
+    version dirs.
 
     With `if_missing`, a model whose version directory already exists is left untouched.
     """
@@ -90,7 +105,7 @@ def export_models(
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m serving.export",
-        description="Export the reference detection SavedModels for TF Serving.",
+        description="Export the reference detection and classification SavedModels for TF Serving.",
     )
     parser.add_argument("--out", type=Path, required=True, help="model repository root")
     parser.add_argument("--version", type=int, default=1, help="version number (default 1)")

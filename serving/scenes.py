@@ -182,3 +182,76 @@ def decode(data: bytes) -> np.ndarray:
     """Decodes image bytes to an RGB uint8 array (for round-tripping encoded test scenes)."""
     with Image.open(io.BytesIO(data)) as image:
         return np.asarray(image.convert("RGB"), dtype=np.uint8)
+
+
+# ----- colour-share images for the reference classifiers --------------------------------------
+
+# Band edges fall on multiples of this many pixels: JPEG codes 16x16 blocks (4:2:0), so a
+# band edge on a block edge is not smeared across the block by the DCT.
+COLOUR_BAND_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class ColourImage:
+    """A generated image made of solid bands of palette colours (plus optional noise)."""
+
+    pixels: np.ndarray  # uint8 [H, W, 3]
+    colours: tuple[str, ...]  # the band colours, dominant first
+    horizontal: bool  # bands are rows (True) or columns (False)
+
+
+def generate_colour_image(
+    rng: np.random.Generator,
+    width: int,
+    height: int,
+    palette: dict[str, tuple[int, int, int]],
+    n_colours: int = 3,
+    dominant_share: float = 0.6,
+    noise_sigma: float = 0.0,
+) -> ColourImage:
+    """Paints `n_colours` palette colours as contiguous bands, the first covering about
+    `dominant_share` of the image and the others splitting the rest about evenly.
+
+    Bands are whole multiples of COLOUR_BAND_ALIGN pixels (the last unit takes the remainder),
+    so the actual shares are close to, not exactly, the requested ones: measure them on the
+    pixels. Gaussian noise of `noise_sigma` is added to every pixel.
+    """
+    names = list(palette)
+    chosen = [names[int(i)] for i in rng.choice(len(names), size=n_colours, replace=False)]
+    horizontal = bool(rng.random() < 0.5)
+    length = height if horizontal else width
+    units = length // COLOUR_BAND_ALIGN
+    if units >= n_colours:
+        edges = np.arange(units + 1) * COLOUR_BAND_ALIGN
+        edges[-1] = length
+    else:  # too small to align: equal bands
+        units = n_colours
+        edges = np.linspace(0, length, units + 1).round().astype(int)
+    dominant_units = max(1, min(units - (n_colours - 1), round(dominant_share * units)))
+    rest = units - dominant_units
+    counts = [dominant_units] + [
+        rest // (n_colours - 1) + (1 if i < rest % (n_colours - 1) else 0)
+        for i in range(n_colours - 1)
+    ]
+    order = rng.permutation(n_colours)
+    image = np.empty((height, width, 3), dtype=np.float32)
+    start = 0
+    for index in order:
+        stop = start + counts[index]
+        band = slice(int(edges[start]), int(edges[stop]))
+        if horizontal:
+            image[band, :] = palette[chosen[index]]
+        else:
+            image[:, band] = palette[chosen[index]]
+        start = stop
+    if noise_sigma > 0:
+        image += np.float32(noise_sigma) * rng.standard_normal(size=image.shape, dtype=np.float32)
+    pixels = np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    return ColourImage(pixels=pixels, colours=tuple(chosen), horizontal=horizontal)
+
+
+def resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Bilinear resize with Pillow (antialiased when shrinking), as an image gateway would do
+    before sending a fixed-size tensor; returns uint8 [height, width, 3]."""
+    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8))
+    return np.asarray(image.resize((width, height), Image.Resampling.BILINEAR), dtype=np.uint8)

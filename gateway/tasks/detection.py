@@ -42,8 +42,10 @@ def _checked(outputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     if missing:
         raise OutputError(f"TF Serving response lacks outputs {missing}")
     for key in REQUIRED_OUTPUTS:
-        if outputs[key].dtype.kind not in "fiu":
-            raise OutputError(f"{key} has dtype {outputs[key].dtype}; expected numbers")
+        dtype = outputs[key].dtype
+        if dtype.kind not in "fiu":
+            shown = "string" if dtype.kind == "O" else str(dtype)
+            raise OutputError(f"{key} has dtype {shown}; expected numbers")
     boxes = outputs[BOXES]
     scores, classes, num = outputs[SCORES], outputs[CLASSES], outputs[NUM_DETECTIONS]
     if boxes.ndim != 3 or boxes.shape[2] != 4 or boxes.shape[0] < 1:

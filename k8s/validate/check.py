@@ -6,7 +6,8 @@ version in VERSIONS; all errors of an object are listed, not only the first. Ist
 istio.mjs (the schemas of @kubernetes-models/istio). An object that no validator covers is an
 error too, so a new kind cannot slip through unchecked.
 
-    python k8s/validate/check.py [KUSTOMIZATION_DIR ...]   (default: k8s/base, k8s/overlays/*)
+    python k8s/validate/check.py [KUSTOMIZATION_DIR ...]
+        (default: k8s/base, k8s/overlays/*, k8s/jobs/*)
 """
 
 from __future__ import annotations
@@ -161,8 +162,14 @@ def check(objs: list[Obj], kube_versions: list[str]) -> tuple[list[str], dict[st
 
 
 def default_targets() -> list[Path]:
-    overlays = (K8S / "overlays").iterdir()
-    return [K8S / "base", *sorted(p for p in overlays if (p / "kustomization.yaml").is_file())]
+    """The base, every overlay and every job (k8s/jobs/*, applied on their own)."""
+    found = [
+        p
+        for group in ("overlays", "jobs")
+        for p in sorted((K8S / group).iterdir())
+        if (p / "kustomization.yaml").is_file()
+    ]
+    return [K8S / "base", *found]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Decoding (requests): the shape must be valid and the dtype set; non-empty tensor
 must be exactly num_elements x itemsize bytes; otherwise the typed field is read, extras
 ignored, the last value repeated to fill, zeros when empty. Encoding (responses): every
 element into the typed field (`AsProtoField`), or raw bytes into tensor_content
-(`AsProtoTensorContent`). Both are TF Serving's behaviour (tfserving.md §1).
+(`AsProtoTensorContent`). Both are TF Serving's behaviour (serving/local/FACTS.md, tensors).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """End to end over real sockets: client -> gateway -> local TF Serving -> reference models.
 
 One local TF Serving-compatible server and one gateway serve the whole module: `detector`
-(versions 1 and 2, labels stable=1 and canary=2), `detector_encoded`, and `classifier`, a
-SavedModel with a non-detection signature.
+(versions 1 and 2, labels stable=1 and canary=2), `detector_encoded`, and `embedder`, a
+SavedModel with a signature no task can use (a float vector in, probabilities out).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def model_config(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("e2e-models")
     shutil.copytree(model_repo, root, dirs_exist_ok=True)
     export_models(root, version=2, names=["detector"])
-    _save_classifier(root / "classifier" / "1")
+    _save_classifier(root / "embedder" / "1")
     config = root / "models.config"
     config.write_text(
         f"""
@@ -70,7 +70,7 @@ def model_config(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             model_platform: 'tensorflow'
           }}
           config {{
-            name: 'classifier' base_path: '{root / "classifier"}' model_platform: 'tensorflow'
+            name: 'embedder' base_path: '{root / "embedder"}' model_platform: 'tensorflow'
           }}
         }}
         """
@@ -466,7 +466,7 @@ def test_out_of_range_fields_are_invalid_argument(stub, fields, text):
 
 
 def test_model_without_a_detection_signature_is_failed_precondition(stub):
-    error = rpc_error(stub, scenes.encode(scene_for(94).pixels, "PNG"), model=model("classifier"))
+    error = rpc_error(stub, scenes.encode(scene_for(94).pixels, "PNG"), model=model("embedder"))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = error.details()
     assert "features: DT_FLOAT [-1,4]" in details and "probabilities" in details

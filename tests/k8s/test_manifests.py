@@ -45,6 +45,11 @@ TFSERVING = "tfserving"
 READINESS_SERVICE = "detection.v1.DetectionService"
 LIVENESS_SERVICE = "liveness"
 UID = 10001
+# Gateway settings that parallel work adds to gateway/config.py (the HTTP door), by variable
+# and field name. Until Settings has the field, the manifests may set the variable; from then
+# on it is parsed and checked like every other setting.
+UPCOMING_SETTINGS = {"GATEWAY_HTTP_PORT": "http_port"}
+HTTP_PORT_VARIABLE = "GATEWAY_HTTP_PORT"
 
 # Objects per kind that each known target renders; a new overlay only gets the generic checks.
 _WORKLOADS = {
@@ -54,17 +59,22 @@ _WORKLOADS = {
     "PodDisruptionBudget": 2,
     "ConfigMap": 3,
 }
+# components/batch: the batch executor's ServiceAccount, Role and RoleBinding.
+_BATCH_RBAC = {"ServiceAccount": 3, "Role": 1, "RoleBinding": 1}
 EXPECTED_KINDS: dict[str, dict[str, int]] = {
     "base": {**_WORKLOADS, "HorizontalPodAutoscaler": 2},
-    "dev": {**_WORKLOADS, "Service": 3, "NetworkPolicy": 2},
+    "dev": {**_WORKLOADS, **_BATCH_RBAC, "Service": 3, "NetworkPolicy": 2},
+    "dev-tls": {**_WORKLOADS, **_BATCH_RBAC, "Service": 3, "NetworkPolicy": 2},
     "prod": {
         **_WORKLOADS,
+        **_BATCH_RBAC,
         "Namespace": 1,
         "HorizontalPodAutoscaler": 2,
         "DestinationRule": 2,
-        "VirtualService": 2,
+        "VirtualService": 3,
         "PeerAuthentication": 1,
-        "AuthorizationPolicy": 1,
+        "AuthorizationPolicy": 3,
+        "Gateway": 1,
     },
 }
 # Kinds without a namespace.
@@ -131,6 +141,13 @@ def env_of(c: Obj) -> dict[str, str]:
     names = [e["name"] for e in c.get("env", [])]
     assert len(names) == len(set(names)), f"container {c['name']}: duplicate env names {names}"
     return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def http_port(objs: list[Obj]) -> int:
+    """The port of the gateway's HTTP door, as its environment sets it."""
+    env = env_of(container(find(objs, "Deployment", GATEWAY), "gateway"))
+    assert HTTP_PORT_VARIABLE in env, "the gateway's HTTP door has no port set"
+    return int(env[HTTP_PORT_VARIABLE])
 
 
 def gateway_settings(objs: list[Obj]) -> Settings:
@@ -201,7 +218,9 @@ def split_target(target: str) -> tuple[str, int]:
 # ---- schema validation ----------------------------------------------------------------------
 
 # API groups whose types the kubernetes client models; anything else needs its own schema.
-CORE_GROUPS = {"", "apps", "autoscaling", "policy", "batch", "networking.k8s.io"}
+CORE_GROUPS = {
+    "", "apps", "autoscaling", "policy", "batch", "networking.k8s.io", "rbac.authorization.k8s.io"
+}  # fmt: skip
 # resource.Quantity: the API accepts a JSON number as well as a string; the client's models
 # want the string, so numbers are converted before validation instead of being reported.
 QUANTITY_MAPS = {"requests", "limits"}
@@ -270,7 +289,7 @@ def kubernetes_schema_problems(obj: Obj) -> list[str]:
     original = _quantities_as_strings(obj)
     api = api_client()
     try:
-        model = api._ApiClient__deserialize(original, name)  # type: ignore[attr-defined]
+        model = api._ApiClient__deserialize(original, name)
     except pydantic.ValidationError as e:
         # The location is relative to the innermost model (e.title); a required field that is
         # absent reaches the model as None.
@@ -279,7 +298,54 @@ def kubernetes_schema_problems(obj: Obj) -> list[str]:
             + ("required field is missing" if err.get("input") is None else err["msg"])
             for err in e.errors()
         ]
+    except (ValueError, TypeError):
+        # Clients generated without pydantic raise a bare ValueError (int("grpc"), or a
+        # required field set to None) that names no model: find the innermost one that fails.
+        return [f"{where}: {problem}" for problem in _conversion_problems(original, name)]
     return list(_differences(original, api.sanitize_for_serialization(model), where))
+
+
+_REQUIRED = re.compile(r"Invalid value for `(\w+)`, must not be `None`")
+
+
+def _conversion_problems(data: Any, klass: str) -> list[str]:
+    """`in <Model>: <field>: <problem>` for the innermost models that refuse `data`."""
+    if data is None:
+        return []
+    if klass.startswith("list["):
+        items = data if isinstance(data, list) else []
+        return [p for item in items for p in _conversion_problems(item, klass[5:-1])]
+    if klass.startswith("dict["):
+        values = data.values() if isinstance(data, dict) else []
+        value_type = klass[5:-1].partition(", ")[2]
+        return [p for value in values for p in _conversion_problems(value, value_type)]
+    model = getattr(kubernetes.client.models, klass, None)
+    if model is None or not isinstance(data, dict):
+        return []  # primitives are reported by the model that holds them
+    problems = []
+    for attr, attr_type in model.openapi_types.items():
+        key = model.attribute_map[attr]
+        if key not in data:
+            continue
+        inner = _conversion_problems(data[key], attr_type)
+        if inner:
+            problems += inner
+            continue
+        try:
+            api_client()._ApiClient__deserialize(data[key], attr_type)
+        except (ValueError, TypeError) as e:
+            problems.append(f"in {klass}: {key}: {data[key]!r} is not a valid {attr_type} ({e})")
+    if problems:
+        return problems
+    try:
+        api_client()._ApiClient__deserialize(data, klass)
+    except (ValueError, TypeError) as e:
+        required = _REQUIRED.search(str(e))
+        if required:
+            field_name = model.attribute_map.get(required.group(1), required.group(1))
+            return [f"in {klass}: {field_name}: required field is missing"]
+        return [f"in {klass}: {e}"]
+    return []
 
 
 def is_kubernetes_kind(obj: Obj) -> bool:
@@ -289,9 +355,7 @@ def is_kubernetes_kind(obj: Obj) -> bool:
 def typed(obj: Obj) -> Any:
     """The kubernetes client's model of a rendered object (V1Deployment, V1NetworkPolicy, ...)."""
     assert kubernetes_schema_problems(obj) == [], ident(obj)
-    return api_client()._ApiClient__deserialize(  # type: ignore[attr-defined]
-        _quantities_as_strings(obj), model_name(obj)
-    )
+    return api_client()._ApiClient__deserialize(_quantities_as_strings(obj), model_name(obj))
 
 
 # ---- the renders ----------------------------------------------------------------------------
@@ -434,9 +498,17 @@ def test_gateway_environment_is_accepted_by_the_gateway(target: str) -> None:
     objs = rendered(target)
     c = container(find(objs, "Deployment", GATEWAY), "gateway")
     known = {env_name(name) for name in Settings.__dataclass_fields__}
-    unknown = {e["name"] for e in c["env"] if e["name"].startswith("GATEWAY_")} - known
+    upcoming = {
+        name
+        for name, field in UPCOMING_SETTINGS.items()
+        if field not in Settings.__dataclass_fields__
+    }
+    unknown = {e["name"] for e in c["env"] if e["name"].startswith("GATEWAY_")} - known - upcoming
     assert not unknown, f"the gateway has no setting for {sorted(unknown)}"
     settings = gateway_settings(objs)
+    for name, field in UPCOMING_SETTINGS.items():
+        if field in Settings.__dataclass_fields__ and name in env_of(c):
+            assert str(getattr(settings, field)) == env_of(c)[name], name
     assert settings.host == "0.0.0.0"
     # Decoding threads are sized to the CPU limit, not to the node (os.cpu_count()).
     cpu_limit = parse_quantity(c["resources"]["limits"]["cpu"])
@@ -464,10 +536,17 @@ def test_gateway_probes_use_grpc_health_with_the_right_services(target: str) -> 
     port = gateway_settings(objs).port
     assert {"name": "grpc", "containerPort": port} in c["ports"]
     readiness, liveness = c["readinessProbe"], c["livenessProbe"]
-    assert readiness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
-    assert liveness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
-    assert readiness["grpc"] == {"port": port, "service": READINESS_SERVICE}
-    assert liveness["grpc"] == {"port": port, "service": LIVENESS_SERVICE}
+    if gateway_settings(objs).tls_cert_file:
+        # Native grpc: probes cannot speak TLS: exec probes run a health check over TLS
+        # (components/tls; the command itself is run against a TLS gateway in test_tls.py).
+        for probe, service in ((readiness, READINESS_SERVICE), (liveness, LIVENESS_SERVICE)):
+            assert probe.keys() & {"httpGet", "tcpSocket", "grpc"} == set()
+            assert probe["exec"]["command"][3:5] == [str(port), service]
+    else:
+        assert readiness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
+        assert liveness.keys() & {"httpGet", "tcpSocket", "exec"} == set()
+        assert readiness["grpc"] == {"port": port, "service": READINESS_SERVICE}
+        assert liveness["grpc"] == {"port": port, "service": LIVENESS_SERVICE}
     # Readiness reacts faster than liveness restarts.
     period = readiness.get("periodSeconds", 10) * readiness.get("failureThreshold", 3)
     assert period < liveness.get("periodSeconds", 10) * liveness.get("failureThreshold", 3)
@@ -703,17 +782,29 @@ def test_istio_rules_name_services_and_ports_in_the_render(target: str) -> None:
     services = {s["metadata"]["name"]: s for s in of_kind(objs, "Service")}
     for rule in of_kind(objs, "DestinationRule"):
         assert rule["spec"]["host"] in services, ident(rule)
+    gateways = {g["metadata"]["name"]: g for g in of_kind(objs, "Gateway")}
     for virtual_service in of_kind(objs, "VirtualService"):
-        for host in virtual_service["spec"]["hosts"]:
-            assert host in services, ident(virtual_service)
+        edge = virtual_service["spec"].get("gateways")
+        if edge:
+            # Bound to ingress Gateways of this render: its hosts are public names that the
+            # Gateways serve (`./` = this namespace's VirtualServices only).
+            served = {
+                h.removeprefix("./") for name in edge for s in gateways[name]["spec"]["servers"]
+                for h in s["hosts"]
+            }  # fmt: skip
+            assert set(virtual_service["spec"]["hosts"]) <= served, ident(virtual_service)
+        else:
+            for host in virtual_service["spec"]["hosts"]:
+                assert host in services, ident(virtual_service)
         for route in virtual_service["spec"]["http"]:
             for destination in (r["destination"] for r in route["route"]):
                 service = services[destination["host"]]
                 port = destination["port"]["number"]
                 assert port in {p["port"] for p in service["spec"]["ports"]}, ident(service)
-                # Routes are scoped to the port they forward to, so other ports (metrics)
-                # never get sent to the gRPC port.
-                assert {m.get("port") for m in route["match"]} == {port}, route.get("name")
+                if not edge:
+                    # Mesh routes are scoped to the port they forward to, so other ports
+                    # (metrics) never get sent to the gRPC port.
+                    assert {m.get("port") for m in route["match"]} == {port}, route.get("name")
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -796,6 +887,10 @@ def test_prod_is_meshed_autoscaled_and_namespaced() -> None:
         "VirtualService/detection-gateway",
         "PeerAuthentication/default",
         "AuthorizationPolicy/tfserving",
+        "AuthorizationPolicy/detection-gateway",
+        "Gateway/detection-ingress",
+        "VirtualService/detection-ingress",
+        "AuthorizationPolicy/detection-gateway-ingress",
     }
     # Only the v1 Istio APIs (no alpha/beta kinds such as EnvoyFilter).
     assert all(
@@ -926,7 +1021,13 @@ def test_config_copies_match_the_serving_originals() -> None:
     from tensorflow_serving.config import model_server_config_pb2
 
     config = K8S / "base" / "config"
-    for name in ("batching.config", "monitoring.config", "label_map.pbtxt"):
+    for name in (
+        "batching.config",
+        "monitoring.config",
+        "label_map.pbtxt",
+        "labels.txt",
+        "gateway-models.toml",
+    ):
         assert (config / name).read_text() == (ROOT / "serving" / name).read_text(), name
     # models.config: the same models and labels, with the image's absolute base paths.
     ours = text_format.Parse(
@@ -942,17 +1043,26 @@ def test_config_copies_match_the_serving_originals() -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_gateway_label_maps_come_from_a_configmap(target: str) -> None:
-    from gateway.labels import Labels
+def test_gateway_model_config_and_its_labels_come_from_a_configmap(
+    target: str, tmp_path: Path
+) -> None:
+    from gateway.models import load_registry
+    from serving.reference import REFERENCE_MODELS
 
     objs = rendered(target)
     settings = gateway_settings(objs)
     files = configmap_files(objs, find(objs, "Deployment", GATEWAY), "gateway")
-    assert settings.label_maps, "GATEWAY_LABEL_MAPS is not set"
-    for model, path in settings.label_maps.items():
-        assert str(path) in files, f"{model}: {path} is not mounted from a ConfigMap"
-        labels = Labels.parse_label_map(files[str(path)], str(path))
-        assert labels.label(1) != "class_1", model
+    assert settings.model_config, "GATEWAY_MODEL_CONFIG is not set"
+    assert settings.model_config in files, f"{settings.model_config} is not mounted"
+    # The config names its label files relative to itself: they must be mounted beside it.
+    directory = Path(settings.model_config).parent
+    for path, text in files.items():
+        if Path(path).parent == directory:
+            (tmp_path / Path(path).name).write_text(text)
+    registry = load_registry(tmp_path / Path(settings.model_config).name, settings.model)
+    for model, task in REFERENCE_MODELS.items():
+        config = registry.get(model, task)
+        assert config.task == task and config.labels.names, model
 
 
 # ---- no mesh: NetworkPolicies -----------------------------------------------------------------
@@ -992,10 +1102,15 @@ def test_dev_network_policies_admit_only_clients_to_gateway_and_gateway_to_tfser
     assert other_ports <= {8501}
     assert not policy.egress
 
-    # Gateway: its gRPC port from anyone, and it may reach TF Serving's gRPC port and DNS.
+    # Gateway: its gRPC port and HTTP door from anyone, and it may reach TF Serving's gRPC
+    # port and DNS.
     policy = policy_for(objs, gateway).spec
     open_rules = [r for r in policy.ingress if not r._from]
-    assert {p.port for r in open_rules for p in r.ports} == {settings.port}
+    assert {p.port for r in open_rules for p in r.ports} == {settings.port, http_port(objs)}
+    # Whoever may reach one door may reach the other: every rule names both or neither.
+    for rule in policy.ingress:
+        ports = {p.port for p in rule.ports}
+        assert (settings.port in ports) == (http_port(objs) in ports), rule
     tfserving_labels = tfserving["spec"]["template"]["metadata"]["labels"]
     egress_ports = set()
     for rule in policy.egress:
@@ -1036,3 +1151,249 @@ def test_prod_requires_mtls_and_lets_only_the_gateway_call_tfserving() -> None:
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         # Kubelet probes cannot speak mTLS: the sidecar agent must send them.
         assert annotations["sidecar.istio.io/rewriteAppHTTPProbers"] == "true", ident(deployment)
+
+
+# ---- the HTTP door ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_http_door_is_served_next_to_grpc_while_probes_stay_on_grpc(target: str) -> None:
+    objs = rendered(target)
+    port = http_port(objs)
+    grpc_port = gateway_settings(objs).port
+    assert port not in {grpc_port, gateway_settings(objs).metrics_port, 0}
+    deployment = find(objs, "Deployment", GATEWAY)
+    c = container(deployment, "gateway")
+    assert {"name": "http", "containerPort": port} in c["ports"]
+    service = find(objs, "Service", GATEWAY)
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["http"] == {
+        "name": "http",
+        "port": port,
+        "targetPort": "http",
+        "appProtocol": "http",
+    }
+    assert ports["grpc"]["port"] == grpc_port
+    # Probes keep asking gRPC health: the HTTP door has no readiness of its own.
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert all(
+            action.get("port") != port for action in c[probe].values() if isinstance(action, dict)
+        ), probe
+
+
+def gateway_policies(objs: list[Obj]) -> list[Obj]:
+    labels = find(objs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"]
+    return [
+        p
+        for p in of_kind(objs, "AuthorizationPolicy")
+        if selects(p["spec"].get("selector", {}).get("matchLabels", {}), labels)
+    ]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mesh_admits_the_same_callers_to_grpc_and_the_http_door(target: str) -> None:
+    objs = rendered(target)
+    if not of_kind(objs, "PeerAuthentication"):
+        pytest.skip("no service mesh in this render")
+    grpc_port, port = str(gateway_settings(objs).port), str(http_port(objs))
+    policies = gateway_policies(objs)
+    assert policies, "no AuthorizationPolicy states who may call the gateway"
+    for policy in policies:
+        assert policy["spec"]["action"] == "ALLOW", ident(policy)
+        for rule in policy["spec"]["rules"]:
+            ports = {p for op in rule["to"] for p in op["operation"]["ports"]}
+            # A rule that admits a caller to one door admits it to the other.
+            assert (grpc_port in ports) == (port in ports), (ident(policy), rule)
+    # Mesh clients keep what they had before the policy existed: any mTLS peer.
+    mesh = find(objs, "AuthorizationPolicy", GATEWAY)["spec"]["rules"]
+    assert any(
+        rule["from"] == [{"source": {"principals": ["*"]}}]
+        and {grpc_port, port} <= {p for op in rule["to"] for p in op["operation"]["ports"]}
+        for rule in mesh
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mesh_routes_the_http_door_like_a_unary_call(target: str) -> None:
+    objs = rendered(target)
+    if not of_kind(objs, "VirtualService"):
+        pytest.skip("no service mesh in this render")
+    settings = gateway_settings(objs)
+    port = http_port(objs)
+    routes = [
+        route
+        for route in find(objs, "VirtualService", GATEWAY)["spec"]["http"]
+        if {m.get("port") for m in route["match"]} == {port}
+    ]
+    assert len(routes) == 1
+    (route,) = routes
+    assert [r["destination"]["port"]["number"] for r in route["route"]] == [port]
+    assert parse_duration(route["timeout"]) > settings.upstream_timeout
+    assert route["retries"]["attempts"] >= 1
+
+
+# ---- ingress: callers outside the mesh ------------------------------------------------------
+
+# The principal of Istio's default ingress gateway (istioctl / the `gateway` Helm chart).
+INGRESS_PRINCIPAL = "cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account"
+# Requests the HTTP door answers (the gateway's HTTP routes), and some it must never get.
+HTTP_DOOR_PATHS = [
+    "/v1/models/detector:detect",
+    "/v1/models/detector/versions/2:detect",
+    "/v1/models/classifier:classify",
+    "/invocations",
+    "/ping",
+    "/openapi.json",
+    "/",
+]
+NOT_ROUTED_PATHS = ["/metrics", "/tensorflow.serving.PredictionService/Predict", "/admin"]
+
+
+def grpc_method_paths() -> list[str]:
+    """/package.Service/Method for every RPC of both public services."""
+    from gateway.proto.classification.v1 import classification_pb2
+    from gateway.proto.detection.v1 import detection_pb2
+
+    return [
+        f"/{service.full_name}/{method.name}"
+        for module in (detection_pb2, classification_pb2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    ]
+
+
+def route_for(virtual_service: Obj, path: str) -> Obj | None:
+    """The first route of a VirtualService whose uri match takes `path`, as Envoy picks it."""
+    for route in virtual_service["spec"]["http"]:
+        for match in route.get("match", [{}]):
+            uri = match.get("uri", {})
+            if (
+                not uri
+                or uri.get("exact") == path
+                or ("prefix" in uri and path.startswith(uri["prefix"]))
+                or ("regex" in uri and re.fullmatch(uri["regex"], path))
+            ):
+                return route
+    return None
+
+
+def istio_path_allows(patterns: list[str], path: str) -> bool:
+    """AuthorizationPolicy paths: exact, `prefix*`, `*suffix` or `*`."""
+    return any(
+        p == path
+        or p == "*"
+        or (p.endswith("*") and path.startswith(p[:-1]))
+        or (p.startswith("*") and path.endswith(p[1:]))
+        for p in patterns
+    )
+
+
+def policy_allows(policy: Obj, principal: str, port: int, path: str) -> bool:
+    for rule in policy["spec"]["rules"]:
+        principals = [p for f in rule["from"] for p in f["source"].get("principals", [])]
+        if principal not in principals and "*" not in principals:
+            continue
+        for operation in (t["operation"] for t in rule["to"]):
+            if str(port) in operation.get("ports", [str(port)]) and istio_path_allows(
+                operation.get("paths", ["*"]), path
+            ):
+                return True
+    return False
+
+
+def ingress_objects(objs: list[Obj]) -> tuple[Obj, Obj, Obj]:
+    (gateway,) = of_kind(objs, "Gateway")
+    bound = [v for v in of_kind(objs, "VirtualService") if v["spec"].get("gateways")]
+    (virtual_service,) = bound
+    assert virtual_service["spec"]["gateways"] == [gateway["metadata"]["name"]]
+    policy = find(objs, "AuthorizationPolicy", f"{GATEWAY}-ingress")
+    return gateway, virtual_service, policy
+
+
+def test_ingress_terminates_tls_from_a_secret_reference_and_serves_http2() -> None:
+    objs = rendered("prod")
+    gateway, virtual_service, _ = ingress_objects(objs)
+    assert gateway["spec"]["selector"] == {"istio": "ingressgateway"}
+    servers = {s["port"]["protocol"]: s for s in gateway["spec"]["servers"]}
+    https = servers["HTTPS"]
+    # HTTPS servers offer ALPN h2 (gRPC) and http/1.1; the certificate is only referenced.
+    assert https["tls"]["mode"] == "SIMPLE"
+    assert https["tls"]["credentialName"]
+    assert not https["tls"].keys() & {"serverCertificate", "privateKey", "caCertificates"}
+    # Plain HTTP serves nothing but a redirect.
+    assert servers.get("HTTP", {"tls": {"httpsRedirect": True}})["tls"]["httpsRedirect"] is True
+    hosts = {h.removeprefix("./") for s in gateway["spec"]["servers"] for h in s["hosts"]}
+    assert set(virtual_service["spec"]["hosts"]) == hosts
+    # Only VirtualServices of this namespace may bind to the public name.
+    assert all(h.startswith("./") for s in gateway["spec"]["servers"] for h in s["hosts"])
+
+
+def test_ingress_routes_every_rpc_and_the_http_door_to_the_gateway() -> None:
+    objs = rendered("prod")
+    _, virtual_service, _ = ingress_objects(objs)
+    grpc_port, port = gateway_settings(objs).port, http_port(objs)
+    upstream_timeout = gateway_settings(objs).upstream_timeout
+
+    def destination(path: str) -> tuple[str, int] | None:
+        route = route_for(virtual_service, path)
+        if route is None:
+            return None
+        (target,) = route["route"]
+        return target["destination"]["host"], target["destination"]["port"]["number"]
+
+    methods = grpc_method_paths()
+    assert "/classification.v1.ClassificationService/Classify" in methods
+    for path in methods:
+        assert destination(path) == (GATEWAY, grpc_port), path
+        route = route_for(virtual_service, path)
+        assert route is not None
+        if path.endswith("Stream"):
+            assert "timeout" not in route and route["retries"]["attempts"] == 0, path
+        else:
+            assert parse_duration(route["timeout"]) > upstream_timeout, path
+    for path in HTTP_DOOR_PATHS:
+        assert destination(path) == (GATEWAY, port), path
+    for path in NOT_ROUTED_PATHS:
+        assert destination(path) is None, path
+
+
+def test_ingress_identity_is_admitted_to_exactly_what_the_ingress_routes() -> None:
+    objs = rendered("prod")
+    _, virtual_service, policy = ingress_objects(objs)
+    assert policy["spec"]["action"] == "ALLOW"
+    assert selects(
+        policy["spec"]["selector"]["matchLabels"],
+        find(objs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["labels"],
+    )
+    grpc_port, port = gateway_settings(objs).port, http_port(objs)
+    for path in [*grpc_method_paths(), "/grpc.health.v1.Health/Check"]:
+        assert policy_allows(policy, INGRESS_PRINCIPAL, grpc_port, path), path
+        assert not policy_allows(policy, INGRESS_PRINCIPAL, port, path), path
+    for path in HTTP_DOOR_PATHS:
+        assert policy_allows(policy, INGRESS_PRINCIPAL, port, path), path
+    for path in NOT_ROUTED_PATHS:
+        for p in (grpc_port, port, gateway_settings(objs).metrics_port):
+            assert not policy_allows(policy, INGRESS_PRINCIPAL, p, path), (p, path)
+    # Every path the policy admits is one the ingress routes (none opened behind its back).
+    for route in virtual_service["spec"]["http"]:
+        for match in route["match"]:
+            uri = match["uri"]
+            path = uri.get("exact") or uri["prefix"] + "x"
+            target = route["route"][0]["destination"]["port"]["number"]
+            assert policy_allows(policy, INGRESS_PRINCIPAL, target, path), path
+    # Nobody else gets anything from this policy.
+    other = "cluster.local/ns/other/sa/default"
+    assert not policy_allows(policy, other, grpc_port, grpc_method_paths()[0])
+
+
+def test_ingress_sets_no_body_limit_below_the_gateways_own() -> None:
+    objs = rendered("prod")
+    settings = gateway_settings(objs)
+    # Envoy streams bodies; only an EnvoyFilter (buffer filter, buffer limits) could lower
+    # the limit at the edge, and none is rendered: the gateway's own limits are the edge's.
+    assert not of_kind(objs, "EnvoyFilter")
+    from gateway.frontends.grpc.server import server_options
+
+    assert dict(server_options(settings))["grpc.max_receive_message_length"] == (
+        settings.max_image_bytes + 1024 * 1024
+    )

@@ -62,7 +62,7 @@ def test_every_render_validates() -> None:
     summaries = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
     assert len(summaries) >= 3  # base, dev, prod
     assert "Kubernetes 1.36.0" in summaries[0]
-    assert any("6 against Istio's CRD schemas" in line for line in summaries)
+    assert any("10 against Istio's CRD schemas" in line for line in summaries)
 
 
 def test_a_broken_render_fails_with_every_error_listed(tmp_path: Path) -> None:

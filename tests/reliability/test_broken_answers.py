@@ -80,7 +80,10 @@ CASES: dict[str, tuple[Mutation, str]] = {
         _edit("detection_scores", lambda a: a[:, :50]),
         "do not match detection_boxes",
     ),
-    "string dtype": (_as_strings("detection_classes"), "detection_classes has dtype object"),
+    "string dtype": (
+        _as_strings("detection_classes"),
+        "detection_classes has dtype string; expected numbers",
+    ),
     "short tensor_content": (_truncate_content("detection_boxes"), "tensor_content has"),
     "NaN score": (
         _edit("detection_scores", _set((0, 0), float("nan"))),

@@ -1,6 +1,7 @@
 """Dockerfile.serving cannot be built here (no container engine), so it is kept honest by
-reading: the flags it passes are real tensorflow_model_server flags, the files they name come
-from this repository, and the local server accepts the same flags and files."""
+reading: the flags it passes are real tensorflow_model_server flags (serving/local/tfs_flags.json,
+taken from TF Serving's main.cc at the version the image pins), the files they name come from
+this repository, and the local server accepts the same flags and files."""
 
 from __future__ import annotations
 
@@ -60,9 +61,49 @@ def test_it_runs_the_real_model_server_at_a_pinned_version_as_non_root() -> None
     assert user and user[-1].isdigit() and int(user[-1]) != 0
 
 
+TFS_FLAGS = json.loads((ROOT / "serving" / "local" / "tfs_flags.json").read_text())
+
+
+def image_version() -> str:
+    image = re.search(r"^ARG TF_SERVING_IMAGE=tensorflow/serving:(\S+)$", DOCKERFILE, re.MULTILINE)
+    assert image, "Dockerfile.serving has no ARG TF_SERVING_IMAGE=tensorflow/serving:<version>"
+    return image.group(1)
+
+
+def test_the_flag_list_is_for_the_pinned_image_version() -> None:
+    """Bumping the image means refreshing tfs_flags.json from that version's main.cc."""
+    assert TFS_FLAGS["version"] == image_version()
+    assert re.fullmatch(r"[0-9a-f]{40}", TFS_FLAGS["commit"])
+    assert "main.cc" in TFS_FLAGS["about"] and "server.h" in TFS_FLAGS["about"]
+    # Flags this project relies on are in the list.
+    for name in ("port", "rest_api_port", "model_config_file", "enable_batching", "version"):
+        assert name in TFS_FLAGS["flags"], name
+
+
+def _valid_value(kind: str, value: str) -> bool:
+    """Whether TF Serving's flag parser takes `value` for a flag of C++ type `kind`."""
+    if kind == "bool":
+        return value in ("true", "false", "1", "0")
+    if kind in ("int32", "int64"):
+        bits = 31 if kind == "int32" else 63
+        return re.fullmatch(r"-?[0-9]+", value) is not None and -(2**bits) <= int(value) < 2**bits
+    if kind == "float":
+        return re.fullmatch(r"-?[0-9]*\.?[0-9]+", value) is not None
+    return kind == "string"
+
+
 def test_every_flag_is_a_tensorflow_model_server_flag() -> None:
-    known = {f.name for f in fields(Options)} | set(UNSUPPORTED_FLAGS)
-    assert set(flags()) <= known, set(flags()) - known
+    real = TFS_FLAGS["flags"]
+    assert set(flags()) <= set(real), set(flags()) - set(real)
+    for name, value in flags().items():
+        assert _valid_value(real[name], value), f"--{name}={value} is not a {real[name]}"
+
+
+def test_the_local_server_knows_every_real_flag_and_no_other() -> None:
+    """Each tensorflow_model_server flag is implemented or refused by name, never unknown."""
+    implemented = {f.name for f in fields(Options)}
+    assert implemented.isdisjoint(UNSUPPORTED_FLAGS)
+    assert implemented | set(UNSUPPORTED_FLAGS) == set(TFS_FLAGS["flags"])
 
 
 def test_the_issue_required_flags_are_set() -> None:
@@ -125,7 +166,9 @@ def test_the_local_server_accepts_the_same_flags_and_files(tmp_path: Path) -> No
     assert batching.pad_variable_length_inputs  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+# The detectors Dockerfile.gateway sets GATEWAY_LABEL_MAPS for. detector_fixed and
+# detector_float use the same label map and need the same entry there.
+@pytest.mark.parametrize("name", ["detector", "detector_encoded"])
 def test_label_maps_ship_with_the_gateway_image_too(name: str) -> None:
     gateway_dockerfile = (ROOT / "Dockerfile.gateway").read_text()
     assert f"{name}=/etc/detection-gateway/label_map.pbtxt" in gateway_dockerfile

@@ -1,7 +1,8 @@
-"""The exported model versions look like TF Object Detection API TF2 exports to TF Serving.
+"""The exported model versions look like TF Object Detection API TF2 exports (detectors) and
+Hugging Face ViT exports (classifiers) to TF Serving.
 
 Checks the SignatureDefs (read from saved_model.pb and through TensorFlow), the version
-directory layout, the warmup records and the label map.
+directory layout, the warmup records, the label map and labels.txt.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from serving import export, scenes, warmup
+from serving.reference import CLASSIFIER_PALETTE, LABELS_PATH, REFERENCE_MODELS, read_labels
 
-MODELS = ("detector", "detector_encoded")
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("detector", "detector_encoded", "detector_fixed", "detector_float")
+CLASSIFIERS = ("classifier", "classifier_scores", "classifier_logits")
 # Output alias -> shape after the batch dimension, as written by the OD API TF2 exporter with
 # max_detections 100 and 4 classes (+1 background); raw_* have R = 200 rows.
 EXPECTED_OUTPUTS = {
@@ -32,12 +36,35 @@ EXPECTED_OUTPUTS = {
     "raw_detection_scores": [200, 5],
 }
 # Input per model: (dtype, shape) of `input_tensor`, as for the OD API input types
-# image_tensor and encoded_image_string_tensor.
+# image_tensor, encoded_image_string_tensor, image_tensor at a fixed size and
+# float_image_tensor.
 EXPECTED_INPUTS = {
     "detector": (types_pb2.DT_UINT8, [1, -1, -1, 3]),
     "detector_encoded": (types_pb2.DT_STRING, [-1]),
+    "detector_fixed": (types_pb2.DT_UINT8, [1, 320, 320, 3]),
+    "detector_float": (types_pb2.DT_FLOAT, [1, -1, -1, 3]),
 }
-BATCH = {"detector": 1, "detector_encoded": -1}
+BATCH = {"detector": 1, "detector_encoded": -1, "detector_fixed": 1, "detector_float": 1}
+TF_DTYPES = {
+    types_pb2.DT_UINT8: tf.uint8,
+    types_pb2.DT_STRING: tf.string,
+    types_pb2.DT_FLOAT: tf.float32,
+}
+# The classifiers' ViT forms: input alias -> (dtype, shape), output alias -> (dtype, shape).
+CLASSIFIER_SIGNATURES = {
+    "classifier": (
+        {"string_input": (types_pb2.DT_STRING, [-1])},
+        {"label": (types_pb2.DT_STRING, [-1]), "confidence": (types_pb2.DT_FLOAT, [-1])},
+    ),
+    "classifier_scores": (
+        {"input_tensor": (types_pb2.DT_FLOAT, [-1, 224, 224, 3])},
+        {"probabilities": (types_pb2.DT_FLOAT, [-1, 8])},
+    ),
+    "classifier_logits": (
+        {"pixel_values": (types_pb2.DT_FLOAT, [-1, 3, 224, 224])},
+        {"logits": (types_pb2.DT_FLOAT, [-1, 8])},
+    ),
+}
 
 
 def _signature_defs(version_dir: Path) -> dict[str, meta_graph_pb2.SignatureDef]:
@@ -78,13 +105,13 @@ def test_loaded_signature_has_the_od_api_structure(model_repo: Path, name: str) 
     function = loaded.signatures["serving_default"]
     _, kwargs = function.structured_input_signature
     assert list(kwargs) == ["input_tensor"]
-    assert kwargs["input_tensor"].dtype == (tf.uint8 if name == "detector" else tf.string)
+    assert kwargs["input_tensor"].dtype == TF_DTYPES[EXPECTED_INPUTS[name][0]]
     assert sorted(function.structured_outputs) == sorted(EXPECTED_OUTPUTS)
     assert all(spec.dtype == tf.float32 for spec in function.structured_outputs.values())
     assert int(loaded.model_version.numpy()) == 1
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + CLASSIFIERS)
 def test_version_dir_layout(model_repo: Path, name: str) -> None:
     base = model_repo / name
     # The numeric version is there and the staging directory is gone.
@@ -95,16 +122,20 @@ def test_version_dir_layout(model_repo: Path, name: str) -> None:
     assert (version_dir / "saved_model.pb").is_file()
     assert (version_dir / "variables" / "variables.index").is_file()
     extra = version_dir / "assets.extra"
-    assert sorted(p.name for p in extra.iterdir()) == [
-        "label_map.pbtxt",
-        "tf_serving_warmup_requests",
-    ]
-    assert (extra / "label_map.pbtxt").read_bytes() == export.LABEL_MAP_PATH.read_bytes()
+    class_names, source = (
+        ("label_map.pbtxt", export.LABEL_MAP_PATH)
+        if name in MODELS
+        else ("labels.txt", LABELS_PATH)
+    )
+    assert sorted(p.name for p in extra.iterdir()) == sorted(
+        [class_names, "tf_serving_warmup_requests"]
+    )
+    assert (extra / class_names).read_bytes() == source.read_bytes()
     # Readable by a TF Serving process running as another user.
     assert version_dir.stat().st_mode & 0o755 == 0o755
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", ["detector", "detector_encoded"])
 def test_warmup_records_are_predict_requests_for_the_sample_scenes(
     model_repo: Path, name: str
 ) -> None:
@@ -205,3 +236,121 @@ def test_cli_exports_version_2_and_if_missing_skips_existing(tmp_path: Path) -> 
         export.export_models(tmp_path, version=2, names=["detector"])
     with pytest.raises(ValueError, match="unknown model"):
         export.export_models(tmp_path, names=["resnet"])
+
+
+# ----- the classifiers and the list of reference models -------------------------------------
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_classifier_signature_def_is_the_vit_one(model_repo: Path, name: str) -> None:
+    signatures = _signature_defs(model_repo / name / "1")
+    assert set(signatures) == {"serving_default", "__saved_model_init_op"}
+    signature = signatures["serving_default"]
+    assert signature.method_name == "tensorflow/serving/predict"
+    inputs, outputs = CLASSIFIER_SIGNATURES[name]
+    assert {
+        alias: (info.dtype, [d.size for d in info.tensor_shape.dim])
+        for alias, info in signature.inputs.items()
+    } == inputs
+    assert {
+        alias: (info.dtype, [d.size for d in info.tensor_shape.dim])
+        for alias, info in signature.outputs.items()
+    } == outputs
+    (alias,) = inputs
+    assert signature.inputs[alias].name == f"serving_default_{alias}:0"
+    # Stateful like a real ViT (it reads variables); outputs in alphabetical order.
+    for index, alias in enumerate(sorted(outputs)):
+        assert signature.outputs[alias].name == f"StatefulPartitionedCall:{index}"
+
+
+def test_labels_are_the_palette_in_class_id_order() -> None:
+    expected = ["red", "green", "blue", "yellow", "cyan", "magenta", "white", "black"]
+    assert LABELS_PATH.read_text() == "".join(f"{label}\n" for label in expected)
+    assert read_labels() == expected == list(CLASSIFIER_PALETTE)
+    assert CLASSIFIER_PALETTE["yellow"] == (255, 255, 0)
+    assert all(set(rgb) <= {0, 255} for rgb in CLASSIFIER_PALETTE.values())
+    assert len(set(CLASSIFIER_PALETTE.values())) == 8  # the eight corners of the RGB cube
+
+
+def test_the_cluster_copy_of_labels_txt_is_identical() -> None:
+    assert (ROOT / "k8s" / "base" / "config" / "labels.txt").read_bytes() == (
+        LABELS_PATH.read_bytes()
+    )
+
+
+def test_every_reference_model_is_exported_and_served_by_the_configs() -> None:
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    assert list(export.MODELS) == list(REFERENCE_MODELS)
+    assert export.REFERENCE_MODELS is REFERENCE_MODELS
+    assert {n for n, task in REFERENCE_MODELS.items() if task == "detection"} == set(MODELS)
+    assert {n for n, task in REFERENCE_MODELS.items() if task == "classification"} == set(
+        CLASSIFIERS
+    )
+    config = text_format.Parse(
+        (ROOT / "serving" / "models.config").read_text(),
+        model_server_config_pb2.ModelServerConfig(),
+    )
+    assert [m.name for m in config.model_config_list.config] == list(REFERENCE_MODELS)
+    for model in config.model_config_list.config:
+        assert model.base_path == f"models/{model.name}"
+        assert model.model_version_policy.latest.num_versions == 2
+        assert dict(model.version_labels) == {"stable": 1, "canary": 1}
+
+
+# Input alias per model, and how many records its warmup file holds (one per sample image).
+WARMUP_INPUTS = {
+    "detector": ("input_tensor", types_pb2.DT_UINT8, len(warmup.sample_images())),
+    "detector_encoded": ("input_tensor", types_pb2.DT_STRING, len(warmup.sample_images())),
+    "detector_fixed": ("input_tensor", types_pb2.DT_UINT8, len(warmup.fixed_size_samples())),
+    "detector_float": ("input_tensor", types_pb2.DT_FLOAT, len(warmup.sample_images())),
+    "classifier": ("string_input", types_pb2.DT_STRING, len(warmup.classifier_samples())),
+    "classifier_scores": ("input_tensor", types_pb2.DT_FLOAT, len(warmup.classifier_samples())),
+    "classifier_logits": ("pixel_values", types_pb2.DT_FLOAT, len(warmup.classifier_samples())),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WARMUP_INPUTS))
+def test_warmup_requests_run_on_every_exported_model(model_repo: Path, name: str) -> None:
+    """Each record is a Predict request in the model's own input form, and the SavedModel
+    answers it (TF Serving fails the load of a version whose warmup fails)."""
+    alias, dtype, count = WARMUP_INPUTS[name]
+    logs = warmup.read_warmup_file(
+        model_repo / name / "1" / "assets.extra" / warmup.WARMUP_FILENAME
+    )
+    assert len(logs) == count >= 2
+    function = tf.saved_model.load(str(model_repo / name / "1")).signatures["serving_default"]
+    for log in logs:
+        request = log.predict_log.request
+        assert (request.model_spec.name, request.model_spec.signature_name) == (
+            name,
+            "serving_default",
+        )
+        assert list(request.inputs) == [alias]
+        assert request.inputs[alias].dtype == dtype
+        outputs = function(**{alias: tf.constant(tf.make_ndarray(request.inputs[alias]))})
+        if name in MODELS:
+            assert outputs["num_detections"].numpy()[0] > 0
+        elif name == "classifier":
+            assert outputs["label"].numpy()[0].decode() in CLASSIFIER_PALETTE
+        else:
+            scores = outputs.get("probabilities", outputs.get("logits"))
+            assert scores is not None and scores.shape == (1, 8)
+
+
+def test_the_list_of_reference_models_imports_without_tensorflow() -> None:
+    """The gateway's dev launcher reads it; importing TensorFlow there would cost seconds."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from serving.reference import REFERENCE_MODELS, read_labels; "
+        "assert 'tensorflow' not in sys.modules and 'numpy' not in sys.modules; "
+        "print(len(REFERENCE_MODELS), len(read_labels()))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["7", "8"]

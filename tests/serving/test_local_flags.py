@@ -14,6 +14,7 @@ from serving.local import config, flags
 from serving.local.errors import ServingError
 from serving.local.flags import FlagError, Options, parse_flags
 from tests.localserver import run_to_exit
+from tests.serving.facts import text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,8 +99,8 @@ def test_missing_model_paths_fail_with_tf_servings_startup_error():
     result = run_to_exit([])
     assert result.returncode == 255
     assert (
-        "Failed to start server. Error: INVALID_ARGUMENT: Both server_options.model_base_path "
-        "and server_options.model_config_file are empty!" in result.stdout
+        text("startup_failed", code="INVALID_ARGUMENT", message=text("no_model_source"))
+        in result.stdout
     )
 
 
@@ -129,7 +130,15 @@ def test_repository_config_files_parse():
         monitoring_config_file=str(REPO_ROOT / "serving/monitoring.config"),
     )
     startup = config.read_startup_config(options)
-    assert [m.name for m in startup.models] == ["detector", "detector_encoded"]
+    assert [m.name for m in startup.models] == [
+        "detector",
+        "detector_encoded",
+        "detector_fixed",
+        "detector_float",
+        "classifier",
+        "classifier_scores",
+        "classifier_logits",
+    ]
     assert all(Path(m.base_path).is_absolute() for m in startup.models)
     assert startup.batching is not None
     config.check_allowed_batch_sizes(startup.batching)

@@ -2,7 +2,7 @@
 
 One server (both reference models, version 1) serves the whole module over loopback gRPC.
 Detections are checked against the scenes' painted rectangles; errors against TF Serving's
-codes and texts (tfserving.md §2-§3).
+codes and texts (serving/local/FACTS.md, read through tests/serving/facts.py).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tensorflow_serving.apis import (
 
 from serving import scenes
 from tests.localserver import LocalServer, run_local_server
+from tests.serving.facts import fact, text
 
 BOX_TOLERANCE_PX = 1
 OUTPUT_KEYS = {
@@ -242,85 +243,94 @@ def _short_content() -> tensor_pb2.TensorProto:
 
 
 ERROR_TABLE = [
-    ("missing model_spec", predict_pb2.PredictRequest(), "INVALID_ARGUMENT", "Missing ModelSpec"),
-    ("empty name", _spec_only(""), "INVALID_ARGUMENT", "ModelSpec has no name specified."),
+    ("missing model_spec", predict_pb2.PredictRequest(), *fact("missing_model_spec")),
+    ("empty name", _spec_only(""), *fact("no_model_name")),
     (
         "unknown model",
         _spec_only("no_such_model"),
-        "NOT_FOUND",
-        "Servable not found for request: Latest(no_such_model)",
+        *fact("servable_not_found_latest", model="no_such_model"),
     ),
     (
         "unknown version",
         _spec_only(version=7),
-        "NOT_FOUND",
-        "Servable not found for request: Specific(detector, 7)",
+        *fact("servable_not_found_specific", model="detector", version=7),
     ),
     (
         "unknown label",
         _spec_only(version_label="gold"),
-        "INVALID_ARGUMENT",
-        "Unrecognized servable version label: gold",
+        *fact("unknown_version_label", label="gold"),
     ),
     (
         "unknown signature",
         _spec_only(signature_name="classify"),
-        "FAILED_PRECONDITION",
-        'Serving signature key "classify" not found.',
+        *fact("unknown_signature", signature="classify"),
     ),
     (
         "extra input",
         _inputs(input_tensor=tf.make_tensor_proto(PIXELS), extra=tf.make_tensor_proto(1.0)),
-        "INVALID_ARGUMENT",
-        "input size does not match signature: 2!=1 len({extra,input_tensor}) != "
-        "len({input_tensor}). Sent extra: {extra}. Missing but required: {}.",
+        *fact(
+            "input_size_mismatch",
+            sent_count=2,
+            signature_count=1,
+            sent_keys="extra,input_tensor",
+            signature_keys="input_tensor",
+            extra_keys="extra",
+            missing_keys="",
+        ),
     ),
     (
         "no inputs",
         _inputs(),
-        "INVALID_ARGUMENT",
-        "input size does not match signature: 0!=1 len({}) != len({input_tensor}). "
-        "Sent extra: {}. Missing but required: {input_tensor}.",
+        *fact(
+            "input_size_mismatch",
+            sent_count=0,
+            signature_count=1,
+            sent_keys="",
+            signature_keys="input_tensor",
+            extra_keys="",
+            missing_keys="input_tensor",
+        ),
     ),
     (
         "wrong input key",
         _inputs(image=tf.make_tensor_proto(PIXELS)),
-        "INVALID_ARGUMENT",
-        "Signature input alias: input_tensor(feed name: serving_default_input_tensor:0) not "
-        "found in request and no default value provided. Inputs expected to be in the request "
-        "{image}, or default input alias set: ",
+        *fact(
+            "input_alias_missing",
+            alias="input_tensor",
+            tensor_name="serving_default_input_tensor:0",
+            request_keys="image",
+            default_keys="",
+        ),
     ),
     (
         "unknown output alias",
         _filtered("boxes"),
-        "INVALID_ARGUMENT",
-        "output tensor alias not found in signature: boxes Outputs expected to be in the set "
-        "{detection_boxes,detection_classes,detection_multiclass_scores,detection_scores,"
-        "num_detections,raw_detection_boxes,raw_detection_scores}.",
+        *fact(
+            "output_alias_missing",
+            alias="boxes",
+            output_keys="detection_boxes,detection_classes,detection_multiclass_scores,"
+            "detection_scores,num_detections,raw_detection_boxes,raw_detection_scores",
+        ),
     ),
     (
         "duplicate output alias",
         _filtered("num_detections", "num_detections"),
-        "INVALID_ARGUMENT",
-        "duplicate output tensor alias: num_detections",
+        *fact("output_alias_duplicate", alias="num_detections"),
     ),
     (
         "tensor_content one byte short",
         _inputs(input_tensor=_short_content()),
-        "INVALID_ARGUMENT",
-        "tensor parsing error: input_tensor",
+        *fact("tensor_parsing_error", alias="input_tensor"),
     ),
     (
         "DT_INVALID",
         _inputs(input_tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_INVALID)),
-        "INVALID_ARGUMENT",
-        "tensor parsing error: input_tensor",
+        *fact("tensor_parsing_error", alias="input_tensor"),
     ),
     (
         "float image for a uint8 input",
         _inputs(input_tensor=tf.make_tensor_proto(PIXELS.astype(np.float32))),
-        "INVALID_ARGUMENT",
-        "Expects arg[0] to be uint8 but float is provided",
+        *fact("wrong_dtype", index=0, signature_dtype="uint8", sent_dtype="float"),
     ),
 ]
 
@@ -346,10 +356,9 @@ def test_bad_shape_is_invalid_argument_from_the_graph(prediction):
 def test_messages_over_1024_characters_are_truncated(prediction):
     error = rpc_error(prediction.Predict, _filtered("x" * 2000))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert (
-        error.details()
-        == ("output tensor alias not found in signature: " + "x" * 2000)[:1024] + "...TRUNCATED"
-    )
+    assert error.details() == text("output_alias_missing", alias="x" * 2000, output_keys="")[
+        :1024
+    ] + text("truncated_suffix")
 
 
 def test_deadline_shorter_than_the_run_is_deadline_exceeded(prediction):
@@ -414,28 +423,17 @@ def test_encoded_model_metadata_declares_a_string_input(prediction):
     [
         (
             get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"]),
-            "INVALID_ARGUMENT",
-            "Missing ModelSpec",
+            *fact("missing_model_spec"),
         ),
-        (
-            metadata_request(fields=()),
-            "INVALID_ARGUMENT",
-            "GetModelMetadataRequest must specify at least one metadata_field",
-        ),
+        (metadata_request(fields=()), *fact("metadata_no_field")),
         (
             metadata_request(fields=("signature_def", "labels")),
-            "INVALID_ARGUMENT",
-            "Metadata field labels is not supported",
+            *fact("metadata_unsupported_field", field="labels"),
         ),
-        (
-            metadata_request("nope"),
-            "NOT_FOUND",
-            "Servable not found for request: Latest(nope)",
-        ),
+        (metadata_request("nope"), *fact("servable_not_found_latest", model="nope")),
         (
             metadata_request(version=3),
-            "NOT_FOUND",
-            "Servable not found for request: Specific(detector, 3)",
+            *fact("servable_not_found_specific", model="detector", version=3),
         ),
     ],
     ids=["missing spec", "no field", "unknown field", "unknown model", "unknown version"],
@@ -477,12 +475,11 @@ def test_status_ignores_version_labels(models):
 @pytest.mark.parametrize(
     ("request_", "code", "message"),
     [
-        (get_model_status_pb2.GetModelStatusRequest(), "INVALID_ARGUMENT", "Missing ModelSpec"),
-        (status_request("nope"), "NOT_FOUND", "Could not find any versions of model nope"),
+        (get_model_status_pb2.GetModelStatusRequest(), *fact("missing_model_spec")),
+        (status_request("nope"), *fact("status_unknown_model", model="nope")),
         (
             status_request("detector", version=9),
-            "NOT_FOUND",
-            "Could not find version 9 of model detector",
+            *fact("status_unknown_version", version=9, model="detector"),
         ),
     ],
     ids=["missing spec", "unknown model", "unknown version"],

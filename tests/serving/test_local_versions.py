@@ -28,6 +28,7 @@ from tensorflow_serving.apis import (
 from serving import scenes
 from serving.export import export_models
 from tests.localserver import LocalServer, free_port, run_local_server, run_to_exit
+from tests.serving.facts import fact, text
 
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE
 END = get_model_status_pb2.ModelVersionStatus.END
@@ -162,9 +163,8 @@ def test_version_and_label_select_the_served_version(labelled, client_of):
     assert client.served_version(version=1) == 1
     assert client.served_version(version_label="stable") == 1
     assert client.served_version(version_label="canary") == 2
-    assert client.error(version=3) == (
-        "NOT_FOUND",
-        "Servable not found for request: Specific(detector, 3)",
+    assert client.error(version=3) == fact(
+        "servable_not_found_specific", model="detector", version=3
     )
 
 
@@ -181,10 +181,8 @@ def test_each_load_and_warmup_is_logged(labelled, two_versions):
     for version in (1, 2):
         assert f"Successfully loaded servable version {{name: detector version: {version}}}" in log
         warmup = two_versions / "detector" / str(version) / WARMUP
-        assert (
-            f"Finished reading warmup data for model at {warmup}. "
-            "Number of warmup records read: 3." in log
-        )
+        finished = text("warmup_finished", path=warmup, count=3, micros="")
+        assert finished[: finished.index("Elapsed")] in log
     assert "Running gRPC ModelServer at 127.0.0.1:" in log
 
 
@@ -214,9 +212,8 @@ def test_new_version_is_served_and_old_ones_unloaded_without_restart(
         add_version(base, two_versions / "detector" / "2", 2)
         wait_for(lambda: client.states() == {2: AVAILABLE, 1: END}, what="version 2 to replace 1")
         assert client.served_version() == 2
-        assert client.error(version=1) == (
-            "NOT_FOUND",
-            "Servable not found for request: Specific(detector, 1)",
+        assert client.error(version=1) == fact(
+            "servable_not_found_specific", model="detector", version=1
         )
 
         # Version 2 gone: version 1 is the latest again and comes back.
@@ -226,9 +223,9 @@ def test_new_version_is_served_and_old_ones_unloaded_without_restart(
 
         shutil.rmtree(base / "1")
         wait_for(lambda: client.states() == {2: END, 1: END}, what="every version to unload")
-        assert client.error() == ("NOT_FOUND", "Servable not found for request: Latest(detector)")
+        assert client.error() == fact("servable_not_found_latest", model="detector")
         log = server.log_text()
-        assert "No versions of servable detector found under base path" in log
+        assert text("no_numeric_versions", model="detector", path=base) in log
         assert "the local server runs every request unbatched" in log
         # Shutdown is clean, and a second signal in the middle of it does not hang it.
         assert server.process is not None
@@ -259,9 +256,8 @@ def test_startup_waits_until_a_version_directory_appears(two_versions, tmp_path)
         server.start(timeout=120)  # returns only once the port is open
         helper.join()
         log = server.log_text()
-        assert log.index("No versions of servable detector found under base path") < log.index(
-            "Running gRPC ModelServer"
-        )
+        no_versions = text("no_numeric_versions", model="detector", path=base)
+        assert log.index(no_versions) < log.index("Running gRPC ModelServer")
     finally:
         helper.join()
         server.stop()
@@ -328,9 +324,8 @@ def test_config_file_changes_are_applied_while_serving(
 
         config.write_text(model_config(detector_config(base, moved)))
         wait_for(lambda: client.states("detector_encoded") == {1: END}, what="the removal")
-        assert client.error("detector_encoded") == (
-            "NOT_FOUND",
-            "Servable not found for request: Latest(detector_encoded)",
+        assert client.error("detector_encoded") == fact(
+            "servable_not_found_latest", model="detector_encoded"
         )
         assert "warmup data" not in server.log_text()
 
@@ -347,10 +342,8 @@ def test_labels_at_startup_need_the_allow_flag(two_versions, tmp_path):
     )
     result = run_to_exit([f"--model_config_file={config}", f"--port={free_port()}"])
     assert result.returncode == 255
-    assert (
-        "Failed to start server. Error: FAILED_PRECONDITION: Request to assign label to version 1 "
-        "of model detector, which is not currently available for inference" in result.stdout
-    )
+    code, message = fact("label_on_unavailable_version", version=1, model="detector")
+    assert text("startup_failed", code=code, message=message) in result.stdout
 
 
 def write_records(path: Path, records: list[prediction_log_pb2.PredictionLog]) -> None:

@@ -34,38 +34,20 @@ def to_model_ref(spec: pb.ModelSpec) -> ModelRef:
 
 
 def to_detect(
-    request: pb.DetectRequest,
-    request_id: str,
-    method: str,
-    timeout: float | None,
-    trace: Trace,
+    request: pb.DetectRequest, request_id: str, method: str, timeout: float | None, trace: Trace
 ) -> Request:
+    options = DetectOptions(request.min_score, request.max_detections)
     return Request(
-        image=request.image,
-        model=to_model_ref(request.model),
-        options=DetectOptions(request.min_score, request.max_detections),
-        request_id=request_id,
-        timeout=timeout,
-        method=method,
-        trace=trace,
+        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
     )
 
 
 def to_classify(
-    request: cpb.ClassifyRequest,
-    request_id: str,
-    method: str,
-    timeout: float | None,
-    trace: Trace,
+    request: cpb.ClassifyRequest, request_id: str, method: str, timeout: float | None, trace: Trace
 ) -> Request:
+    options = ClassifyOptions(request.top_k, request.min_score)
     return Request(
-        image=request.image,
-        model=to_model_ref(request.model),
-        options=ClassifyOptions(request.top_k, request.min_score),
-        request_id=request_id,
-        timeout=timeout,
-        method=method,
-        trace=trace,
+        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
     )
 
 

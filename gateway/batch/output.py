@@ -1,0 +1,186 @@
+"""OUTPUT: result files, checkpoints, shard and job markers, summary (see gateway.batch).
+
+Layout under OUTPUT:
+
+    <unit>.jsonl                      finished output files (written once, atomically)
+    _SUCCESS.SSSSS                    shard SSSSS finished (its counts, as JSON)
+    _SUCCESS, summary.json            every shard finished (the job's counts)
+    _batch/job.json                   the arguments that shape the results, checked on resume
+    _batch/shard-SSSSS.json           when the shard first started
+    _batch/parts/<unit>/AAAAAAAAAAAA-BBBBBBBBBBBB.jsonl
+                                      committed lines [A, B) of an unfinished output file:
+                                      one header line (their counts), then the lines
+    _batch/done/<unit>.json           counts of a finished output file (written just before it)
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.batch import storage
+from gateway.batch.storage import Location
+
+STATE = "_batch"
+_PART = re.compile(r"^(\d{12})-(\d{12})\.jsonl$")
+
+
+@dataclass
+class Counts:
+    """Lines per status code name ("OK" for results) and per model@version that served."""
+
+    codes: Counter[str] = field(default_factory=Counter)
+    models: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: Counts) -> None:
+        self.codes.update(other.codes)
+        self.models.update(other.models)
+
+    @property
+    def total(self) -> int:
+        return sum(self.codes.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"codes": dict(sorted(self.codes.items())), "models": dict(self.models)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Counts:
+        return cls(Counter(data.get("codes", {})), Counter(data.get("models", {})))
+
+
+def shard_marker(index: int) -> str:
+    return f"_SUCCESS.{index:05d}"
+
+
+class Output:
+    """The OUTPUT prefix and the runner's state in it."""
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self.fs = location.fs
+
+    def path(self, relative: str) -> str:
+        return self.location.child(relative)
+
+    def exists(self, relative: str) -> bool:
+        return storage.exists(self.fs, self.path(relative))
+
+    def read_json(self, relative: str) -> Any:
+        return json.loads(storage.read_bytes(self.fs, self.path(relative)))
+
+    def write_json(self, relative: str, data: Any) -> None:
+        text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+        storage.write_atomic(self.fs, self.path(relative), text.encode())
+
+    # --- output files and their committed parts ------------------------------------------
+
+    def parts_dir(self, unit: str) -> str:
+        return self.path(posixpath.join(STATE, "parts", unit))
+
+    def resume_point(self, unit: str) -> tuple[int, list[str], Counts]:
+        """Lines of `unit` already committed: (next index, part paths in order, counts).
+
+        The parts that chain from line 0 count; a part that does not fit the chain (left by
+        a duplicate process that cut its parts elsewhere) or whose line count is wrong is
+        deleted.
+        """
+        directory = self.parts_dir(unit)
+        storage.remove_temporaries(self.fs, directory)
+        spans: dict[int, list[tuple[int, str]]] = {}
+        for path in storage.listing(self.fs, directory):
+            match = _PART.match(posixpath.basename(path))
+            if match:
+                start, end = int(match.group(1)), int(match.group(2))
+                spans.setdefault(start, []).append((end, path))
+        chain: list[str] = []
+        counts = Counts()
+        position = 0
+        used: set[str] = set()
+        while position in spans:
+            end, path = max(spans[position])
+            header, lines = _read_part(self.fs, path)
+            if header is None or lines != end - position:
+                break
+            counts.add(header)
+            chain.append(path)
+            used.add(path)
+            position = end
+        stray = [p for group in spans.values() for _, p in group if p not in used]
+        storage.delete(self.fs, stray)
+        return position, chain, counts
+
+    def commit_part(self, unit: str, start: int, lines: list[bytes], counts: Counts) -> str:
+        name = f"{start:012d}-{start + len(lines):012d}.jsonl"
+        path = posixpath.join(self.parts_dir(unit), name)
+        header = json.dumps(counts.to_json()).encode() + b"\n"
+        storage.write_atomic(self.fs, path, header + b"".join(lines))
+        return path
+
+    def finish_unit(self, unit: str, parts: list[str], counts: Counts) -> None:
+        """Counts first, then the output file (atomic), then the parts go."""
+        self.write_json(posixpath.join(STATE, "done", unit + ".json"), counts.to_json())
+        storage.write_atomic_parts(self.fs, self.path(unit), parts, skip_first_line=True)
+        self.clean_unit(unit)
+
+    def unit_done(self, unit: str) -> Counts | None:
+        """Counts of a finished output file, or None when it is not finished."""
+        if not self.exists(unit):
+            return None
+        return Counts.from_json(self.read_json(posixpath.join(STATE, "done", unit + ".json")))
+
+    def remove_temporaries(self, shard: int, units: list[str], alone: bool) -> None:
+        """Temporaries that killed runs of this shard left next to the files it writes
+        (local disks; an object store has none). Files other shards write too (job.json,
+        summary.json, _SUCCESS) only when the job has one shard: another shard may be
+        writing them right now."""
+        targets = {
+            self.path(shard_marker(index=shard)),
+            self.path(f"{STATE}/shard-{shard:05d}.json"),
+        }
+        for unit in units:
+            targets.add(self.path(unit))
+            targets.add(self.path(posixpath.join(STATE, "done", unit + ".json")))
+        if alone:
+            targets |= {
+                self.path("summary.json"),
+                self.path("_SUCCESS"),
+                self.path(f"{STATE}/job.json"),
+            }
+        by_directory: dict[str, set[str]] = {}
+        for target in targets:
+            by_directory.setdefault(posixpath.dirname(target), set()).add(
+                posixpath.basename(target)
+            )
+        for directory, names in sorted(by_directory.items()):
+            storage.remove_temporaries(self.fs, directory, names)
+
+    def clean_unit(self, unit: str) -> None:
+        """Parts left when a run was killed between writing the output and deleting them."""
+        directory = self.parts_dir(unit)
+        storage.delete(self.fs, storage.listing(self.fs, directory))
+        storage.remove_empty_dir(self.fs, directory)
+
+
+def _read_part(fs: Any, path: str) -> tuple[Counts | None, int]:
+    data = storage.read_bytes(fs, path)
+    newline = data.find(b"\n")
+    if newline < 0 or not data.endswith(b"\n"):
+        return None, -1
+    try:
+        header = Counts.from_json(json.loads(data[:newline]))
+    except ValueError:
+        return None, -1
+    return header, data.count(b"\n") - 1
+
+
+def now() -> float:
+    return time.time()
+
+
+def iso(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
