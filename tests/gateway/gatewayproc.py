@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -87,26 +88,57 @@ class GatewayProcess:
         return stop_process(self.process, timeout)
 
 
+# The gateway's startup line names the address it bound: `"address":"127.0.0.1:PORT"`.
+_LISTENING = re.compile(rb'"message":"gateway listening","address":"[^"]*:(\d+)"')
+
+
+def _bound_port(process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:
+    """The port the gateway bound, from its "gateway listening" log line."""
+    deadline = time.monotonic() + timeout
+    while True:
+        match = _LISTENING.search(log_path.read_bytes())
+        if match:
+            return int(match.group(1))
+        if process.poll() is not None:
+            raise AssertionError(f"gateway exited before listening:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gateway did not listen in {timeout} s:\n{log_path.read_text()}")
+        time.sleep(0.02)
+
+
 @contextmanager
 def run_gateway(
     upstream: str, args: Sequence[str] = (), log_dir: Path | None = None, wait_ready: bool = True
 ) -> Iterator[GatewayProcess]:
-    port, metrics_port = free_port(), free_port()
+    """Starts `python -m gateway` on 127.0.0.1 and yields it once it listens (and, with
+    `wait_ready`, once health is SERVING); always stops it.
+
+    The gRPC port is 0 (the OS picks a free one, read back from the startup log): a port
+    chosen in advance could be taken by another test's gateway in the meantime, and with
+    SO_REUSEPORT (gRPC's default) both would then share it silently. `--workers` needs a
+    fixed port, so there a free port is chosen (that small race remains).
+    """
+    workers = any(a.startswith("--workers") and a not in ("--workers=1",) for a in args)
+    fixed_port = free_port() if workers else 0
+    metrics_port = free_port()  # no SO_REUSEPORT: a collision fails loudly at startup
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-    log_path = log_dir / f"gateway-{port}.log"
+    log_path = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log", dir=log_dir)[1])
     command = [
         sys.executable, "-m", "gateway",
         "--host=127.0.0.1",
-        f"--port={port}",
+        f"--port={fixed_port}",
         f"--metrics-port={metrics_port}",
         f"--upstream={upstream}",
         "--health-interval=0.3",
+        "--log-level=INFO",  # the startup line names the bound port (a later flag wins)
         *args,
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    gateway = GatewayProcess(process, port, metrics_port, log_path)
+    gateway = GatewayProcess(process, fixed_port, metrics_port, log_path)
     try:
+        if not fixed_port:
+            gateway.port = _bound_port(process, log_path, timeout=120)
         if wait_ready:
             gateway.wait_health(SERVING, SERVICE)
         yield gateway
