@@ -17,12 +17,8 @@ Together RSS stays near 80 MiB. Each setting is skipped when its environment var
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import logging
 import os
 import sys
-
-log = logging.getLogger("gateway.memory")
 
 # mallopt parameter numbers (glibc malloc.h).
 M_MMAP_THRESHOLD = -3
@@ -39,10 +35,10 @@ def tune_malloc() -> dict[str, int]:
     """Applies the settings not given in the environment; returns those applied."""
     if not sys.platform.startswith("linux"):
         return {}
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
+        # The process's own symbols: libc is loaded already (ctypes.util.find_library would
+        # run a subprocess, and the gateway opens no files it does not need).
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
         return {}
     applied = {}

@@ -25,6 +25,15 @@ def _range(values: list[float], unit: str = "s") -> str:
     return f"{low:.2f} {unit}" if low == high else f"{low:.2f}–{high:.2f} {unit}"
 
 
+def _limit(values: list[float], limit: float) -> str:
+    over = sum(v > limit for v in values)
+    return (
+        f"limit {limit:g} s"
+        if not over
+        else f"over the {limit:g} s limit in {over} of {len(values)}"
+    )
+
+
 def _codes(by_code: Mapping[str, int]) -> str:
     return ", ".join(f"{count:,} {code}" for code, count in sorted(by_code.items()))
 
@@ -38,8 +47,9 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
                 f"{k['requests']:,} requests: {_codes(k['by_code'])}; slowest failure "
                 f"{k['slowest_failure_seconds']} s (deadline 10 s); outages "
                 f"{_range(k['outage_seconds'])} (model loading); serving again "
-                f"{_range(k['recovery_seconds'])} after TF Serving's port opened (limit 5 s), "
-                f"no restart; gateway RSS {_mib(k['gateway_rss_kib']['VmRSS'])} after",
+                f"{_range(k['recovery_seconds'])} after TF Serving's port opened "
+                f"({_limit(k['recovery_seconds'], 5.0)}), no restart; gateway RSS "
+                f"{_mib(k['gateway_rss_kib']['VmRSS'])} after",
             )
         )
     if (s := report.get("slow_tf_serving")) is not None:
