@@ -98,7 +98,8 @@ def test_a_retry_gets_only_the_time_the_callers_deadline_has_left(
     assert code == grpc.StatusCode.OK
     first, retry = [left for method, left in faulty.deadlines[before:] if method == "Predict"]
     assert first is not None and retry is not None
-    assert first <= 6.0 and retry <= 6.0 - 1.5
+    # gRPC's timeout header rounds up by a few milliseconds.
+    assert first <= 6.1 and retry <= 6.0 - 1.5 + 0.1
 
 
 def test_budget_decisions_are_counted_in_a_long_outage(
