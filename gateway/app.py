@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway import metrics
+from gateway import memory, metrics
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import server as grpc_door
 from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
-from gateway.readiness import Readiness
+from gateway.readiness import Readiness, WorkerGroup
 from gateway.upstream.client import TFServingClient
 
 if TYPE_CHECKING:
@@ -38,13 +38,16 @@ def load_models(settings: Settings) -> ModelRegistry:
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace."""
+    memory.tune_malloc()  # before the decode threads exist
     registry = load_models(settings)
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     client = TFServingClient(settings)
     pipeline = Pipeline(settings, client, registry, executor)
     grpc = grpc_door.build(settings, pipeline)
     await grpc.statuses.start()
-    readiness = Readiness(client, registry.default_model, settings.health_interval)
+    readiness = Readiness(
+        client, registry.default_model, settings.health_interval, WorkerGroup.from_environ()
+    )
     readiness.subscribe(grpc.statuses.on_readiness)
     http: HttpDoor | None = None
     if settings.http_port:
@@ -82,15 +85,26 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
 
     log.info("shutting down", extra={"fields": {"grace_seconds": settings.shutdown_grace}})
     # Readiness goes NOT_SERVING (and /ping 503) first so load balancers stop sending new
-    # work, then both doors refuse new requests and wait for the in-flight ones up to the
-    # grace period, side by side.
+    # work; both doors refuse new API requests (gRPC: UNAVAILABLE while health checks still
+    # answer) and give the in-flight ones up to the grace period, side by side. Then the gRPC
+    # server stops, cutting what is left.
     await grpc.health.enter_graceful_shutdown()
     if http is not None:
         http.drain()
     readiness_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await readiness_task
-    stops = [grpc.server.stop(settings.shutdown_grace)]
+    readiness.withdraw()
+
+    async def stop_grpc() -> None:
+        left = await grpc.drain.drain(settings.shutdown_grace)
+        if left:
+            log.warning(
+                "grace period over; cancelling calls", extra={"fields": {"in_flight": left}}
+            )
+        await grpc.server.stop(0)
+
+    stops = [stop_grpc()]
     if http is not None:
         stops.append(http.stop())
     await asyncio.gather(*stops)

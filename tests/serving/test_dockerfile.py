@@ -10,7 +10,6 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
