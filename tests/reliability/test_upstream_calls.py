@@ -168,12 +168,6 @@ def _huge_class_id(response: tfs.PredictResponse) -> None:
     tensor.tensor_content = values.tobytes()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, not in this branch's files: map_detections accepts a class id beyond "
-    "int32 and the converter's protobuf ValueError escapes the servicer as UNKNOWN "
-    "'Unexpected <class ValueError>' (gateway/tasks/detection.py, frontends/grpc/servicers.py)",
-)
 def test_an_unexpected_exception_is_internal_with_the_request_id(
     faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
 ) -> None:
