@@ -84,8 +84,8 @@ class Settings:
     shutdown_grace: float = 20.0
     log_level: str = "INFO"
     # Retries towards TF Serving (see README "Reliability"): attempts per call including the
-    # first, only on connection-level UNAVAILABLE, never on TF Serving's queue-full
-    # UNAVAILABLE, always within the caller's deadline. 3 attempts ride out a pod restart
+    # first, on UNAVAILABLE (connection or a server shutting down), never on TF Serving's
+    # queue-full UNAVAILABLE, always within the caller's deadline. 3 attempts ride out a pod restart
     # or a dropped connection without stretching a real outage.
     upstream_max_attempts: int = 3
     # First retry waits up to this long (full jitter), doubling per attempt, capped at 1 s.
