@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway import memory, metrics
+from gateway import memory, metrics, tracing
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import server as grpc_door
@@ -40,6 +40,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace."""
     memory.tune_malloc()  # before the decode threads exist
     registry = load_models(settings)
+    tracing.setup()
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     client = TFServingClient(settings)
     pipeline = Pipeline(settings, client, registry, executor)
