@@ -316,9 +316,12 @@ class TFServingClient:
             await asyncio.sleep(delay)
             attempt += 1
 
-    async def signature(self, model: ModelRef, timeout: float) -> Signature:
-        """The signature to build this request's input with (cached; see SignatureCache)."""
-        return await self.signatures.get(model, timeout)
+    async def signature(
+        self, model: ModelRef, timeout: float, metadata: Metadata = ()
+    ) -> Signature:
+        """The signature to build this request's input with (cached; see SignatureCache);
+        `metadata` (trace headers) goes along when it has to be fetched."""
+        return await self.signatures.get(model, timeout, metadata)
 
     async def _fetch_signature(
         self, model: ModelRef, timeout: float, metadata: Metadata = ()
