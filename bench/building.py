@@ -9,12 +9,15 @@
     decode alone.
 
 (b) and (c) run interleaved (b, c, b, c, ...), so machine noise hits both alike; (a) runs in
-its own loop just before. The median of each is reported.
+its own loop, or in a process of its own (`run(..., parts)`, as bench.recipe does, since
+the recipe's allocations change glibc's state for whatever runs after it). The median of
+each is reported, with the minor page faults per call.
 """
 
 from __future__ import annotations
 
 import io
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -45,17 +48,32 @@ class Row:
     gateway_ms: float
     floor_ms: float
     request_bytes: int
+    recipe_faults: float = 0.0  # minor page faults per call (median)
+    gateway_faults: float = 0.0
+
+
+# Minor page faults per call, by case name, from the last _medians run (load-independent:
+# a fault is fresh memory the kernel maps in, whatever else the machine is doing).
+FAULTS: dict[str, float] = {}
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _medians(cases: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in cases}
+    faults: dict[str, list[int]] = {name: [] for name in cases}
     for case in cases.values():  # warm-up: imports, first-touch allocations
         case()
     for _ in range(repeat):
         for name, case in cases.items():
+            before = _minor_faults()
             started = time.perf_counter()
             case()
             times[name].append(time.perf_counter() - started)
+            faults[name].append(_minor_faults() - before)
+    FAULTS.update({name: statistics.median(values) for name, values in faults.items()})
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
@@ -79,11 +97,18 @@ def floor(data: bytes) -> np.ndarray:
         return np.asarray(image)
 
 
-def run(photos: dict[str, bytes], repeat: int) -> tuple[list[Row], dict[str, float]]:
-    """Request building per image, and response parsing (µs) recipe vs gateway."""
-    import tensorflow as tf  # the recipe needs it; the gateway never imports it
-    from tensorflow_serving.apis import predict_pb2
+def run(
+    photos: dict[str, bytes], repeat: int, parts: tuple[str, ...] = ("recipe", "gateway")
+) -> tuple[list[Row], dict[str, float]]:
+    """Request building per image, and response parsing (µs) recipe vs gateway. `parts`
+    leaves the recipe or the gateway (with the floor) out, so each can be measured in a
+    process the other never ran in (their allocations change the allocator's state);
+    a part left out is NaN in the rows."""
+    if "recipe" in parts:
+        import tensorflow as tf  # the recipe needs it; the gateway never imports it
+        from tensorflow_serving.apis import predict_pb2
 
+    nan = float("nan")
     envelope = request_envelope(ModelRef("pixels"), REQUIRED_OUTPUTS)
     rows = []
     for name, data in photos.items():
@@ -95,18 +120,24 @@ def run(photos: dict[str, bytes], repeat: int) -> tuple[list[Row], dict[str, flo
                 data, InputPlan("input_tensor", InputMode.PIXELS), envelope, LIMITS
             ).request
 
-        # The recipe runs in its own loop: interleaved, its large short-lived arrays leave
-        # the allocator and caches cold for whatever runs next, which is not our cost.
-        medians = _medians(
-            {"recipe": lambda data=data: recipe_request(data, tf, predict_pb2)},  # type: ignore[misc]
-            count,
-        )
-        medians |= _medians(
-            {"gateway": gateway_case, "floor": lambda data=data: floor(data)},  # type: ignore[misc]
-            count,
-        )
+        medians = {"recipe": nan, "gateway": nan, "floor": nan}
+        faults = {"recipe": nan, "gateway": nan}
+        if "recipe" in parts:
+            medians |= _medians(
+                {"recipe": lambda data=data: recipe_request(data, tf, predict_pb2)},  # type: ignore[misc]
+                count,
+            )
+            faults["recipe"] = FAULTS["recipe"]
+        if "gateway" in parts:
+            # The gateway and the decode floor interleaved: machine noise hits both alike.
+            medians |= _medians(
+                {"gateway": gateway_case, "floor": lambda data=data: floor(data)},  # type: ignore[misc]
+                count,
+            )
+            faults["gateway"] = FAULTS["gateway"]
         ours = gateway_case()
-        assert len(ours) == len(recipe_request(data, tf, predict_pb2))
+        if "recipe" in parts:
+            assert len(ours) == len(recipe_request(data, tf, predict_pb2))
         rows.append(
             Row(
                 name,
@@ -115,8 +146,12 @@ def run(photos: dict[str, bytes], repeat: int) -> tuple[list[Row], dict[str, flo
                 medians["gateway"],
                 medians["floor"],
                 len(ours),
+                faults["recipe"],
+                faults["gateway"],
             )
         )
+    if "recipe" not in parts:
+        return rows, {"recipe": nan, "gateway": nan}
 
     response = upstream.predict_response("pixels")
     official = predict_pb2.PredictResponse

@@ -40,6 +40,10 @@ class Latencies:
     rate: float = float("nan")  # completed requests per second
 
     def p(self, q: float) -> float:
+        """The q-th percentile in ms; NaN when no call completed (a --quick run on a busy
+        machine can end its measuring window before the first answer)."""
+        if not self.ms:
+            return float("nan")
         return float(np.percentile(np.asarray(self.ms), q))
 
 
@@ -168,6 +172,11 @@ def _h2load(
     return Latencies(ms, errors, float(rate.group(1)) if rate else float("nan"))
 
 
+def _ready(_: int) -> bool:
+    """Run in each client process before the load starts (unpickling it imports us)."""
+    return grpc is not None
+
+
 def _python(
     target: str,
     method: str,
@@ -181,7 +190,9 @@ def _python(
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     context = multiprocessing.get_context("spawn")  # no fork of a process that has gRPC threads
     with context.Pool(processes) as pool:
-        pool.map(time.sleep, [0] * processes)  # spawn (import) before the clock starts
+        # Each process imports this module (grpc, numpy) before the clock starts: on a loaded
+        # machine that can take longer than a short measuring window.
+        pool.map(_ready, range(processes))
         begin = time.time() + warmup
         end = begin + seconds
         results = [

@@ -6,7 +6,8 @@ paths and messages: GetModelStatus (AVAILABLE), GetModelMetadata (an OD API sign
 Predict. Two models: `pixels` (uint8 [1,-1,-1,3] input) and `encoded` (string [-1]).
 
 Predict requests are not parsed (the fixed answer does not depend on them); their bytes are
-counted, so a run can report what the gateway sent per image.
+counted where they arrive, and `/bench.Upstream/Stats` answers the counts so far
+("<requests> <bytes>", ASCII), so a run reports what the gateway really sent per image.
 
     python -m bench.upstream --port 8500
 """
@@ -29,6 +30,7 @@ from gateway.upstream.signatures import SIGNATURE, SIGNATURE_DEF_MAP_TYPE
 MODELS = {"pixels": (tfs.DT_UINT8, (-1, -1, -1, 3)), "encoded": (tfs.DT_STRING, (-1,))}
 VERSION = 1
 DETECTIONS = 100  # rows per output, as the OD API pads them
+STATS = "/bench.Upstream/Stats"  # raw bytes in and out: b"<requests> <bytes>"
 FOUND = 5  # num_detections
 
 
@@ -113,6 +115,9 @@ class Upstream:
         await context.abort(grpc.StatusCode.NOT_FOUND, "Servable not found")
         raise AssertionError("unreachable")
 
+    async def stats(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return f"{self.requests} {self.request_bytes}".encode()
+
     async def metadata(
         self, request: tfs.GetModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> tfs.GetModelMetadataResponse:
@@ -142,12 +147,21 @@ class Upstream:
             PREDICT: unary(self.predict),
             GET_MODEL_METADATA: unary(self.metadata, tfs.GetModelMetadataRequest),
             GET_MODEL_STATUS: unary(self.status, tfs.GetModelStatusRequest),
+            STATS: unary(self.stats),
         }
         by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
         for path, handler in methods.items():
             service, method = path.strip("/").split("/")
             by_service.setdefault(service, {})[method] = handler
         return [grpc.method_handlers_generic_handler(s, m) for s, m in by_service.items()]
+
+
+def stats(target: str) -> tuple[int, int]:
+    """(Predict requests, their bytes) the upstream at `target` has received so far."""
+    with grpc.insecure_channel(target) as channel:
+        answer: bytes = channel.unary_unary(STATS)(b"", timeout=10)
+    requests, size = answer.split()
+    return int(requests), int(size)
 
 
 async def serve(port: int, host: str = "127.0.0.1") -> None:

@@ -8,10 +8,11 @@ import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
-from gateway import metrics
+from gateway import memory, metrics, tracing
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import jobs as grpc_jobs
@@ -20,8 +21,11 @@ from gateway.jobs.service import Executor, JobService
 from gateway.jobs.store import JobStore
 from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
-from gateway.readiness import Readiness
+from gateway.readiness import Readiness, WorkerGroup
 from gateway.upstream.client import TFServingClient
+
+if TYPE_CHECKING:
+    from gateway.frontends.http.server import HttpDoor
 
 log = logging.getLogger("gateway.server")
 
@@ -39,26 +43,38 @@ def load_models(settings: Settings) -> ModelRegistry:
 
 async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace."""
+    memory.tune_malloc()  # before the decode threads exist
     registry = load_models(settings)
+    tracing.setup()
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     client = TFServingClient(settings)
     pipeline = Pipeline(settings, client, registry, executor)
     jobs, lane = build_jobs(settings, pipeline, client)
     grpc = grpc_door.build(settings, pipeline, jobs)
     await grpc.statuses.start()
-    readiness = Readiness(client, registry.default_model, settings.health_interval)
+    readiness = Readiness(
+        client, registry.default_model, settings.health_interval, WorkerGroup.from_environ()
+    )
     readiness.subscribe(grpc.statuses.on_readiness)
+    http: HttpDoor | None = None
+    if settings.http_port:
+        # Imported only when enabled: aiohttp adds to the footprint only when it is used.
+        from gateway.frontends.http.server import HttpDoor
+
+        http = HttpDoor(settings, pipeline, client, registry, readiness)
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
     if lane is not None:
         await lane.start()
     await jobs.start()
+    http_port = await http.start() if http is not None else 0
     readiness_task = asyncio.create_task(readiness.run())
     log.info(
         "gateway listening",
         extra={
             "fields": {
                 "address": f"{settings.host}:{grpc.port}",
+                "http_port": http_port or None,
                 "upstream": settings.upstream,
                 "model": registry.default_model,
                 "models": sorted(registry.models),
@@ -78,13 +94,30 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await stop.wait()
 
     log.info("shutting down", extra={"fields": {"grace_seconds": settings.shutdown_grace}})
-    # Readiness goes NOT_SERVING first so load balancers stop sending new work, then the
-    # server refuses new RPCs and waits for the in-flight ones up to the grace period.
+    # Readiness goes NOT_SERVING (and /ping 503) first so load balancers stop sending new
+    # work; both doors refuse new API requests (gRPC: UNAVAILABLE while health checks still
+    # answer) and give the in-flight ones up to the grace period, side by side. Then the gRPC
+    # server stops, cutting what is left.
     await grpc.health.enter_graceful_shutdown()
+    if http is not None:
+        http.drain()
     readiness_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await readiness_task
-    await grpc.server.stop(settings.shutdown_grace)
+    readiness.withdraw()
+
+    async def stop_grpc() -> None:
+        left = await grpc.drain.drain(settings.shutdown_grace)
+        if left:
+            log.warning(
+                "grace period over; cancelling calls", extra={"fields": {"in_flight": left}}
+            )
+        await grpc.server.stop(0)
+
+    stops = [stop_grpc()]
+    if http is not None:
+        stops.append(http.stop())
+    await asyncio.gather(*stops)
     # Running batch jobs stop where they are (their state stays RUNNING) and resume on start.
     await jobs.close()
     if lane is not None:

@@ -1,9 +1,11 @@
 """A small Python client for the gateway's gRPC API, and its command line.
 
     python -m gateway.client IMAGE... --target localhost:50051 [--task classify] [--model NAME]
-                             [--stream] [--tls --ca-file CA.pem ...]
+                             [--stream] [--tls --ca-file CA.pem ...] [--draw OUT.png]
+    python -m gateway.client IMAGE... --http http://localhost:8080 [--task classify] ...
 
-prints one JSON object per image (the result, or the error) per line.
+prints one JSON object per image (the result, or the error) per line; `--draw` also writes
+the image with the boxes and labels (or top classes) drawn on it.
 
 From Python:
 
@@ -20,15 +22,20 @@ From Python:
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
@@ -37,6 +44,8 @@ from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 
 # Room for the gateway's default 32 MiB image limit plus the rest of the message.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# --draw: boxes and label backgrounds in this colour, label text in white.
+DRAW_COLOUR = (255, 0, 255)
 
 
 @dataclass(frozen=True)
@@ -270,12 +279,122 @@ def tls_from_args(args: argparse.Namespace) -> TLS | None:
     return TLS(args.ca_file, args.cert_file, args.key_file, args.server_name)
 
 
+class HttpClient:
+    """The gateway's HTTP door with urllib: the raw image as the body, options in the query,
+    the proto3 JSON result parsed back into the same messages as the gRPC clients return."""
+
+    def __init__(self, url: str, *, timeout: float = 30.0, task: str = "detect") -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.task = task
+
+    def path(self, model: str, version: int | None, label: str | None) -> str:
+        """The route: /v1/models/{model}[/versions/{n}|/labels/{l}]:{task}, or /invocations
+        (the gateway's default model and its task) when no model is named."""
+        if not model:
+            if version is not None or label is not None:
+                raise ValueError("--version and --label need --model over HTTP")
+            return "/invocations"
+        path = "/v1/models/" + urllib.parse.quote(model, safe="")
+        if version is not None:
+            path += f"/versions/{version}"
+        elif label is not None:
+            path += "/labels/" + urllib.parse.quote(label, safe="")
+        return f"{path}:{self.task}"
+
+    def call(
+        self,
+        image: bytes,
+        *,
+        model: str = "",
+        version: int | None = None,
+        label: str | None = None,
+        **options: Any,
+    ) -> pb.DetectionResult | cpb.ClassificationResult:
+        """One image; raises HttpCallError with the gateway's error code and message."""
+        query = urllib.parse.urlencode({k: v for k, v in options.items() if v})
+        url = self.url + self.path(model, version, label) + (f"?{query}" if query else "")
+        request = urllib.request.Request(
+            url,
+            data=image,
+            headers={"Content-Type": "application/octet-stream", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as e:
+            raise HttpCallError.from_response(e.code, e.read()) from None
+        result: pb.DetectionResult | cpb.ClassificationResult = (
+            pb.DetectionResult() if self.task == "detect" else cpb.ClassificationResult()
+        )
+        return json_format.Parse(body, result, ignore_unknown_fields=True)
+
+
+class HttpCallError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_response(cls, status: int, body: bytes) -> HttpCallError:
+        try:
+            error = json.loads(body)["error"]
+            return cls(status, str(error["code"]), str(error["message"]))
+        except (ValueError, KeyError, TypeError):
+            return cls(status, "UNKNOWN", f"HTTP {status}: {body[:200]!r}")
+
+
+def draw(image: bytes, result: dict[str, Any], out: Path) -> None:
+    """Writes the image (as a viewer shows it: EXIF orientation applied, like the gateway's
+    pixels) with the detections' boxes, labels and scores, or the top classes, drawn on it."""
+    from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+    picture = ImageOps.exif_transpose(Image.open(io.BytesIO(image))).convert("RGB")
+    canvas = ImageDraw.Draw(picture)
+    size = max(12, picture.width // 50)
+    font = ImageFont.load_default(size)
+    line = max(2, picture.width // 320)
+
+    def label(text: str, x: int, y: int) -> None:
+        left, top, right, bottom = canvas.textbbox((0, 0), text, font=font)
+        height = bottom - top + 4
+        top_y = y - height if y - height >= 0 else y
+        canvas.rectangle((x, top_y, x + right - left + 6, top_y + height), fill=DRAW_COLOUR)
+        canvas.text((x + 3, top_y + 2 - top), text, fill="white", font=font)
+
+    for d in result.get("detections", []):
+        box = d["box"]
+        canvas.rectangle(
+            (box["x_min"], box["y_min"], box["x_max"] - 1, box["y_max"] - 1),
+            outline=DRAW_COLOUR,
+            width=line,
+        )
+    for d in result.get("detections", []):
+        label(f"{d['label']} {d['score']:.2f}", d["box"]["x_min"], d["box"]["y_min"])
+    for rank, c in enumerate(result.get("classes", [])):
+        label(f"{c['label']} {c['score']:.3f}", 0, rank * (size + 8))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    picture.save(out)
+
+
+def draw_path(out: Path, index: int, count: int) -> Path:
+    """OUT.png for one image; OUT-0.png, OUT-1.png, ... for several."""
+    return out if count == 1 else out.with_name(f"{out.stem}-{index}{out.suffix}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gateway.client", description="Run detection or classification on images."
     )
     parser.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
-    parser.add_argument("--target", default="localhost:50051", help="gateway host:port")
+    parser.add_argument("--target", default="localhost:50051", help="gateway host:port (gRPC)")
+    parser.add_argument(
+        "--http",
+        metavar="URL",
+        help="call the HTTP door at URL (e.g. http://localhost:8080) instead of gRPC",
+    )
     parser.add_argument("--task", choices=("detect", "classify"), default="detect")
     parser.add_argument("--model", default="", help="model name (default: the gateway's)")
     choice = parser.add_mutually_exclusive_group()
@@ -286,8 +405,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=0, help="classify only")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
     parser.add_argument("--stream", action="store_true", help="send all images on one stream")
+    parser.add_argument(
+        "--draw",
+        type=Path,
+        metavar="OUT.png",
+        help="write the image with its boxes and labels (or top classes) drawn; with several "
+        "images OUT-0.png, OUT-1.png, ...",
+    )
     add_tls_arguments(parser)
     args = parser.parse_args(argv)
+    if args.http and args.stream:
+        parser.error("--stream is gRPC only (the HTTP door takes one image per request)")
 
     fields: dict[str, Any] = {
         "model": args.model,
@@ -295,40 +423,86 @@ def main(argv: Sequence[str] | None = None) -> int:
         "label": args.label,
         "min_score": args.min_score,
     }
-    client: DetectionClient | ClassificationClient
     if args.task == "detect":
         fields["max_detections"] = args.max_detections
-        client = DetectionClient(args.target, timeout=args.timeout, tls=tls_from_args(args))
-        one, many, to_dict = client.detect, client.detect_stream, result_to_dict
     else:
         fields["top_k"] = args.top_k
+    to_dict = result_to_dict if args.task == "detect" else classification_to_dict
+
+    def report(index: int, path: Path, image: bytes, result: Any) -> bool:
+        line = to_dict(result)
+        print(json.dumps({"image": str(path), **line}))
+        if args.draw and "error" not in line:
+            draw(image, line, draw_path(args.draw, index, len(args.images)))
+        return "error" in line
+
+    if args.http:
+        return _main_http(args, fields, report)
+    client: DetectionClient | ClassificationClient
+    if args.task == "detect":
+        client = DetectionClient(args.target, timeout=args.timeout, tls=tls_from_args(args))
+        one, many = client.detect, client.detect_stream
+    else:
         client = ClassificationClient(args.target, timeout=args.timeout, tls=tls_from_args(args))
-        one, many, to_dict = client.classify, client.classify_stream, classification_to_dict  # type: ignore[assignment]
+        one, many = client.classify, client.classify_stream  # type: ignore[assignment]
     failed = 0
     with client:
         try:
             if args.stream:
-                blobs = (path.read_bytes() for path in args.images)
-                for path, result in zip(args.images, many(blobs, **fields), strict=True):
-                    line = to_dict(result)
-                    failed += "error" in line
-                    print(json.dumps({"image": str(path), **line}))
+                blobs = [path.read_bytes() for path in args.images]
+                results = many(iter(blobs), **fields)
+                for index, (path, image, result) in enumerate(
+                    zip(args.images, blobs, results, strict=True)
+                ):
+                    failed += report(index, path, image, result)
             else:
-                for path in args.images:
+                for index, path in enumerate(args.images):
+                    image = path.read_bytes()
                     try:
-                        result = one(path.read_bytes(), **fields)
+                        result = one(image, **fields)
                     except grpc.RpcError as e:
                         failed += 1
                         error = {"code": e.code().name, "message": e.details()}
                         print(json.dumps({"image": str(path), "error": error}))
                         continue
-                    print(json.dumps({"image": str(path), **to_dict(result)}))
+                    failed += report(index, path, image, result)
         except grpc.RpcError as e:
             print(json.dumps({"error": {"code": e.code().name, "message": e.details()}}))
             return 1
         except OSError as e:
             print(f"cannot read image: {e}", file=sys.stderr)
             return 2
+    return 1 if failed else 0
+
+
+def _main_http(
+    args: argparse.Namespace,
+    fields: dict[str, Any],
+    report: Callable[[int, Path, bytes, Any], bool],
+) -> int:
+    client = HttpClient(args.http, timeout=args.timeout, task=args.task)
+    failed = 0
+    for index, path in enumerate(args.images):
+        try:
+            image = path.read_bytes()
+        except OSError as e:
+            print(f"cannot read image: {e}", file=sys.stderr)
+            return 2
+        try:
+            result = client.call(image, **fields)
+        except HttpCallError as e:
+            failed += 1
+            error = {"code": e.code, "message": e.message, "http_status": e.status}
+            print(json.dumps({"image": str(path), "error": error}))
+            continue
+        except (OSError, ValueError) as e:  # connection refused, bad URL
+            print(
+                json.dumps(
+                    {"image": str(path), "error": {"code": "UNAVAILABLE", "message": str(e)}}
+                )
+            )
+            return 1
+        failed += report(index, path, image, result)
     return 1 if failed else 0
 
 

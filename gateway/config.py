@@ -23,6 +23,21 @@ class Settings:
     # Where the gateway listens. 0.0.0.0 serves every interface, as a pod must.
     host: str = "0.0.0.0"
     port: int = 50051
+    # The HTTP door (JSON, MessagePack, raw images, multipart; /ping and /invocations for
+    # SageMaker-style hosting, which calls port 8080). 0 disables it, and then aiohttp is
+    # not even imported.
+    http_port: int = 8080
+    # Time a client gets to send a request's line and headers, counted from the connection's
+    # start or the end of its previous response; also how long an idle keep-alive connection
+    # stays open. Cuts off clients that trickle headers (slowloris) without a request in
+    # flight. 75 s outlives the 60 s idle timeouts of common load balancers (which must close
+    # first, or they may reuse a connection the gateway is closing).
+    http_header_timeout: float = 75.0
+    # Time a request's whole body may take to arrive once its headers are in; a stalled or
+    # trickling upload gets 408 and its connection closed. 60 s moves a 32 MiB image at
+    # ~5 Mbit/s; the body is read before the request takes a concurrency slot, so a slow
+    # client never holds one.
+    http_body_timeout: float = 60.0
     # TF Serving's gRPC target: host:port, or dns:///headless-service:8500 with
     # upstream_lb=round_robin to spread calls over every pod (a plain ClusterIP Service pins
     # one gateway replica to one TF Serving pod, because gRPC keeps one HTTP/2 connection).
@@ -69,8 +84,8 @@ class Settings:
     shutdown_grace: float = 20.0
     log_level: str = "INFO"
     # Retries towards TF Serving (see README "Reliability"): attempts per call including the
-    # first, only on connection-level UNAVAILABLE, never on TF Serving's queue-full
-    # UNAVAILABLE, always within the caller's deadline. 3 attempts ride out a pod restart
+    # first, on UNAVAILABLE (connection or a server shutting down), never on TF Serving's
+    # queue-full UNAVAILABLE, always within the caller's deadline. 3 attempts ride out a pod restart
     # or a dropped connection without stretching a real outage.
     upstream_max_attempts: int = 3
     # First retry waits up to this long (full jitter), doubling per attempt, capped at 1 s.
@@ -137,6 +152,15 @@ class Settings:
         return self.max_receive_message_bytes or self.max_image_bytes + MESSAGE_OVERHEAD
 
     @property
+    def http_max_body_bytes(self) -> int:
+        """HTTP body limit: any image within max_image_bytes fits, even base64 in JSON.
+
+        The gRPC receive limit plus base64's third (JSON carries the image as base64), so the
+        same images pass both doors; bodies over it get 413 before they are buffered.
+        """
+        return self.server_max_receive_bytes + (self.max_image_bytes + 2) // 3
+
+    @property
     def upstream_send_bytes(self) -> int:
         """Upstream send limit: any image within max_pixels fits as a uint8 tensor."""
         payload = max(3 * self.max_pixels, self.max_image_bytes)
@@ -168,6 +192,14 @@ class Settings:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
         if self.workers > 1 and self.port == 0:
             raise ValueError("workers above 1 need a fixed port (they share it), not port 0")
+        if self.http_port < 0 or self.port < 0:
+            raise ValueError("port and http-port must be >= 0 (http-port 0 disables HTTP)")
+        if self.http_port and self.http_port in (self.port, self.metrics_port):
+            raise ValueError(
+                f"http-port {self.http_port} is also the gRPC or metrics port; give each its own"
+            )
+        if self.http_header_timeout <= 0 or self.http_body_timeout <= 0:
+            raise ValueError("http-header-timeout and http-body-timeout must be positive")
         if self.upstream_timeout <= 0 or self.health_interval <= 0:
             raise ValueError("upstream-timeout and health-interval must be positive")
         if self.upstream_max_attempts < 1:
@@ -209,6 +241,9 @@ def _parse_label_maps(text: str) -> dict[str, Path]:
 _HELP = {
     "host": "address to listen on",
     "port": "gRPC port",
+    "http_port": "HTTP port (REST routes, /invocations, /ping, web page); 0 disables",
+    "http_header_timeout": "seconds for a request's headers (and idle keep-alive)",
+    "http_body_timeout": "seconds for a request's body to arrive; then 408",
     "upstream": "TF Serving gRPC target (host:port or dns:///service:port)",
     "upstream_lb": "client-side load balancing over the target's addresses",
     "model": "model used when a request names none",
@@ -286,7 +321,8 @@ def parse_settings(
     defaults = Settings()
     parser = argparse.ArgumentParser(
         prog="python -m gateway",
-        description="Vision gateway: typed gRPC API (detection, classification) in front of "
+        description="Vision gateway: typed gRPC and HTTP APIs (detection, classification) in "
+        "front of "
         "TensorFlow Serving. "
         "Each flag can also be set with the environment variable shown.",
     )

@@ -8,12 +8,26 @@ import sys
 import time
 from typing import Any
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        # The date and time to the second, made once per second rather than per line.
+        self._second = -1
+        self._stamp = ""
+
+    def _time(self, created: float) -> str:
+        second = int(created)
+        if second != self._second:
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = second
+        return self._stamp
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "time": f"{self._time(record.created)}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -23,7 +37,7 @@ class JsonFormatter(logging.Formatter):
             entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, separators=(",", ":"))
+        return _encode(entry)
 
 
 def setup(level: str) -> None:

@@ -30,8 +30,8 @@ IN_FLIGHT = Gauge(
 
 UPSTREAM_RETRIES = Counter(
     "detection_gateway_upstream_retries",
-    "Retry decisions on TF Serving calls that failed with a connection-level UNAVAILABLE: "
-    "retried, or not retried because the retry budget was spent.",
+    "Retry decisions on TF Serving calls that failed with UNAVAILABLE (not TF Serving's "
+    "queue-full): retried, or not retried because the retry budget was spent.",
     ["rpc", "decision"],
 )
 

@@ -3,13 +3,20 @@
 Polls TF Serving's GetModelStatus for the default model: ready while some version is
 AVAILABLE, not ready otherwise, and back by itself when it recovers. Front doors subscribe
 (gRPC health statuses) or read `ready` (HTTP /ping).
+
+With `--workers N` the pod is one port served by N processes, and a probe reaches any one of
+them: each worker publishes its own readiness into the supervisor's directory (a file per
+worker, present while that worker listens and sees the model AVAILABLE) and is ready only
+while all N files are there, so every worker gives the pod's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 
 from gateway.upstream.client import TFServingClient
 
@@ -17,12 +24,61 @@ log = logging.getLogger("gateway.health")
 
 Listener = Callable[[bool], Awaitable[None]]
 
+# Set by the supervisor (gateway.workers) for each worker it starts.
+GROUP_DIR_ENV = "GATEWAY_WORKER_READY_DIR"
+GROUP_INDEX_ENV = "GATEWAY_WORKER_INDEX"
+GROUP_COUNT_ENV = "GATEWAY_WORKER_COUNT"
+
+
+class WorkerGroup:
+    """The readiness of the workers of one supervisor, shared through a directory."""
+
+    def __init__(self, directory: Path, index: int, count: int) -> None:
+        if not 0 <= index < count:
+            raise ValueError(f"worker index {index} is not in [0, {count})")
+        self.directory = directory
+        self.index = index
+        self.count = count
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerGroup | None:
+        """The group the supervisor put this worker in, or None when running alone."""
+        environ = os.environ if environ is None else environ
+        if GROUP_DIR_ENV not in environ:
+            return None
+        return cls(
+            Path(environ[GROUP_DIR_ENV]),
+            int(environ[GROUP_INDEX_ENV]),
+            int(environ[GROUP_COUNT_ENV]),
+        )
+
+    def _path(self, index: int) -> Path:
+        return self.directory / f"worker-{index}.ready"
+
+    def publish(self, ready: bool) -> None:
+        """Marks this worker ready (a file) or not (no file)."""
+        path = self._path(self.index)
+        if ready:
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
+
+    def all_ready(self) -> bool:
+        return all(self._path(i).exists() for i in range(self.count))
+
 
 class Readiness:
-    def __init__(self, client: TFServingClient, model: str, interval: float) -> None:
+    def __init__(
+        self,
+        client: TFServingClient,
+        model: str,
+        interval: float,
+        group: WorkerGroup | None = None,
+    ) -> None:
         self._client = client
         self.model = model
         self._interval = interval
+        self._group = group
         self.ready = False
         self._known: bool | None = None
         self._listeners: list[Listener] = []
@@ -35,16 +91,26 @@ class Readiness:
         available = await self._client.model_available(
             self.model, timeout=max(min(self._interval, 5.0), 0.5)
         )
-        self.ready = available
-        if available != self._known:
-            self._known = available
+        ready = available
+        if self._group is not None:
+            self._group.publish(available)
+            ready = available and self._group.all_ready()
+        self.ready = ready
+        if ready != self._known:
+            self._known = ready
             for listener in self._listeners:
-                await listener(available)
-            log.info(
-                "readiness changed",
-                extra={"fields": {"serving": available, "model": self.model}},
-            )
-        return available
+                await listener(ready)
+            fields: dict[str, object] = {"serving": ready, "model": self.model}
+            if self._group is not None:
+                fields.update(model_available=available, worker=self._group.index)
+            log.info("readiness changed", extra={"fields": fields})
+        return ready
+
+    def withdraw(self) -> None:
+        """This worker is stopping: its peers stop counting it as ready."""
+        self.ready = False
+        if self._group is not None:
+            self._group.publish(False)
 
     async def run(self) -> None:
         while True:

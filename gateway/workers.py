@@ -7,8 +7,9 @@ connections over them. The supervisor itself runs no gRPC:
 
 - metrics: workers write prometheus_client's multiprocess files into a private directory and
   serve no port; the supervisor serves their sum on GATEWAY_METRICS_PORT.
-- health: each worker answers health checks from its own TF Serving status checks; all of
-  them watch the same TF Serving, so any worker's answer is the pod's.
+- health: each worker checks TF Serving itself and publishes its readiness into the same
+  directory (gateway.readiness.WorkerGroup); a worker answers SERVING only while every
+  worker listens and sees the model AVAILABLE, so any worker's answer is the pod's.
 - SIGTERM/SIGINT: forwarded to every worker, which drains within GATEWAY_SHUTDOWN_GRACE; the
   supervisor exits when all have exited (code 0 only if every worker's was 0).
 - a worker that dies on its own stops the others and fails the supervisor (exit 1), so the
@@ -29,6 +30,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from gateway.config import Settings
+from gateway.readiness import GROUP_COUNT_ENV, GROUP_DIR_ENV, GROUP_INDEX_ENV
 
 log = logging.getLogger("gateway.workers")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -46,7 +48,14 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
     from gateway import metrics
 
     directory = tempfile.mkdtemp(prefix="gateway-metrics-")
-    env = {**os.environ, MULTIPROC_ENV: directory}
+    ready_dir = os.path.join(directory, "ready")
+    os.mkdir(ready_dir)
+    env = {
+        **os.environ,
+        MULTIPROC_ENV: directory,
+        GROUP_DIR_ENV: ready_dir,
+        GROUP_COUNT_ENV: str(settings.workers),
+    }
     workers: list[subprocess.Popen[bytes]] = []
     stopping = False
 
@@ -59,8 +68,9 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for _ in range(settings.workers):
-            workers.append(subprocess.Popen(worker_command(argv), env=env))
+        for index in range(settings.workers):
+            worker_env = {**env, GROUP_INDEX_ENV: str(index)}
+            workers.append(subprocess.Popen(worker_command(argv), env=worker_env))
             if stopping:  # a signal arrived while starting: stop the latest one too
                 workers[-1].send_signal(signal.SIGTERM)
         log.info(

@@ -6,10 +6,12 @@ forwards to a real (local) TF Serving and injects faults on demand.
         upstream.fail_next(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
         upstream.mutate = lambda response: ...    # broken answers (a tfs.PredictResponse)
         upstream.hold()                           # Predicts wait until release()
+        upstream.fail_next(grpc.StatusCode.UNAVAILABLE, "...", method="GetModelMetadata")
 
 It counts calls per method, Predicts in progress, and Predicts whose caller went away
-(deadline or cancellation) before the answer. Bytes pass through untouched unless a mutation
-is set. Binds 127.0.0.1 only; optional TLS/mTLS with `credentials`.
+(deadline or cancellation) before the answer, and records the metadata of every call
+(`received`: method name and the caller's metadata as a dict). Bytes pass through
+untouched unless a mutation is set. Binds 127.0.0.1 only; optional TLS/mTLS with `credentials`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,16 @@ class FaultyUpstream:
         self.calls: Counter[str] = Counter()
         self.active = 0
         self.cancelled = 0
-        self._failures: deque[tuple[grpc.StatusCode, str]] = deque()
+        # (method name, the caller's metadata) for every call, in arrival order.
+        self.received: list[tuple[str, dict[str, str]]] = []
+        # (method name, the caller's address as gRPC names it, e.g. "ipv4:127.0.0.1:40312").
+        self.peers: list[tuple[str, str]] = []
+        # (method name, seconds the caller's deadline left on arrival, None without one).
+        self.deadlines: list[tuple[str, float | None]] = []
+        # Callers (addresses as in `peers`) whose calls of any method get UNAVAILABLE: one
+        # gateway process among several loses TF Serving while the others keep it.
+        self.cut_off: set[str] = set()
+        self._failures: dict[str, deque[tuple[grpc.StatusCode, str, float]]] = {}
         self._released = threading.Event()
         self._released.set()
         self._lock = threading.Lock()
@@ -87,10 +98,23 @@ class FaultyUpstream:
 
     # --- controls -------------------------------------------------------------------
 
-    def fail_next(self, code: grpc.StatusCode, details: str, times: int = 1) -> None:
-        """The next `times` Predicts are answered with this status, without forwarding."""
+    def fail_next(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        times: int = 1,
+        method: str = "Predict",
+        after: float = 0.0,
+    ) -> None:
+        """The next `times` calls of `method` (Predict, GetModelMetadata, GetModelStatus) are
+        answered with this status, without forwarding, `after` seconds after they arrive."""
         with self._lock:
-            self._failures.extend([(code, details)] * times)
+            self._failures.setdefault(method, deque()).extend([(code, details, after)] * times)
+
+    def metadata_of(self, method: str) -> list[dict[str, str]]:
+        """The metadata each call of `method` arrived with, in order."""
+        with self._lock:
+            return [metadata for name, metadata in self.received if name == method]
 
     def hold(self) -> None:
         """Predicts from now on wait (after forwarding nothing) until release()."""
@@ -114,16 +138,28 @@ class FaultyUpstream:
         forward = self._channel.unary_unary(path)  # raw bytes both ways
 
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+            metadata = {
+                key: value for key, value in context.invocation_metadata() if isinstance(value, str)
+            }
+            peer = context.peer()
             with self._lock:
                 self.calls[name] += 1
+                self.received.append((name, metadata))
+                self.peers.append((name, peer))
+                self.deadlines.append((name, context.time_remaining()))
+                failures = self._failures.get(name)
+                failure = failures.popleft() if failures else None
+            if peer in self.cut_off:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"{peer} is cut off (fault test)")
             if path != PREDICT:
+                if failure is not None:
+                    self._fail(context, *failure)
                 return self._forward(forward, request, context)
             with self._lock:
                 self.active += 1
-                failure = self._failures.popleft() if self._failures else None
             try:
                 if failure is not None:
-                    context.abort(*failure)
+                    self._fail(context, *failure)
                 if not self._wait(context):
                     with self._lock:
                         self.cancelled += 1
@@ -140,6 +176,16 @@ class FaultyUpstream:
                     self.active -= 1
 
         return handle
+
+    @staticmethod
+    def _fail(
+        context: grpc.ServicerContext, code: grpc.StatusCode, details: str, after: float
+    ) -> None:
+        if after:
+            # Waits on an event nobody sets: a plain timed wait that the caller's going
+            # away does not shorten (the failure is what is being tested).
+            threading.Event().wait(after)
+        context.abort(code, details)
 
     def _wait(self, context: grpc.ServicerContext) -> bool:
         """Sleeps the delay and waits for release(); False if the caller went away."""

@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--serving-port", type=int, default=8500)
     parser.add_argument("--gateway-port", type=int, default=50051)
     parser.add_argument("--metrics-port", type=int, default=9090)
+    parser.add_argument("--http-port", type=int, default=8080)
     args = parser.parse_args()
 
     config = Path("serving/models.config")
@@ -120,6 +121,7 @@ def main() -> None:
         f"--upstream=127.0.0.1:{args.serving_port}",
         f"--model-config={MODEL_CONFIG}",
         f"--metrics-port={args.metrics_port}",
+        f"--http-port={args.http_port}",
         "--health-interval=2",
     ]
     env = {**os.environ, "TFS_LOCAL_BIND_HOST": "127.0.0.1"}
@@ -144,6 +146,7 @@ ready:
   gateway (detection.v1, classification.v1) localhost:{args.gateway_port}
   models                                    {", ".join(models)}
   local TF Serving (gRPC)                   localhost:{args.serving_port}
+  gateway HTTP door and page                http://localhost:{args.http_port}/
   gateway metrics                           http://localhost:{args.metrics_port}/metrics
 
 try:
@@ -155,6 +158,9 @@ try:
 
   {sys.executable} -m gateway.client {sample} --task classify --model classifier_logits \\
     --target localhost:{args.gateway_port}
+
+  curl -s -H 'Content-Type: image/jpeg' --data-binary @{sample} \\
+    'http://localhost:{args.http_port}/v1/models/detector:detect?min_score=0.5'
 
 Ctrl-C stops both.
 """,

@@ -18,7 +18,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import lru_cache
 
-from gateway import errors, metrics
+from gateway import errors, metrics, tracing
 from gateway.config import Settings
 from gateway.core.domain import ModelRef, Outcome, Request
 from gateway.core.inputs import (
@@ -225,15 +225,17 @@ class Pipeline:
         options = task.resolve(request.options, config, self.settings)
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
         for attempt in (1, 2):
-            signature = await self._client.signature(model, self._timeout(deadline))
+            signature = await self._client.signature(model, self._timeout(deadline), request.trace)
             plan = self._plan(task, signature, config)
             envelope = _envelope(model, plan.outputs.output_filter)
-            model_input = await self._build_input(request.image, plan.input, envelope, timings)
+            with tracing.span("decode", request.trace, model=model.name):
+                model_input = await self._build_input(request.image, plan.input, envelope, timings)
             started = time.perf_counter()
             try:
-                prediction = await self._client.predict(
-                    model, model_input.request, self._timeout(deadline), request.trace
-                )
+                with tracing.span("upstream", request.trace, model=model.name) as trace:
+                    prediction = await self._client.predict(
+                        model, model_input.request, self._timeout(deadline), trace
+                    )
                 break
             except StaleSignature:
                 if attempt == 2:

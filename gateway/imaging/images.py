@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import struct
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -200,7 +201,7 @@ def decode_image(
             pixels = _decode_jpeg(data, info, into, _dct_denominator(info, min_size))
             if pixels is not None:
                 return info, pixels
-        with _translated_errors(info.format):
+        with _translated_errors(info.format, data):
             rgb = _to_rgb(image)
             # Pillow's TIFF plugin applies the orientation itself while loading (from the same
             # cached EXIF we read); every other plugin hands us the stored pixels.
@@ -364,7 +365,7 @@ def _open(data: bytes, limits: ImageLimits) -> tuple[ImageFile.ImageFile, ImageI
     if pre_size is not None:
         _check_pixels(pre_size, limits)
     _let_pillow_allow(limits.max_pixels)
-    with _translated_errors(fmt):
+    with _translated_errors(fmt, data):
         # The plugin class, not Image.open: Image.open runs Pillow's bomb check (a warning
         # or DecompressionBombError without the size) before we could give our own answer.
         # Constructing the class parses the header only.
@@ -562,14 +563,69 @@ def _sixteen_bit_to_eight(samples: np.ndarray) -> np.ndarray:
 
 
 @contextmanager
-def _translated_errors(fmt: str) -> Iterator[None]:
+def _translated_errors(fmt: str, data: bytes = b"") -> Iterator[None]:
     """Turn whatever Pillow raises on hostile or broken bytes into a CorruptImage."""
     try:
         yield
     except (ImageError, MemoryError):
         raise
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
-        raise CorruptImage(_corrupt_message(fmt, str(e) or type(e).__name__)) from e
+        detail = str(e) or type(e).__name__
+        if fmt == "PNG" and _is_png_metadata_guard(detail):
+            raise CorruptImage(_png_metadata_message(data, detail)) from e
+        raise CorruptImage(_corrupt_message(fmt, detail)) from e
+
+
+# PNG chunks whose contents are zlib-compressed metadata, and what they hold.
+_PNG_COMPRESSED_METADATA = {b"iCCP": "ICC colour profile", b"zTXt": "text", b"iTXt": "text"}
+
+
+def _is_png_metadata_guard(detail: str) -> bool:
+    """Pillow's guards against metadata that inflates too far (MAX_TEXT_CHUNK per chunk,
+    MAX_TEXT_MEMORY for all text): the file is complete, its metadata is just too big."""
+    return detail.startswith(("Decompressed data too large", "Too much memory used in text"))
+
+
+def _png_metadata_message(data: bytes, detail: str) -> str:
+    chunk = _png_inflating_chunk(data)
+    what = _PNG_COMPRESSED_METADATA[chunk] if chunk is not None else "metadata"
+    where = f" ({chunk.decode()} chunk)" if chunk is not None else ""
+    limit = PngImagePlugin.MAX_TEXT_CHUNK
+    return (
+        f"PNG refused: its {what}{where} decompresses to more than "
+        f"{limit / 2**20:g} MiB, the most the gateway reads from one metadata chunk (a guard "
+        f"against decompression bombs; Pillow: {detail[:120]}); the pixels were not "
+        f"decoded: save the image again without its {what} and send it again"
+    )
+
+
+def _png_inflating_chunk(data: bytes) -> bytes | None:
+    """The first compressed metadata chunk before the pixel data that inflates past
+    Pillow's per-chunk limit, or None (reads at most that limit + 1 byte per chunk)."""
+    limit = PngImagePlugin.MAX_TEXT_CHUNK
+    pos = 8
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        body = data[pos + 8 : pos + 8 + length]
+        if kind in (b"IDAT", b"IEND"):
+            return None
+        if kind in _PNG_COMPRESSED_METADATA:
+            # iCCP: name, NUL, method, zlib data. zTXt: keyword, NUL, method, zlib data.
+            # iTXt: keyword, NUL, flag, method, language, NUL, translated keyword, NUL, text.
+            start = body.find(b"\0") + 2
+            if kind == b"iTXt":
+                if body[start - 1 : start] != b"\1":  # not compressed
+                    pos += 12 + length
+                    continue
+                start = body.find(b"\0", body.find(b"\0", start + 1) + 1) + 1
+            try:
+                inflated = zlib.decompressobj().decompress(body[start:], limit + 1)
+            except zlib.error:
+                inflated = b""
+            if len(inflated) > limit:
+                return bytes(kind)
+        pos += 12 + length
+    return None
 
 
 def _corrupt_message(fmt: str, detail: str) -> str:

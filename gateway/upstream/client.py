@@ -316,9 +316,12 @@ class TFServingClient:
             await asyncio.sleep(delay)
             attempt += 1
 
-    async def signature(self, model: ModelRef, timeout: float) -> Signature:
-        """The signature to build this request's input with (cached; see SignatureCache)."""
-        return await self.signatures.get(model, timeout)
+    async def signature(
+        self, model: ModelRef, timeout: float, metadata: Metadata = ()
+    ) -> Signature:
+        """The signature to build this request's input with (cached; see SignatureCache);
+        `metadata` (trace headers) goes along when it has to be fetched."""
+        return await self.signatures.get(model, timeout, metadata)
 
     async def _fetch_signature(
         self, model: ModelRef, timeout: float, metadata: Metadata = ()
@@ -371,3 +374,16 @@ class TFServingClient:
         return any(
             s.state == tfs.ModelVersionStatus.AVAILABLE for s in response.model_version_status
         )
+
+    async def model_status(self, model: ModelRef, timeout: float) -> tfs.GetModelStatusResponse:
+        """TF Serving's status of a model's versions (all, or the one named by version or
+        label); GatewayError (NOT_FOUND for an unknown model) otherwise. Retried like the
+        other calls: it only reads."""
+        request = tfs.GetModelStatusRequest(model_spec=_model_spec(model, signature=False))
+        try:
+            response: tfs.GetModelStatusResponse = await self._call(
+                "GetModelStatus", self._status, request, timeout
+            )
+        except grpc.RpcError as e:
+            raise self._error(e, model) from None
+        return response

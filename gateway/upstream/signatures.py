@@ -76,7 +76,8 @@ def signature_from_metadata(model: ModelRef, response: tfs.GetModelMetadataRespo
     )
 
 
-Fetch = Callable[[ModelRef, float], Awaitable[Signature]]
+# (model, timeout, metadata to send: the caller's trace headers) -> its signature
+Fetch = Callable[[ModelRef, float, tuple[tuple[str, str], ...]], Awaitable[Signature]]
 
 
 class SignatureCache:
@@ -95,7 +96,9 @@ class SignatureCache:
         self._describe_after: dict[tuple[str, int], float] = {}
         self._background: set[asyncio.Task[None]] = set()
 
-    async def get(self, model: ModelRef, timeout: float) -> Signature:
+    async def get(
+        self, model: ModelRef, timeout: float, trace: tuple[tuple[str, str], ...] = ()
+    ) -> Signature:
         cached = self._known(model)
         if cached is not None:
             return cached
@@ -104,7 +107,7 @@ class SignatureCache:
             async with lock:  # one metadata call per model, however many requests wait
                 cached = self._known(model)
                 if cached is None:
-                    cached = await self._fetch(model, timeout)
+                    cached = await self._fetch(model, timeout, trace)
                     self._signatures[(model.name, cached.version)] = cached
                     self._latest[model] = cached
                 return cached
@@ -142,7 +145,9 @@ class SignatureCache:
 
     async def _describe(self, name: str, version: int) -> None:
         try:
-            signature = await self._fetch(ModelRef(name, version=version), self._describe_timeout)
+            signature = await self._fetch(
+                ModelRef(name, version=version), self._describe_timeout, ()
+            )
             self._signatures[(name, version)] = signature
         except errors.GatewayError:
             # E.g. NOT_FOUND from a pod that does not have this version yet (mid-rollout,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections.abc import Sequence
+from functools import lru_cache
 
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 
@@ -23,7 +24,13 @@ _TENSOR_DTYPE, _TENSOR_SHAPE, _TENSOR_CONTENT, _TENSOR_STRING_VAL = 1, 2, 4, 8
 _SHAPE_DIM, _DIM_SIZE = 2, 1
 
 
+# One-byte varints (tags, dtypes, short keys), made once.
+_SMALL_VARINTS = tuple(bytes((n,)) for n in range(0x80))
+
+
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _SMALL_VARINTS[value]
     out = bytearray()
     while True:
         bits = value & 0x7F
@@ -37,6 +44,9 @@ def _varint(value: int) -> bytes:
 
 def _tag(number: int, wire_type: int) -> bytes:
     return _varint(number << 3 | wire_type)
+
+
+_INPUTS_TAG = _tag(_PREDICT_INPUTS, _LENGTH_DELIMITED)
 
 
 def _delimited(number: int, payload: bytes) -> bytes:
@@ -138,7 +148,31 @@ def predict_request(
     return RequestBuffer(_input_entry(envelope, input_key, head, payload_size), payload_size)
 
 
+@lru_cache(maxsize=256)
+def _string_parts(input_key: str) -> tuple[bytes, bytes]:
+    """What every string request for `input_key` has in common: the map entry's key and
+    value tag, and the string [1] tensor's dtype, shape and string_val tag."""
+    entry_key = _delimited(1, input_key.encode()) + _tag(2, _LENGTH_DELIMITED)
+    tensor_fixed = (
+        _tag(_TENSOR_DTYPE, _VARINT)
+        + _varint(tfs.DT_STRING)
+        + _delimited(_TENSOR_SHAPE, _shape_bytes((1,)))
+        + _tag(_TENSOR_STRING_VAL, _LENGTH_DELIMITED)
+    )
+    return entry_key, tensor_fixed
+
+
 def string_request(envelope: bytes, input_key: str, value: bytes) -> bytes:
-    """A PredictRequest with inputs={input_key: string [1] tensor holding `value`}."""
-    head = _tensor_head(tfs.DT_STRING, (1,), _TENSOR_STRING_VAL, len(value))
-    return _input_entry(envelope, input_key, head, len(value)) + value
+    """A PredictRequest with inputs={input_key: string [1] tensor holding `value`}.
+
+    The same bytes as `_input_entry(envelope, input_key, _tensor_head(...)) + value`, with
+    the parts that depend only on the key made once (this runs on every string request)."""
+    entry_key, tensor_fixed = _string_parts(input_key)
+    value_size = _varint(len(value))
+    tensor_size = len(tensor_fixed) + len(value_size) + len(value)
+    tensor_size_bytes = _varint(tensor_size)
+    entry_size = len(entry_key) + len(tensor_size_bytes) + tensor_size
+    return b"".join(
+        (envelope, _INPUTS_TAG, _varint(entry_size), entry_key, tensor_size_bytes,
+         tensor_fixed, value_size, value)
+    )  # fmt: skip

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -37,10 +38,15 @@ class GatewayProcess:
     port: int
     metrics_port: int
     log_path: Path
+    http_port: int = 0  # 0: the HTTP door is off (run_gateway(..., http=True) turns it on)
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
@@ -74,7 +80,9 @@ class GatewayProcess:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         text = urllib.request.urlopen(url, timeout=5).read()
         match = re.search(rb"^detection_gateway_in_flight_requests (\S+)$", text, re.MULTILINE)
-        return float(match.group(1)) if match else 0.0
+        if match is None:
+            raise AssertionError(f"no detection_gateway_in_flight_requests in {url}")
+        return float(match.group(1))
 
     def records(self) -> list[dict[str, Any]]:
         """The gateway's JSON log lines."""
@@ -85,26 +93,63 @@ class GatewayProcess:
         return stop_process(self.process, timeout)
 
 
+# The gateway's startup line names the address it bound: `"address":"127.0.0.1:PORT"`.
+_LISTENING = re.compile(rb'"message":"gateway listening","address":"[^"]*:(\d+)"')
+
+
+def _bound_port(process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:
+    """The port the gateway bound, from its "gateway listening" log line."""
+    deadline = time.monotonic() + timeout
+    while True:
+        match = _LISTENING.search(log_path.read_bytes())
+        if match:
+            return int(match.group(1))
+        if process.poll() is not None:
+            raise AssertionError(f"gateway exited before listening:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gateway did not listen in {timeout} s:\n{log_path.read_text()}")
+        time.sleep(0.02)
+
+
 @contextmanager
 def run_gateway(
-    upstream: str, args: Sequence[str] = (), log_dir: Path | None = None, wait_ready: bool = True
+    upstream: str,
+    args: Sequence[str] = (),
+    log_dir: Path | None = None,
+    wait_ready: bool = True,
+    http: bool = False,
 ) -> Iterator[GatewayProcess]:
-    port, metrics_port = free_port(), free_port()
+    """Starts `python -m gateway` on 127.0.0.1 and yields it once it listens (and, with
+    `wait_ready`, once health is SERVING); always stops it.
+
+    The gRPC port is 0 (the OS picks a free one, read back from the startup log): a port
+    chosen in advance could be taken by another test's gateway in the meantime, and with
+    SO_REUSEPORT (gRPC's default) both would then share it silently. `--workers` needs a
+    fixed port, so there a free port is chosen (that small race remains).
+    """
+    workers = any(a.startswith("--workers") and a not in ("--workers=1",) for a in args)
+    fixed_port = free_port() if workers else 0
+    metrics_port = free_port()  # no SO_REUSEPORT: a collision fails loudly at startup
+    http_port = free_port() if http else 0
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-    log_path = log_dir / f"gateway-{port}.log"
+    log_path = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log", dir=log_dir)[1])
     command = [
         sys.executable, "-m", "gateway",
         "--host=127.0.0.1",
-        f"--port={port}",
+        f"--port={fixed_port}",
         f"--metrics-port={metrics_port}",
         f"--upstream={upstream}",
         "--health-interval=0.3",
+        f"--http-port={http_port}",  # off unless asked: tests run gateways side by side
+        "--log-level=INFO",  # the startup line names the bound port (a later flag wins)
         *args,
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    gateway = GatewayProcess(process, port, metrics_port, log_path)
+    gateway = GatewayProcess(process, fixed_port, metrics_port, log_path, http_port)
     try:
+        if not fixed_port:
+            gateway.port = _bound_port(process, log_path, timeout=120)
         if wait_ready:
             gateway.wait_health(SERVING, SERVICE)
         yield gateway

@@ -157,4 +157,4 @@ def test_runs_the_gateway_as_non_root_on_its_ports() -> None:
         int(p) for keyword, rest in instructions() if keyword == "EXPOSE" for p in rest.split()
     }
     defaults = Settings()
-    assert exposed == {defaults.port, defaults.metrics_port}
+    assert exposed == {defaults.port, defaults.http_port, defaults.metrics_port}

@@ -13,10 +13,9 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -26,9 +25,12 @@ from google.protobuf import json_format
 from PIL import Image
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfswire
+from gateway.upstream.client import PREDICT
 from serving import scenes
 from serving.export import export_models
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
+from tests.faultupstream import FaultyUpstream
+from tests.gateway.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.localserver import free_port, run_local_server
 
 MODELS = ("detector", "detector_encoded")
@@ -310,30 +312,55 @@ def test_stream_results_come_back_in_request_order(stub):
         assert_matches(result, frame)
 
 
-def test_stream_reads_at_most_a_window_of_frames_ahead(gateway, stub):
-    # What the client has handed to gRPC says little: HTTP/2 buffers hold a varying number of
-    # frames. The gateway's own in-flight count is what the window bounds, so sample it while
-    # frames that take a while each (about 0.5 s of model time) stream through.
-    frame = scenes.encode(scene_for(70, 1600, 1200, 12, noise=12).pixels, "PNG")
-    seen: list[float] = []
-    streaming = threading.Event()
-    streaming.set()
+@pytest.fixture(scope="module")
+def windowed(recording: RecordingUpstream, tmp_path_factory) -> Iterator[GatewayProcess]:
+    """A gateway with a stream window of STREAM_WINDOW, calling TF Serving via `recording`."""
+    args = [f"--stream-window={STREAM_WINDOW}"]
+    logs = tmp_path_factory.mktemp("windowed-logs")
+    with run_gateway(recording.target, args, log_dir=logs) as gw:
+        yield gw
 
-    def sample() -> None:
-        while streaming.is_set():
-            seen.append(gateway.in_flight())
-            time.sleep(0.01)
 
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
-        requests = (pb.DetectRequest(image=frame) for _ in range(8))
-        results = list(stub.DetectStream(requests, timeout=300))
-    finally:
-        streaming.clear()
-        sampler.join()
-    assert len(results) == 8
-    assert max(seen) == STREAM_WINDOW, sorted(set(seen))
+def test_stream_stops_reading_frames_while_the_client_does_not_read_results(windowed, recording):
+    # Read-side back-pressure: a client that sends frames as fast as gRPC takes them but
+    # reads no results. The gateway answers its window of frames; gRPC sends results until
+    # the client's HTTP/2 flow-control window is full; then the gateway's next result waits,
+    # and it must stop taking frames. Frames accepted (one Predict upstream each) must stay
+    # within what that window holds plus the gateway's window, far below what is offered.
+    # The client keeps HTTP/2's default 64 KiB window: with BDP probing (gRPC's default)
+    # its window grows while it does not read, and buffers hundreds of small results.
+    scene = scene_for(70, 320, 240, 12, noise=0)
+    frame = scenes.encode(scene.pixels, "PNG")
+    offered = 240
+    before = len(recording.predicts)
+    requests = (pb.DetectRequest(image=frame, request_id=str(i)) for i in range(offered))
+    options = [*CHANNEL_OPTIONS, ("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(windowed.target, options=options) as channel:
+        results = windowed.stub(channel).DetectStream(requests, timeout=600)
+        # Nothing reads `results` yet.
+        accepted = _settled(lambda: len(recording.predicts) - before, windowed)
+        # The client reads: the gateway takes the rest; every result arrives, in order.
+        got = list(results)
+    assert [r.request_id for r in got] == [str(i) for i in range(offered)]
+    assert len(recording.predicts) - before == offered
+    # Each result takes its size plus gRPC's 5-byte message prefix of the 65,535-byte window.
+    buffered = 65_535 // (got[0].ByteSize() + 5)
+    assert STREAM_WINDOW < accepted <= buffered + STREAM_WINDOW + 2 < offered, (accepted, buffered)
+
+
+def _settled(count: Callable[[], int], gateway: GatewayProcess, quiet: float = 3.0) -> int:
+    """`count()` once the gateway has nothing in flight and `count()` stayed the same for
+    `quiet` seconds of checks (a stall to prove: a longer `quiet` only makes it stricter)."""
+    deadline = time.monotonic() + 120
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = count()
+        if now != last or gateway.in_flight() != 0:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+        time.sleep(0.05)
+    raise AssertionError(f"the gateway kept taking frames: {last} accepted")
 
 
 def test_a_bad_frame_gets_its_own_error_and_the_stream_goes_on(stub):
@@ -483,15 +510,19 @@ def test_client_deadline_propagates_to_tf_serving(stub, gateway):
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - started < 5
     # The gateway gave up on TF Serving at the client's deadline, not its own 30 s timeout.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        lines = [r for r in gateway.records() if r.get("request_id") == request_id]
-        if lines:
-            break
-        time.sleep(0.1)
-    [line] = lines
+    [line] = _log_lines(gateway, request_id)
     assert line["code"] in ("DEADLINE_EXCEEDED", "CANCELLED")
     assert line["latency_ms"]["total"] < 2000
+
+
+def _log_lines(gateway: GatewayProcess, request_id: str) -> list[dict]:
+    """The gateway's log lines for `request_id`, once there are any. The line is written
+    when the request ends, which the caller may see a moment before it is flushed."""
+    deadline = time.monotonic() + 30
+    while not (lines := [r for r in gateway.records() if r.get("request_id") == request_id]):
+        assert time.monotonic() < deadline, f"no log line for {request_id}"
+        time.sleep(0.02)
+    return lines
 
 
 def test_unreachable_tf_serving_is_unavailable(tmp_path):
@@ -510,8 +541,7 @@ def test_unreachable_tf_serving_is_unavailable(tmp_path):
 def test_one_json_log_line_per_request_without_image_bytes(stub, gateway):
     data = scenes.encode(scene_for(96).pixels, "PNG")
     detect(stub, data, request_id="log-check")
-    time.sleep(0.2)
-    [line] = [r for r in gateway.records() if r.get("request_id") == "log-check"]
+    [line] = _log_lines(gateway, "log-check")
     assert line["method"] == "Detect" and line["code"] == "OK"
     assert line["model"] == "detector" and line["version"] == 2
     assert set(line["latency_ms"]) == {"decode", "upstream", "total"}
@@ -568,3 +598,124 @@ def test_python_client_cli_prints_json_lines(gateway, tmp_path):
     assert len(lines) == 2
     assert lines[0]["image"] == str(path)
     assert len(lines[0]["detections"]) == len(scene.boxes)
+
+
+# --- max_side: big photos are sent at the size the model needs ---------------------------
+
+EXAMPLE_MODEL_CONFIG = Path(__file__).resolve().parents[2] / "serving" / "gateway-models.toml"
+
+
+class RecordingUpstream(FaultyUpstream):
+    """Forwards to the local TF Serving and keeps every Predict request's bytes."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__(backend)
+        self.predicts: list[bytes] = []
+
+    def _handler(self, path: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        handle = super()._handler(path)
+        if path != PREDICT:
+            return handle
+
+        def record(request: bytes, context: grpc.ServicerContext) -> bytes:
+            self.predicts.append(request)
+            return handle(request, context)
+
+        return record
+
+
+@pytest.fixture(scope="module")
+def recording(tfs) -> Iterator[RecordingUpstream]:
+    with RecordingUpstream(tfs.target) as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="module")
+def scaled_stub(recording: RecordingUpstream, tmp_path_factory) -> Iterator[object]:
+    """A gateway with the example model config (serving/gateway-models.toml: max_side 1024
+    for the reference detectors), calling TF Serving through `recording`."""
+    args = [f"--model-config={EXAMPLE_MODEL_CONFIG}"]
+    logs = tmp_path_factory.mktemp("scaled-logs")
+    with run_gateway(recording.target, args, log_dir=logs) as gw, gw.channel() as channel:
+        yield gw.stub(channel)
+
+
+def _sent_size(request: bytes) -> tuple[int, int]:
+    """(width, height) of the image in a PredictRequest: the pixel tensor's shape, or the
+    header of the encoded image in a string tensor."""
+    (tensor,) = tfswire.PredictRequest.FromString(request).inputs.values()
+    if tensor.dtype == tfswire.DT_STRING:
+        (value,) = tensor.string_val
+        with Image.open(io.BytesIO(value)) as image:
+            return image.size
+    _, height, width, _ = (d.size for d in tensor.tensor_shape.dim)
+    return width, height
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(
+    ("seed", "width", "height", "fmt"),
+    [
+        (110, 4032, 3024, "JPEG"),  # 12 MP: DCT-scaled decode (1/2), then resized to 1024x768
+        (111, 2048, 1536, "JPEG"),  # exactly 1/2: the DCT-scaled decode alone
+        (112, 1500, 1000, "PNG"),  # no DCT scaling: resized only, to 1024x683
+        (113, 3024, 4032, "JPEG"),  # portrait
+    ],
+)
+def test_max_side_sends_the_scaled_image_and_boxes_stay_within_1px_at_the_sent_scale(
+    scaled_stub, recording, name, seed, width, height, fmt
+):
+    longest = max(width, height)
+    scale = 1024 / longest
+    # Rectangles at least ~12 px and 4 px apart once scaled down.
+    rng = np.random.default_rng(seed)
+    scene = scenes.generate_scene(
+        rng, width, height, 8, noise_sigma=4.0, min_side=round(12 / scale),
+        max_side=longest // 4, gap=round(4 / scale),
+    )  # fmt: skip
+    data = scenes.encode(scene.pixels, fmt, quality=92)
+    before = len(recording.predicts)
+    result = detect(scaled_stub, data, model=model(name), timeout=120)
+    [sent] = recording.predicts[before:]
+    sent_w, sent_h = _sent_size(sent)
+    assert (sent_w, sent_h) == (round(width * scale), round(height * scale))
+    if name == "detector_encoded":
+        assert len(sent) < len(data) / 2  # a JPEG of the scaled image, not the original
+    assert (result.image_width, result.image_height) == (width, height)
+    # At the scale the model saw: truth scaled down, the model's (normalised) box scaled up.
+    unmatched = list(result.detections)
+    for truth in scene.boxes:
+        want = (
+            truth.x_min * sent_w / width, truth.y_min * sent_h / height,
+            truth.x_max * sent_w / width, truth.y_max * sent_h / height,
+        )  # fmt: skip
+
+        def at_sent_scale(d: pb.Detection) -> tuple[float, float, float, float]:
+            n = d.normalized_box
+            return n.x_min * sent_w, n.y_min * sent_h, n.x_max * sent_w, n.y_max * sent_h
+
+        match = next(
+            (
+                d
+                for d in unmatched
+                if d.class_id == truth.class_id
+                and max(abs(a - b) for a, b in zip(at_sent_scale(d), want, strict=True)) <= 1.0
+            ),
+            None,
+        )
+        assert match is not None, f"{truth} (sent scale {want}) not found in {result.detections}"
+        unmatched.remove(match)
+    assert [d for d in unmatched if d.score >= 0.5] == []
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_max_side_leaves_an_image_within_it_as_it_is(scaled_stub, recording, name):
+    scene = scene_for(114, 1000, 700, 6)
+    data = scenes.encode(scene.pixels, "JPEG")
+    before = len(recording.predicts)
+    assert_matches(detect(scaled_stub, data, model=model(name)), scene)
+    [sent] = recording.predicts[before:]
+    assert _sent_size(sent) == (1000, 700)
+    if name == "detector_encoded":
+        (tensor,) = tfswire.PredictRequest.FromString(sent).inputs.values()
+        assert tensor.string_val == [data]  # the caller's bytes, untouched

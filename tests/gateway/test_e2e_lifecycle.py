@@ -17,6 +17,7 @@ import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
+from tests.faultupstream import FaultyUpstream
 from tests.gateway.gatewayproc import (
     NOT_SERVING,
     SERVICE,
@@ -84,7 +85,10 @@ def detect_in_background(
 def test_sigterm_during_load_loses_no_in_flight_request(tfs, tmp_path):
     scene = scenes.generate_scene(np.random.default_rng(2), 1800, 1400, 12, noise_sigma=10)
     image = scenes.encode(scene.pixels, "PNG")
-    with run_gateway(tfs.target, ["--shutdown-grace=60"], log_dir=tmp_path) as gw:
+    # The local TF Serving runs one Predict at a time: on a busy machine six large images
+    # take longer than the default 30 s upstream timeout, which is not what this tests.
+    args = ["--shutdown-grace=60", "--upstream-timeout=120"]
+    with run_gateway(tfs.target, args, log_dir=tmp_path) as gw:
         threads, results = detect_in_background(gw, image, 6)
 
         gw.process.send_signal(signal.SIGTERM)
@@ -225,3 +229,70 @@ def test_a_worker_that_dies_stops_the_gateway_with_an_error(tfs, tmp_path):
         os.kill(workers[0], signal.SIGKILL)
         assert gw.process.wait(60) == 1
         assert "a worker exited" in gw.log_path.read_text()
+
+
+def wait_for(condition, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    """Polls `condition()` until true; the timeout only bounds a hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting for {what} after {timeout} s")
+        time.sleep(0.05)
+
+
+def probe_many(gw: GatewayProcess, count: int = 24) -> set[int]:
+    """Health of the API service from `count` new connections: the kernel hands each to
+    either worker (SO_REUSEPORT), so both answer with near certainty (1 - 2**-23)."""
+    return {gw.health(SERVICE) for _ in range(count)}
+
+
+def readiness_changes(gw: GatewayProcess) -> list[dict[str, object]]:
+    return [r for r in gw.records() if r.get("message") == "readiness changed"]
+
+
+def test_with_workers_every_worker_answers_for_the_whole_pod(tfs, tmp_path):
+    """One worker loses TF Serving (the fault upstream cuts off its connection only): both
+    workers answer NOT_SERVING, and both SERVING again once it is back."""
+    with (
+        FaultyUpstream(tfs.target) as upstream,
+        run_gateway(upstream.target, ["--workers=2"], log_dir=tmp_path) as gw,
+    ):
+        # Each worker notices its peer's readiness at its own next check (one interval).
+        wait_for(
+            lambda: {r["worker"] for r in readiness_changes(gw) if r["serving"] is True} == {0, 1},
+            "both workers to be SERVING",
+        )
+        assert probe_many(gw) == {SERVING}
+        # No worker said SERVING before both listened.
+        records = gw.records()
+        listening = [i for i, r in enumerate(records) if r.get("message") == "gateway listening"]
+        serving = [i for i, r in enumerate(records) if r.get("serving") is True]
+        assert len(listening) == 2 and len(serving) == 2
+        assert max(listening) < min(serving)
+
+        def status_callers() -> set[str]:
+            return {peer for method, peer in upstream.peers if method == "GetModelStatus"}
+
+        wait_for(lambda: len(status_callers()) == 2, "status checks from both workers")
+
+        def changes_since(start: int, serving: bool) -> list[dict[str, object]]:
+            return [r for r in readiness_changes(gw)[start:] if r["serving"] is serving]
+
+        before = len(readiness_changes(gw))
+        upstream.cut_off.add(sorted(status_callers())[0])
+        wait_for(
+            lambda: {r["worker"] for r in changes_since(before, False)} == {0, 1},
+            "both workers to go NOT_SERVING",
+        )
+        assert probe_many(gw) == {NOT_SERVING}
+        # Only one of them lost the model; the other is not ready because of it.
+        down = changes_since(before, False)
+        assert sorted(r["model_available"] for r in down) == [False, True]
+
+        before = len(readiness_changes(gw))
+        upstream.cut_off.clear()
+        wait_for(
+            lambda: {r["worker"] for r in changes_since(before, True)} == {0, 1},
+            "both workers to be SERVING again",
+        )
+        assert probe_many(gw) == {SERVING}

@@ -7,8 +7,11 @@ figures each test records (requests sent, failures by code, recovery time, memor
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,13 +41,39 @@ class Figures:
         self.entries.setdefault(name, {}).update(values)
 
 
+def _git(*args: str) -> str:
+    done = subprocess.run(
+        ["git", *args], capture_output=True, text=True, check=False, cwd=Path(__file__).parent
+    )
+    return done.stdout.strip()
+
+
+def run_context() -> dict[str, Any]:
+    """When, where and from what the figures come: date, machine, command, commit."""
+    meminfo = Path("/proc/meminfo").read_text().split("\n")[0].split()
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "memory_mib": int(meminfo[1]) // 1024 if meminfo[0] == "MemTotal:" else None,
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        },
+        "command": " ".join(["python", "-m", "pytest", *sys.argv[1:]]),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
 @pytest.fixture(scope="session")
 def figures() -> Iterator[Figures]:
     collected = Figures()
+    started = run_context()
     yield collected
     report = os.environ.get("RELIABILITY_REPORT")
     if report and collected.entries:
-        text = json.dumps({"soak": SOAK, **collected.entries}, indent=2, sort_keys=True)
+        started["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        document = {"soak": SOAK, "run": started, **collected.entries}
+        text = json.dumps(document, indent=2, sort_keys=True)
         Path(report).write_text(text + "\n")
         print(f"\nreliability figures ({report}):\n{text}")
 

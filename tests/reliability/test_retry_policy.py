@@ -26,6 +26,9 @@ class Status(grpc.RpcError):
         (grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses", True),
         (grpc.StatusCode.UNAVAILABLE, "Connection reset by peer", True),
         (grpc.StatusCode.UNAVAILABLE, "Socket closed", True),
+        # Server-originated UNAVAILABLE is retried too: another attempt may reach a
+        # healthy server.
+        (grpc.StatusCode.UNAVAILABLE, "server shutting down", True),
         (
             grpc.StatusCode.UNAVAILABLE,
             "The batch scheduling queue to which this task was submitted is full",
@@ -43,7 +46,7 @@ class Status(grpc.RpcError):
         (grpc.StatusCode.INTERNAL, "boom", False),
     ],
 )
-def test_only_connection_level_unavailable_is_retried(
+def test_unavailable_is_retried_except_tf_serving_queue_full(
     code: grpc.StatusCode, details: str, retry: bool
 ) -> None:
     assert is_retryable(Status(code, details)) is retry

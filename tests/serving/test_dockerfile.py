@@ -10,7 +10,6 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -166,12 +165,13 @@ def test_the_local_server_accepts_the_same_flags_and_files(tmp_path: Path) -> No
     assert batching.pad_variable_length_inputs  # type: ignore[attr-defined]
 
 
-# The detectors Dockerfile.gateway sets GATEWAY_LABEL_MAPS for. detector_fixed and
-# detector_float use the same label map and need the same entry there.
-@pytest.mark.parametrize("name", ["detector", "detector_encoded"])
-def test_label_maps_ship_with_the_gateway_image_too(name: str) -> None:
+def test_the_gateway_image_ships_the_reference_model_config_and_its_labels() -> None:
     gateway_dockerfile = (ROOT / "Dockerfile.gateway").read_text()
-    assert f"{name}=/etc/detection-gateway/label_map.pbtxt" in gateway_dockerfile
-    assert "COPY serving/label_map.pbtxt /etc/detection-gateway/label_map.pbtxt" in (
+    assert "ENV GATEWAY_MODEL_CONFIG=/etc/detection-gateway/gateway-models.toml" in (
         gateway_dockerfile
     )
+    copy = (
+        "COPY serving/gateway-models.toml serving/label_map.pbtxt serving/labels.txt "
+        "/etc/detection-gateway/"
+    )
+    assert copy in gateway_dockerfile

@@ -1,17 +1,29 @@
-"""The gRPC door: server options, TLS, servicers, health and reflection on one grpc.aio server."""
+"""The gRPC door: server options, TLS, servicers, health and reflection on one grpc.aio server.
+
+Reflection is served as `grpc.reflection.v1.ServerReflection` (what current grpcurl, grpcui
+and Postman ask for first) and as the older `grpc.reflection.v1alpha.ServerReflection`.
+grpcio-reflection 1.85 ships only v1alpha; v1's messages are wire-identical (same fields,
+numbers and types, only the package differs), so one servicer answers both, and v1's file
+descriptor is derived from v1alpha's so `describe` finds v1 as well.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import jobs as jobs_door
-from gateway.frontends.grpc.health import HealthStatuses
+from gateway.frontends.grpc.health import HealthServicer, HealthStatuses
 from gateway.frontends.grpc.servicers import (
     CLASSIFICATION_SERVICE,
     DETECTION_SERVICE,
@@ -24,6 +36,54 @@ from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.upstream.client import read_pem
 
 SERVICES = (DETECTION_SERVICE, CLASSIFICATION_SERVICE)
+REFLECTION_V1ALPHA = reflection.SERVICE_NAME
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+_V1ALPHA_PACKAGE = "grpc.reflection.v1alpha"
+_V1_PACKAGE = "grpc.reflection.v1"
+_V1_FILE = "grpc/reflection/v1/reflection.proto"
+
+
+def _register_reflection_v1(pool: descriptor_pool.DescriptorPool) -> None:
+    """Adds grpc/reflection/v1/reflection.proto to `pool`, made from v1alpha's descriptor
+    (package and type references renamed), unless the pool has it already."""
+    try:
+        pool.FindFileByName(_V1_FILE)
+        return
+    except KeyError:
+        pass
+    file = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(file)
+    file.name = _V1_FILE
+    file.package = _V1_PACKAGE
+    file.options.Clear()  # v1alpha's options name its own Java/C# packages
+    old, new = f".{_V1ALPHA_PACKAGE}.", f".{_V1_PACKAGE}."
+    for message in file.message_type:
+        for field in message.field:
+            if field.HasField("type_name"):
+                field.type_name = field.type_name.replace(old, new)
+    for service in file.service:
+        for method in service.method:
+            method.input_type = method.input_type.replace(old, new)
+            method.output_type = method.output_type.replace(old, new)
+    pool.AddSerializedFile(file.SerializeToString())
+
+
+def add_reflection(server: grpc.aio.Server, service_names: tuple[str, ...]) -> None:
+    """Reflection v1 and v1alpha for `service_names` (both reflection services are added to
+    the list) on `server`."""
+    pool = descriptor_pool.Default()
+    _register_reflection_v1(pool)
+    names = (*service_names, REFLECTION_V1, REFLECTION_V1ALPHA)
+    servicer = reflection.aio.ReflectionServicer(names, pool=pool)
+    reflection.enable_server_reflection(names, server, pool=pool)  # v1alpha
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler}),)
+    )
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
@@ -48,30 +108,122 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     )
 
 
+DRAINING = "the gateway is shutting down and takes no new requests; retry (another replica answers)"
+
+
+class Drain(grpc.aio.ServerInterceptor):
+    """Counts the API calls in flight; once draining, refuses new ones with UNAVAILABLE.
+
+    SIGTERM drains here, with the server still running, instead of in gRPC's own
+    `server.stop(grace)`: a call that reaches gRPC in the instant its server starts to shut
+    down is sometimes neither refused nor served until the server is gone (seen with a plain
+    grpc.aio server too, about 1 health check in 100 sent at that instant), so a health probe
+    could hang for the whole grace period. Draining first, health checks keep answering
+    (NOT_SERVING) and the server stops only when nothing is left in flight, after which the
+    process exits at once.
+    """
+
+    def __init__(self, services: tuple[str, ...]) -> None:
+        self._prefixes = tuple(f"/{name}/" for name in services)
+        self.in_flight = 0
+        self.draining = False
+        self._idle: asyncio.Event | None = None
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(self._prefixes):
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                self._stream(handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler  # the APIs have no other kinds of method
+
+    def _unary(self, behaviour: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await self._enter(context)
+            try:
+                return await behaviour(request, context)
+            finally:
+                self._leave()
+
+        return unary
+
+    def _stream(self, behaviour: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
+        async def stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await self._enter(context)
+            try:
+                async for result in behaviour(requests, context):
+                    yield result
+            finally:
+                self._leave()
+
+        return stream
+
+    async def _enter(self, context: grpc.aio.ServicerContext) -> None:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
+        self.in_flight += 1
+        self._event().clear()
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._event().set()
+
+    def _event(self) -> asyncio.Event:
+        if self._idle is None:
+            self._idle = asyncio.Event()
+            if self.in_flight == 0:
+                self._idle.set()
+        return self._idle
+
+    async def drain(self, timeout: float) -> int:
+        """Refuses new API calls and waits up to `timeout` for the ones in flight; returns
+        how many are still in flight (the server's stop cancels those)."""
+        self.draining = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event().wait(), timeout)
+        return self.in_flight
+
+
 @dataclass
 class GrpcDoor:
     server: grpc.aio.Server
     port: int
-    health: health.aio.HealthServicer
+    health: HealthServicer
     statuses: HealthStatuses
+    drain: Drain
 
 
 def build(settings: Settings, pipeline: Pipeline, jobs: JobService | None = None) -> GrpcDoor:
     """The server with every service added and its port bound (not started yet)."""
     credentials = server_credentials(settings)  # before anything starts: bad files fail fast
-    server = grpc.aio.server(options=server_options(settings))
+    drain = Drain(SERVICES)
+    server = grpc.aio.server(interceptors=[drain], options=server_options(settings))
     pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline), server)
     cpb_grpc.add_ClassificationServiceServicer_to_server(ClassificationServicer(pipeline), server)
     # Batch jobs over the API (BatchService + google.longrunning.Operations), when enabled.
     job_services = jobs_door.add_services(server, jobs) if jobs is not None else ()
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICES, *job_services, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    add_reflection(server, (*SERVICES, *job_services, health.SERVICE_NAME))
     address = f"{settings.host}:{settings.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
     else:
         port = server.add_secure_port(address, credentials)
-    return GrpcDoor(server, port, health_servicer, HealthStatuses(health_servicer, SERVICES))
+    statuses = HealthStatuses(health_servicer, SERVICES)
+    return GrpcDoor(server, port, health_servicer, statuses, drain)

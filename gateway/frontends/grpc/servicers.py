@@ -10,6 +10,7 @@ stream. Every call carries `x-request-id` back in its trailing metadata.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
@@ -17,7 +18,7 @@ import grpc
 
 from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import Pipeline, new_request_id
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, Kind
 from gateway.frontends.grpc import converters
 from gateway.frontends.grpc.status import STATUS
 from gateway.models import CLASSIFICATION, DETECTION
@@ -43,9 +44,25 @@ TRACE_HEADERS = frozenset(
     }
 )
 
+log = logging.getLogger("gateway.pipeline")
+
 RequestT = TypeVar("RequestT")
 ResultT = TypeVar("ResultT")
 ToRequest = Callable[[RequestT, str, str, float | None, converters.Trace], Request]
+
+
+def _converted(to_result: Callable[[Outcome], ResultT], outcome: Outcome) -> ResultT:
+    """The result message; a value protobuf refuses (a bug, or a model output no check
+    caught) is INTERNAL with the request id, like any other unexpected failure."""
+    try:
+        return to_result(outcome)
+    except Exception:
+        log.exception(
+            "cannot convert the result", extra={"fields": {"request_id": outcome.request_id}}
+        )
+        raise GatewayError(
+            Kind.INTERNAL, f"internal error in the gateway; quote request id {outcome.request_id}"
+        ) from None
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple[str, converters.Trace]:
@@ -76,10 +93,10 @@ async def _unary(
         outcome = await pipeline.run(
             task, to_request(request, request_id, method, context.time_remaining(), trace)
         )
+        return _converted(to_result, outcome)
     except GatewayError as e:
         await context.abort(STATUS[e.kind], e.message)
         raise  # unreachable: abort raises
-    return to_result(outcome)
 
 
 async def _stream(
@@ -121,7 +138,7 @@ async def _stream(
 
     async def answer(request_id: str, work: asyncio.Task[Outcome]) -> ResultT:
         try:
-            return to_result(await work)
+            return _converted(to_result, await work)
         except GatewayError as e:
             if e.kind.per_item:
                 return error_result(e, request_id)

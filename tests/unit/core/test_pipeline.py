@@ -372,18 +372,21 @@ def test_trace_headers_reach_tf_serving_and_the_log_line(caplog):
         ("x-request-id", "r-1"),
     )
 
-    async def scenario() -> dict[str, str]:
+    async def scenario() -> tuple[dict[str, str], list[dict[str, str]]]:
         async with pipeline_for([model], model="fixed") as (pipeline, serving):
             request = Request(
                 png(solid(8, 8, (0, 0, 0))), ModelRef(""), DetectOptions(), "r-1", trace=trace
             )
             await pipeline.run("detection", request)
-            return serving.calls[-1].metadata
+            return serving.calls[-1].metadata, serving.metadata_calls
 
     caplog.set_level("INFO", logger="gateway.request")
-    metadata = run(scenario())
+    metadata, metadata_calls = run(scenario())
+    # The first request also fetched the model's signature, with the same headers.
+    assert len(metadata_calls) == 1
     for key, value in trace:
         assert metadata[key] == value
+        assert metadata_calls[0][key] == value
     [record] = [r for r in caplog.records if r.name == "gateway.request"]
     assert record.fields["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"  # type: ignore[attr-defined]
     assert record.fields["request_id"] == "r-1"  # type: ignore[attr-defined]

@@ -1,0 +1,405 @@
+"""HTTP bodies <-> the public API's messages (detection.v1.DetectRequest, classification.v1.
+ClassifyRequest and their results), by media type.
+
+Requests: the proto3 JSON of the request message (`image` as base64, or `{"b64": ...}` as in
+TF Serving's REST API); a MessagePack map with `image` as bin, the message's fields under
+their proto names, and every other key kept as metadata; a raw image; multipart/form-data
+with an `image` file part. Query parameters (`min_score`, `max_detections`, `top_k`,
+`request_id`, and `model` / `version` / `label` where the path names no model) override the
+body. Responses: the proto3 JSON of the result with every field present, or MessagePack.
+
+Conversion only: values are checked by the pipeline, as for gRPC. Every failure here is a
+GatewayError (INVALID_INPUT) naming the field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email import policy
+from email.parser import BytesParser
+from typing import Any
+
+import msgpack
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from gateway import errors
+from gateway.proto.classification.v1 import classification_pb2 as cpb
+from gateway.proto.detection.v1 import detection_pb2 as pb
+
+JSON = "application/json"
+MSGPACK = "application/x-msgpack"
+MSGPACK_TYPES = frozenset({MSGPACK, "application/msgpack"})
+MULTIPART = "multipart/form-data"
+RAW_TYPES = frozenset({"application/x-image", "application/octet-stream"})
+# For the 415 answer: what the door accepts, in the order the README lists them.
+ACCEPTED = (
+    JSON,
+    MSGPACK,
+    "application/msgpack",
+    "image/* (e.g. image/jpeg, image/png)",
+    "application/x-image",
+    "application/octet-stream",
+    MULTIPART,
+)
+
+ApiRequest = pb.DetectRequest | cpb.ClassifyRequest
+ApiResult = pb.DetectionResult | cpb.ClassificationResult
+# A MessagePack body's metadata: each key's and value's own bytes, in the body's order.
+RawMetadata = list[tuple[bytes, bytes]]
+
+_MODEL_KEYS = ("name", "version", "label")
+_F = FieldDescriptor
+
+
+class Kind:
+    """Which decoder a Content-Type selects."""
+
+    JSON = "json"
+    MSGPACK = "msgpack"
+    RAW = "raw"
+    MULTIPART = "multipart"
+
+
+def body_kind(media_type: str) -> str | None:
+    """The decoder for a media type (lower case, no parameters); None when unsupported."""
+    if media_type == JSON:
+        return Kind.JSON
+    if media_type in MSGPACK_TYPES:
+        return Kind.MSGPACK
+    if media_type.startswith("image/") or media_type in RAW_TYPES:
+        return Kind.RAW
+    if media_type == MULTIPART:
+        return Kind.MULTIPART
+    return None
+
+
+@dataclass
+class Decoded:
+    message: ApiRequest
+    # Only MessagePack bodies carry metadata; None otherwise.
+    metadata: RawMetadata | None = None
+
+
+def option_names(message: ApiRequest) -> tuple[str, ...]:
+    """The request message's scalar options (min_score, max_detections / top_k, request_id)."""
+    return tuple(
+        f.name
+        for f in message.DESCRIPTOR.fields
+        if f.name not in ("image", "model") and f.type != _F.TYPE_MESSAGE
+    )
+
+
+# --- request bodies -------------------------------------------------------------------------
+
+
+def decode_json(body: bytes, message: ApiRequest) -> Decoded:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise errors.invalid_input(f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise errors.invalid_input(
+            f"the JSON body must be an object with an 'image' field, got {_json_type(data)}"
+        )
+    if "image" not in data:
+        raise errors.invalid_input(
+            "the JSON body has no 'image' field: send the encoded image as base64, "
+            'e.g. {"image": "<base64>"} or {"image": {"b64": "<base64>"}}'
+        )
+    image = data.pop("image")
+    if isinstance(image, dict):
+        if set(image) != {"b64"}:
+            raise errors.invalid_input(
+                'image must be a base64 string or {"b64": "<base64>"}, got an object with '
+                f"keys {sorted(image)}"
+            )
+        image = image["b64"]
+    if not isinstance(image, str):
+        raise errors.invalid_input(
+            f'image must be a base64 string or {{"b64": "<base64>"}}, got {_json_type(image)}'
+        )
+    try:
+        json_format.ParseDict(data, message)
+    except json_format.ParseError as e:
+        raise errors.invalid_input(f"invalid JSON request: {e}") from None
+    message.image = _base64(image)
+    return Decoded(message)
+
+
+def _base64(text: str) -> bytes:
+    """Standard or URL-safe base64, padded or not (as proto3 JSON accepts), strictly."""
+    value = text.strip().replace("-", "+").replace("_", "/")
+    value += "=" * (-len(value) % 4)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise errors.invalid_input(f"image is not valid base64: {e}") from None
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    for kind, name in names.items():
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else "a number"
+
+
+def decode_msgpack(body: bytes, message: ApiRequest) -> Decoded:
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(body), 1))
+    unpacker.feed(body)
+    fields = {f.name: f for f in message.DESCRIPTOR.fields}
+    metadata: RawMetadata = []
+    seen_image = False
+    try:
+        try:
+            count = unpacker.read_map_header()
+        except ValueError:
+            raise errors.invalid_input(
+                "the MessagePack body must be a map with an 'image' (bin) entry"
+            ) from None
+        for _ in range(count):
+            key_start = unpacker.tell()
+            key = unpacker.unpack()
+            value_start = unpacker.tell()
+            if isinstance(key, str) and key in fields:
+                _set_field(message, fields[key], unpacker.unpack())
+                seen_image = seen_image or key == "image"
+            else:
+                unpacker.skip()
+                metadata.append((body[key_start:value_start], body[value_start : unpacker.tell()]))
+        if unpacker.tell() != len(body):
+            raise errors.invalid_input(
+                f"the MessagePack body has {len(body) - unpacker.tell()} bytes after its map; "
+                "send one map"
+            )
+    except (ValueError, msgpack.OutOfData) as e:
+        raise errors.invalid_input(
+            f"the body is not valid MessagePack: {e or 'truncated'}"
+        ) from None
+    if not seen_image:
+        raise errors.invalid_input(
+            "the MessagePack map has no 'image' entry: put the encoded image under 'image' as bin"
+        )
+    return Decoded(message, metadata)
+
+
+def _set_field(message: Message, field: FieldDescriptor, value: Any) -> None:
+    """One MessagePack value into a message field, with the checks JSON parsing does."""
+    name = field.name
+    if field.type == _F.TYPE_BYTES:
+        if isinstance(value, str):
+            raise errors.invalid_input(
+                f"{name} is a MessagePack str; send the image bytes as bin (e.g. Python bytes "
+                "with use_bin_type=True, the default)"
+            )
+        if not isinstance(value, bytes):
+            raise errors.invalid_input(f"{name} must be bin (bytes), got {_msgpack_type(value)}")
+        setattr(message, name, value)
+    elif field.type == _F.TYPE_MESSAGE:
+        if not isinstance(value, dict):
+            raise errors.invalid_input(f"{name} must be a map, got {_msgpack_type(value)}")
+        sub = getattr(message, name)
+        sub_fields = {f.name: f for f in sub.DESCRIPTOR.fields}
+        for sub_key, sub_value in value.items():
+            if sub_key not in sub_fields:
+                raise errors.invalid_input(
+                    f"{name} has no field {sub_key!r} (fields: {', '.join(sub_fields)})"
+                )
+            _set_scalar(sub, sub_fields[sub_key], sub_value, f"{name}.{sub_key}")
+    else:
+        _set_scalar(message, field, value, name)
+
+
+def _set_scalar(message: Message, field: FieldDescriptor, value: Any, where: str) -> None:
+    if field.type == _F.TYPE_STRING:
+        ok = isinstance(value, str)
+    elif field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok:
+        wanted = {_F.TYPE_STRING: "a string", _F.TYPE_FLOAT: "a number"}.get(
+            field.type, "an integer"
+        )
+        raise errors.invalid_input(f"{where} must be {wanted}, got {_msgpack_type(value)}")
+    try:
+        setattr(message, field.name, value)
+    except (ValueError, TypeError) as e:
+        raise errors.invalid_input(f"{where}: {e}") from None
+
+
+def _msgpack_type(value: object) -> str:
+    names = {
+        bool: "a boolean",
+        bytes: "bin",
+        str: "a str",
+        dict: "a map",
+        list: "an array",
+        int: "an integer",
+        float: "a float",
+    }
+    for kind, name in names.items():
+        if isinstance(value, kind):
+            return name
+    return "nil" if value is None else type(value).__name__
+
+
+def decode_multipart(content_type: str, body: bytes, message: ApiRequest) -> Decoded:
+    """multipart/form-data: an `image` file part and option fields (CPU-bound for large
+    bodies: the caller runs it in a thread)."""
+    head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
+    parsed = BytesParser(policy=policy.HTTP).parsebytes(head + body)
+    if not parsed.is_multipart():
+        raise errors.invalid_input(
+            "the multipart body could not be read: check the boundary in Content-Type"
+        )
+    parts: dict[str, bytes] = {}
+    for part in parsed.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str) or not name:
+            raise errors.invalid_input("a multipart part has no name (Content-Disposition)")
+        payload = part.get_payload(decode=True)
+        parts[name] = payload if isinstance(payload, bytes) else b""
+    image = parts.pop("image", None)
+    if image is None:
+        raise errors.invalid_input(
+            f"the multipart body has no 'image' part (parts: {', '.join(parts) or 'none'}): "
+            "add the image file as 'image'"
+        )
+    fields: dict[str, str] = {}
+    for name, data in parts.items():
+        try:
+            fields[name] = data.decode()
+        except UnicodeDecodeError:
+            raise errors.invalid_input(f"form field {name} is not UTF-8 text") from None
+    message.image = image
+    apply_query(message, fields, allow_model=True, source="form field")
+    return Decoded(message)
+
+
+def apply_query(
+    message: ApiRequest,
+    params: Mapping[str, str],
+    *,
+    allow_model: bool,
+    source: str = "query parameter",
+) -> None:
+    """Options given as text (query string or form fields): the message's scalar options,
+    and `model`, `version`, `label` when the path does not name the model."""
+    options = {f.name: f for f in message.DESCRIPTOR.fields if f.name in option_names(message)}
+    model_keys = {"model": "name", "version": "version", "label": "label"} if allow_model else {}
+    for key, text in params.items():
+        if key in options:
+            _set_scalar(message, options[key], _parse_text(options[key], text, key, source), key)
+        elif key in model_keys:
+            spec = message.model
+            field = spec.DESCRIPTOR.fields_by_name[model_keys[key]]
+            _set_scalar(spec, field, _parse_text(field, text, key, source), key)
+        else:
+            known = [*options, *model_keys]
+            raise errors.invalid_input(f"unknown {source} {key!r}; known: {', '.join(known)}")
+
+
+def _parse_text(field: FieldDescriptor, text: str, key: str, source: str) -> Any:
+    if field.type == _F.TYPE_STRING:
+        return text
+    try:
+        if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
+            value = float(text)
+            if math.isfinite(value):
+                return value
+        else:
+            return int(text)
+    except ValueError:
+        pass
+    wanted = "a number" if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE) else "an integer"
+    raise errors.invalid_input(f"{source} {key} must be {wanted}, got {text!r}")
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+def to_json(result: Message, metadata: RawMetadata | None = None) -> bytes:
+    """The proto3 JSON of a result with every field present (proto field names)."""
+    data = json_format.MessageToDict(
+        result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    if metadata is not None:
+        data["metadata"] = {
+            _json_key(_unpack(key)): _jsonable(_unpack(value)) for key, value in metadata
+        }
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+
+
+def to_msgpack(result: Message, metadata: RawMetadata | None = None) -> bytes:
+    """The result as a MessagePack map (proto field names, every field, float32 as float 32,
+    int64 as integers); the request's metadata entries copied byte for byte."""
+    data = _native(result)
+    packer = msgpack.Packer(use_bin_type=True, use_single_float=True)
+    parts: list[bytes] = [packer.pack_map_header(len(data) + (metadata is not None))]
+    for key, value in data.items():
+        parts += (packer.pack(key), packer.pack(value))
+    if metadata is not None:
+        parts += (packer.pack("metadata"), packer.pack_map_header(len(metadata)))
+        for raw_key, raw_value in metadata:
+            parts += (raw_key, raw_value)
+    return b"".join(parts)
+
+
+def _native(message: Message) -> dict[str, Any]:
+    """Every field of a message as plain values; message fields only when set."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.type == _F.TYPE_MESSAGE:
+            if field.is_repeated:
+                out[field.name] = [_native(v) for v in value]
+            elif message.HasField(field.name):
+                out[field.name] = _native(value)
+        elif field.is_repeated:
+            out[field.name] = list(value)
+        else:
+            out[field.name] = value
+    return out
+
+
+def _unpack(raw: bytes) -> Any:
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except UnicodeDecodeError:
+        return msgpack.unpackb(raw, raw=True, strict_map_key=False)
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, bytes):
+        return base64.b64encode(key).decode()
+    return key if isinstance(key, str) else json.dumps(_jsonable(key))
+
+
+def _jsonable(value: Any) -> Any:
+    """MessagePack metadata as JSON: bin as {"b64": ...} (TF Serving's REST convention)."""
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {_json_key(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, msgpack.ExtType):
+        return {"ext": value.code, "b64": base64.b64encode(value.data).decode()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def error_body(code: str, message: str, as_msgpack: bool) -> bytes:
+    error = {"error": {"code": code, "message": message}}
+    if as_msgpack:
+        return bytes(msgpack.packb(error, use_bin_type=True))
+    return json.dumps(error, separators=(",", ":")).encode()

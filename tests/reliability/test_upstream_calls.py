@@ -1,0 +1,248 @@
+"""The TF Serving hop through a real gateway: which failures are retried and how that is
+counted, the time a retry gets, the upstream timeout, the INTERNAL path, and TLS to a TF
+Serving whose certificate names another host."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from tests.faultupstream import FaultyUpstream
+from tests.gateway.gatewayproc import SERVICE, SERVING, GatewayProcess, run_gateway
+from tests.localserver import LocalServer
+
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.fixture
+def faulty(tfs: LocalServer) -> Iterator[FaultyUpstream]:
+    with FaultyUpstream(tfs.target) as upstream:
+        yield upstream
+
+
+def detect(gw: GatewayProcess, request: pb.DetectRequest, timeout: float = 60) -> tuple[
+    grpc.StatusCode, str, pb.DetectionResult | None
+]:  # fmt: skip
+    with gw.channel() as channel:
+        try:
+            return grpc.StatusCode.OK, "", gw.stub(channel).Detect(request, timeout=timeout)
+        except grpc.RpcError as e:
+            return e.code(), e.details() or "", None
+
+
+def retries(gw: GatewayProcess) -> dict[tuple[str, str], float]:
+    """detection_gateway_upstream_retries_total by (rpc, decision), from /metrics."""
+    url = f"http://127.0.0.1:{gw.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    found = {}
+    pattern = r'^detection_gateway_upstream_retries_total\{decision="(\w+)",rpc="(\w+)"\} (\S+)$'
+    for decision, rpc, value in re.findall(pattern, text, re.MULTILINE):
+        found[(rpc, decision)] = float(value)
+    return found
+
+
+# --- what is retried ------------------------------------------------------------------------
+
+
+def test_unavailable_from_a_server_shutting_down_is_retried_and_counted(
+    faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    """Not only connection failures: a TF Serving (or proxy) that answers UNAVAILABLE
+    itself, as a server shutting down does, gets another attempt."""
+    with run_gateway(faulty.target, log_dir=tmp_path) as gw:
+        assert detect(gw, request_small)[0] == grpc.StatusCode.OK
+        faulty.fail_next(UNAVAILABLE, "server shutting down", times=2)
+        code, _, result = detect(gw, request_small)
+        counted = retries(gw)
+    assert code == grpc.StatusCode.OK and result is not None and len(result.detections) == 2
+    assert faulty.calls["Predict"] == 1 + 3
+    assert counted == {("Predict", "retried"): 2.0}
+
+
+def test_get_model_metadata_is_retried_too(
+    faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    faulty.fail_next(UNAVAILABLE, "Connection reset by peer", times=2, method="GetModelMetadata")
+    with run_gateway(faulty.target, log_dir=tmp_path) as gw:
+        code, _, _ = detect(gw, request_small)  # the first request describes the model
+        counted = retries(gw)
+    assert code == grpc.StatusCode.OK
+    assert faulty.calls["GetModelMetadata"] == 3
+    assert counted == {("GetModelMetadata", "retried"): 2.0}
+
+
+def test_a_retry_gets_only_the_time_the_callers_deadline_has_left(
+    faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    """The first attempt fails after 1.5 s of a 6 s deadline: the retry reaches TF
+    Serving with at most the 4.5 s left, not a fresh 6 s (nor the 30 s upstream timeout)."""
+    with run_gateway(faulty.target, log_dir=tmp_path) as gw:
+        assert detect(gw, request_small)[0] == grpc.StatusCode.OK
+        before = len(faulty.deadlines)
+        faulty.fail_next(UNAVAILABLE, "Socket closed", after=1.5)
+        code, _, _ = detect(gw, request_small, timeout=6.0)
+    assert code == grpc.StatusCode.OK
+    first, retry = [left for method, left in faulty.deadlines[before:] if method == "Predict"]
+    assert first is not None and retry is not None
+    # gRPC's timeout header rounds up by a few milliseconds.
+    assert first <= 6.1 and retry <= 6.0 - 1.5 + 0.1
+
+
+def test_budget_decisions_are_counted_in_a_long_outage(
+    faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    calls = 30
+    with run_gateway(faulty.target, ["--upstream-retry-backoff=0.001"], log_dir=tmp_path) as gw:
+        assert detect(gw, request_small)[0] == grpc.StatusCode.OK
+        faulty.fail_next(UNAVAILABLE, "failed to connect to all addresses", times=10 * calls)
+        codes = {detect(gw, request_small)[0] for _ in range(calls)}
+        counted = retries(gw)
+    assert codes == {UNAVAILABLE}
+    attempts = faulty.calls["Predict"] - 1
+    # Each retry is one more attempt; once the reserve is spent, refusals are counted.
+    assert counted[("Predict", "retried")] == attempts - calls
+    assert counted[("Predict", "budget_exhausted")] >= calls - 10 - calls // 10 - 1
+
+
+# --- the upstream timeout --------------------------------------------------------------------
+
+
+def test_upstream_timeout_caps_a_callers_long_deadline(
+    faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    with run_gateway(faulty.target, ["--upstream-timeout=2"], log_dir=tmp_path) as gw:
+        # Warm-up (the signature): on a busy machine the first try may itself need > 2 s.
+        for _ in range(30):
+            if detect(gw, request_small)[0] == grpc.StatusCode.OK:
+                break
+        faulty.delay = 120.0
+        before = len(faulty.deadlines)
+        code, details, _ = detect(gw, request_small, timeout=120)
+        faulty.delay = 0.0
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    # The gateway's answer (the caller's own deadline had 2 minutes to go).
+    assert "GATEWAY_UPSTREAM_TIMEOUT" in details
+    [(_, left)] = [d for d in faulty.deadlines[before:] if d[0] == "Predict"]
+    # 2 s, as gRPC's timeout header carries it (rounded up), not the caller's 120 s.
+    assert left is not None and left <= 2.5
+
+
+# --- INTERNAL ---------------------------------------------------------------------------------
+
+
+def test_tf_serving_failing_with_internal_is_internal_naming_tf_serving(
+    faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    with run_gateway(faulty.target, log_dir=tmp_path) as gw:
+        assert detect(gw, request_small)[0] == grpc.StatusCode.OK
+        faulty.fail_next(grpc.StatusCode.INTERNAL, "Op type not registered 'Foo'")
+        code, details, _ = detect(gw, request_small)
+    assert code == grpc.StatusCode.INTERNAL
+    assert details.startswith("TF Serving failed on model 'detector'")
+    assert "INTERNAL Op type not registered 'Foo'" in details
+    assert faulty.calls["Predict"] == 2  # INTERNAL is not retried
+
+
+def _huge_class_id(response: tfs.PredictResponse) -> None:
+    """detection_classes[0] = 3e9: a valid float, but beyond the API's int32 class_id."""
+    tensor = response.outputs["detection_classes"]
+    values = np.frombuffer(tensor.tensor_content, np.float32).copy()
+    if not tensor.tensor_content:
+        values = np.array(tensor.float_val, np.float32)
+        del tensor.float_val[:]
+    values[0] = 3e9
+    tensor.tensor_content = values.tobytes()
+
+
+def test_an_unexpected_exception_is_internal_with_the_request_id(
+    faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    with run_gateway(faulty.target, log_dir=tmp_path) as gw:
+        faulty.mutate = _huge_class_id
+        request = pb.DetectRequest(image=request_small.image, request_id="rid-int")
+        code, details, _ = detect(gw, request)
+    assert code == grpc.StatusCode.INTERNAL, (code, details)
+    assert "quote request id rid-int" in details
+
+
+# --- TLS: a certificate naming another host ----------------------------------------------------
+
+
+def _certificates(directory: Path, host: str) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for `host` only (not localhost, not 127.0.0.1)."""
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(text: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
+
+    def builder(
+        subject: str, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+    ) -> x509.CertificateBuilder:
+        return (
+            x509.CertificateBuilder()
+            .subject_name(name(subject))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        builder("name-test CA", name("name-test CA"), ca_key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        builder(host, ca.subject, key)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    assert ipaddress.ip_address("127.0.0.1")  # the address the gateway dials, not named above
+    paths = directory / "ca.crt", directory / "server.crt", directory / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+def test_upstream_server_name_checks_the_name_tf_servings_certificate_has(
+    tfs: LocalServer, tmp_path: Path, request_small: pb.DetectRequest
+) -> None:
+    ca, cert, key = _certificates(tmp_path, "tfserving.models.svc")
+    credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    with FaultyUpstream(tfs.target, credentials) as upstream:
+        # Dialling 127.0.0.1, the certificate's name does not match: refused.
+        args = [f"--upstream-ca-file={ca}"]
+        with run_gateway(upstream.target, args, log_dir=tmp_path, wait_ready=False) as gw:
+            gw.wait_health(SERVING, "liveness")
+            wrong = detect(gw, request_small)
+            assert gw.health(SERVICE) != SERVING
+        named = [*args, "--upstream-server-name=tfserving.models.svc"]
+        with run_gateway(upstream.target, named, log_dir=tmp_path) as gw:
+            right = detect(gw, request_small)
+    assert wrong[0] == UNAVAILABLE and "is unavailable" in wrong[1]
+    assert right[0] == grpc.StatusCode.OK and right[2] is not None
+    assert upstream.calls["Predict"] == 1
