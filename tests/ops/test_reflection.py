@@ -24,7 +24,9 @@ from tests.localserver import HOST, free_port
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 SERVICES = {
     "classification.v1.ClassificationService",
+    "detection.v1.BatchService",
     "detection.v1.DetectionService",
+    "google.longrunning.Operations",
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
     "grpc.reflection.v1alpha.ServerReflection",
