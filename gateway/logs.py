@@ -31,6 +31,8 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            # Which process wrote it: with --workers, which worker served the request.
+            "pid": record.process,
         }
         fields = getattr(record, "fields", None)
         if fields:

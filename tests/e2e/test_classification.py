@@ -43,7 +43,7 @@ _UNDO = {
 
 @pytest.fixture(scope="module")
 def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    names = [*CLASSIFIERS, "detector", "detector_fixed"]
+    names = [*CLASSIFIERS, "detector", "detector_fixed", "detector_float"]
     config = tmp_path_factory.mktemp("classification") / "models.config"
     entries = "".join(
         f"config {{ name: '{n}' base_path: '{model_repo / n}' model_platform: 'tensorflow' }}\n"
@@ -231,3 +231,24 @@ def test_a_stream_client_that_waits_for_each_answer_gets_it(channel, service):
         received.append(result.request_id)
         answered.put(result.request_id)
     assert received == sent == ["0", "1", "2", "3", "4"]
+
+
+def test_a_float_image_tensor_detector_gives_the_uint8_detectors_boxes(channel):
+    """OD API float_image_tensor (float32 pixels 0..255) end to end: the same detections as
+    the uint8 export of the same function, on a photo-like JPEG."""
+    from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+
+    scene = scenes.generate_scene(np.random.default_rng(11), 500, 380, 6, noise_sigma=4.0)
+    image = scenes.encode(scene.pixels, "JPEG")
+    stub = pb_grpc.DetectionServiceStub(channel)
+    found = {}
+    for name in ("detector", "detector_float"):
+        request = pb.DetectRequest(image=image, model=pb.ModelSpec(name=name))
+        result = stub.Detect(request, timeout=120)
+        assert result.model.name == name
+        found[name] = [
+            (d.class_id, d.label, d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max)
+            for d in result.detections
+        ]
+    assert found["detector_float"] == found["detector"]
+    assert len(found["detector"]) == len(scene.boxes)

@@ -94,7 +94,7 @@ class GatewayProcess:
 
 
 # The gateway's startup line names the address it bound: `"address":"127.0.0.1:PORT"`.
-_LISTENING = re.compile(rb'"message":"gateway listening","address":"[^"]*:(\d+)"')
+_LISTENING = re.compile(rb'"message":"gateway listening",[^\n]*?"address":"[^"]*:(\d+)"')
 
 
 def _bound_port(process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:

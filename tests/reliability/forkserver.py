@@ -77,7 +77,7 @@ for line in sys.stdin:
     os.write(1, (json.dumps({"started": pid}) + "\n").encode())
 """
 
-_LISTENING = re.compile(r'"message":"gateway listening","address":"[^"]*:(\d+)"')
+_LISTENING = re.compile(r'"message":"gateway listening",[^\n]*?"address":"[^"]*:(\d+)"')
 
 
 @dataclass
