@@ -42,10 +42,27 @@ class LocalServerError(RuntimeError):
 
 
 def free_port(host: str = HOST) -> int:
-    """A TCP port that is free on `host` right now (the OS picks it)."""
+    """A TCP port that is free on `host` right now (the OS picks it). Another process can
+    take it before the caller binds it: for servers that bind with SO_REUSEPORT (gRPC, the
+    gateway's HTTP door) use reserve_port(), which closes that race."""
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def reserve_port(host: str = HOST) -> Iterator[int]:
+    """A port held for a server that binds with SO_REUSEPORT, for as long as the block runs.
+
+    The port stays bound here (SO_REUSEPORT, never listening) so the OS gives it to no one
+    else, while the server under test binds it too. Without this, two servers handed the same
+    "free" port would both bind it and share its connections without an error. A socket that
+    does not listen receives no connections, so the server gets every one.
+    """
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, 0))
+        yield int(sock.getsockname()[1])
 
 
 def server_command(args: Sequence[str]) -> list[str]:

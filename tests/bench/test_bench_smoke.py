@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(900)  # the run's own limit is 600 s
 def test_quick_bench_writes_every_section_and_target(tmp_path: Path) -> None:
     out = tmp_path / "results.md"
     others = "<!-- begin http -->\n## Another engineer's section\n<!-- end http -->\n"
@@ -23,7 +26,7 @@ def test_quick_bench_writes_every_section_and_target(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=600,  # inside the test's own 900 s limit, so a hang fails here with output
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = out.read_text()

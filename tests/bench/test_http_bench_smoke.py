@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(1300)  # two runs, each with its own 600 s limit
 def test_quick_http_bench_writes_its_section(tmp_path: Path) -> None:
     out = tmp_path / "results.md"
     out.write_text("# Benchmark results\n\nearlier sections\n")
@@ -22,7 +25,7 @@ def test_quick_http_bench_writes_its_section(tmp_path: Path) -> None:
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=600,  # inside the test's own limit, so a hang fails here with output
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = out.read_text()

@@ -11,7 +11,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from tests.localserver import free_port, stop_process
+from tests.localserver import free_port, reserve_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "detection.v1.DetectionService"
@@ -122,21 +122,58 @@ def run_gateway(
     """Starts `python -m gateway` on 127.0.0.1 and yields it once it listens (and, with
     `wait_ready`, once health is SERVING); always stops it.
 
-    The gRPC port is 0 (the OS picks a free one, read back from the startup log): a port
-    chosen in advance could be taken by another test's gateway in the meantime, and with
-    SO_REUSEPORT (gRPC's default) both would then share it silently. `--workers` needs a
-    fixed port, so there a free port is chosen (that small race remains).
+    Ports: the gRPC port is 0 (the OS picks a free one, read back from the startup log).
+    `--workers` needs a fixed gRPC port, and the HTTP door a fixed one: those are held with
+    reserve_port() while the gateway runs (both bind with SO_REUSEPORT, so a port merely
+    found free could be shared silently with another test's gateway). The metrics port is
+    bound without SO_REUSEPORT: a collision stops the gateway at startup, and then it is
+    started again on new ports.
     """
     workers = any(a.startswith("--workers") and a not in ("--workers=1",) for a in args)
-    fixed_port = free_port() if workers else 0
-    metrics_port = free_port()  # no SO_REUSEPORT: a collision fails loudly at startup
-    http_port = free_port() if http else 0
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
+    for attempt in range(_START_ATTEMPTS):
+        with ExitStack() as ports:
+            fixed_port = ports.enter_context(reserve_port()) if workers else 0
+            http_port = ports.enter_context(reserve_port()) if http else 0
+            gateway = _start(upstream, args, log_dir, fixed_port, free_port(), http_port)
+            try:
+                if not fixed_port:
+                    gateway.port = _bound_port(gateway.process, gateway.log_path, timeout=120)
+                if wait_ready:
+                    gateway.wait_health(SERVING, SERVICE)
+            except AssertionError:
+                gateway.stop()
+                if attempt + 1 < _START_ATTEMPTS and _port_taken(gateway):
+                    continue
+                raise
+            try:
+                yield gateway
+            finally:
+                gateway.stop()
+            return
+
+
+# A metrics port found free can be taken by another test before the gateway binds it.
+_START_ATTEMPTS = 3
+
+
+def _port_taken(gateway: GatewayProcess) -> bool:
+    return b"Address already in use" in gateway.log_path.read_bytes()
+
+
+def _start(
+    upstream: str,
+    args: Sequence[str],
+    log_dir: Path,
+    port: int,
+    metrics_port: int,
+    http_port: int,
+) -> GatewayProcess:
     log_path = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log", dir=log_dir)[1])
     command = [
         sys.executable, "-m", "gateway",
         "--host=127.0.0.1",
-        f"--port={fixed_port}",
+        f"--port={port}",
         f"--metrics-port={metrics_port}",
         f"--upstream={upstream}",
         "--health-interval=0.3",
@@ -146,12 +183,4 @@ def run_gateway(
     ]  # fmt: skip
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    gateway = GatewayProcess(process, fixed_port, metrics_port, log_path, http_port)
-    try:
-        if not fixed_port:
-            gateway.port = _bound_port(process, log_path, timeout=120)
-        if wait_ready:
-            gateway.wait_health(SERVING, SERVICE)
-        yield gateway
-    finally:
-        gateway.stop()
+    return GatewayProcess(process, port, metrics_port, log_path, http_port)

@@ -87,7 +87,8 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
                 f"{r['gateways']:,} gateways, health checks raced at SIGTERM and at the end "
                 "of the drain",
                 f"{sum(r['answers'].values()):,} checks: {_codes(r['answers'])}; none left "
-                "waiting for its deadline",
+                "waiting for its deadline"
+                + "".join(f"; {n} x {d!r}" for d, n in sorted(r.get("other_errors", {}).items())),
             )
         )
     if (h := report.get("hostile_images_via_grpc")) is not None:

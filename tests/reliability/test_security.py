@@ -23,7 +23,7 @@ from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from tests.certs import Certificates, Pair, make_certificates
 from tests.faultupstream import FaultyUpstream
 from tests.gateway.gatewayproc import ROOT, SERVICE, GatewayProcess, run_gateway
-from tests.localserver import LocalServer, free_port, stop_process
+from tests.localserver import LocalServer, free_port, reserve_port, stop_process
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -273,25 +273,30 @@ def test_running_gateway_writes_no_files(
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONPATH": str(ROOT),
     }
-    port, metrics_port = free_port(), free_port()
-    log = tmp_path / "gateway.log"
-    command = [
-        sys.executable, "-c", AUDITED, "--host=127.0.0.1", f"--port={port}",
-        f"--metrics-port={metrics_port}", f"--upstream={tfs.target}", "--health-interval=0.3",
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT)
-    gw = GatewayProcess(process, port, metrics_port, log)
-    try:
-        gw.wait_health(SERVING, SERVICE)
-        with gw.channel() as channel:
-            assert detect_code(channel, request_small) == grpc.StatusCode.OK
-            assert detect_code(channel, pb.DetectRequest(image=b"junk")) != grpc.StatusCode.OK
-        gw.in_flight()  # the metrics endpoint
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
-    finally:
-        stop_process(process, 30)
+    # The gRPC port is held while the gateway runs (it binds with SO_REUSEPORT); a metrics
+    # port taken meanwhile would stop the gateway loudly.
+    with reserve_port() as port:
+        metrics_port = free_port()
+        log = tmp_path / "gateway.log"
+        command = [
+            sys.executable, "-c", AUDITED, "--host=127.0.0.1", f"--port={port}",
+            f"--metrics-port={metrics_port}", f"--upstream={tfs.target}", "--health-interval=0.3",
+        ]  # fmt: skip
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        gw = GatewayProcess(process, port, metrics_port, log)
+        try:
+            gw.wait_health(SERVING, SERVICE)
+            with gw.channel() as channel:
+                assert detect_code(channel, request_small) == grpc.StatusCode.OK
+                assert detect_code(channel, pb.DetectRequest(image=b"junk")) != grpc.StatusCode.OK
+            gw.in_flight()  # the metrics endpoint
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(60) == 0
+        finally:
+            stop_process(process, 30)
     assert audit_lines(log.read_text()) == []
     assert any(r.get("message") == "stopped" for r in gw.records())
     assert list(home.iterdir()) == []

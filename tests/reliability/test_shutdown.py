@@ -38,7 +38,13 @@ PROBE_DEADLINE = 10.0
 # signal is handled, NOT_SERVING after), UNAVAILABLE once the server refuses new calls, or
 # CANCELLED for a call gRPC's core had received but not yet handed to the servicer when
 # the server shut down (it cancels those at once).
-ANSWERS = {"SERVING", "NOT_SERVING", "UNAVAILABLE", "CANCELLED"}
+# Answers a probe may get around SIGTERM. UNIMPLEMENTED: a call that reaches gRPC's server
+# core in the instant it stops, before a handler is matched, is refused with it (the soak
+# saw 2 in 11,081 probes over 1,000 gateways); like UNAVAILABLE it is an immediate answer,
+# and a kubelet or Envoy probe counts it as a failure, which is right for a stopping pod.
+ANSWERS = {"SERVING", "NOT_SERVING", "UNAVAILABLE", "CANCELLED", "UNIMPLEMENTED"}
+# The details of every error answer other than UNAVAILABLE and CANCELLED, for the report.
+ODD_DETAILS: Counter[str] = Counter()
 
 
 @pytest.fixture
@@ -55,6 +61,8 @@ def check(target: str) -> str:
                 health_pb2.HealthCheckRequest(), timeout=PROBE_DEADLINE
             )
         except grpc.RpcError as e:
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                ODD_DETAILS[f"{e.code().name}: {e.details()}"] += 1
             return str(e.code().name)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
@@ -150,6 +158,7 @@ def test_health_checks_in_the_instant_of_sigterm_are_answered(
         "health_checks_at_sigterm",
         gateways=rounds,
         answers=dict(total),
+        other_errors=dict(ODD_DETAILS),
         seconds=round(elapsed, 1),
     )
     assert set(total) <= ANSWERS, total  # DEADLINE_EXCEEDED would mean a hang
