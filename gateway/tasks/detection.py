@@ -30,6 +30,8 @@ REQUIRED_OUTPUTS = (BOXES, SCORES, CLASSES, NUM_DETECTIONS)
 # at most; boxes farther out mean another output layout (pixels, or [x, y, w, h]) and would
 # come out as garbage if clamped. Edges within this margin are clamped, others refused.
 BOX_MARGIN = 0.05
+# The API's class_id is an int32.
+MAX_CLASS_ID = 2**31 - 1
 
 
 def _pixel(fraction: float, size: int) -> int:
@@ -71,26 +73,27 @@ def _valid_count(num: float, rows: int) -> int:
     return int(num)
 
 
-def _check_values(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> None:
-    """Checks the first `len(boxes)` rows: finite scores in [0, 1], class ids >= 0, and
-    normalized boxes within the image (plus BOX_MARGIN)."""
-    with np.errstate(invalid="ignore"):
-        bad_scores = ~((scores >= 0) & (scores <= 1))  # NaN compares False
-        bad_classes = ~(np.isfinite(classes) & (classes >= 0))
-        bad_boxes = ~((boxes >= -BOX_MARGIN) & (boxes <= 1 + BOX_MARGIN)).all(axis=1)
-    if bad_scores.any():
-        i = int(np.argmax(bad_scores))
-        raise OutputError(f"{SCORES}[{i}] is {float(scores[i])}; scores must be numbers in [0, 1]")
-    if bad_classes.any():
-        i = int(np.argmax(bad_classes))
-        raise OutputError(f"{CLASSES}[{i}] is {float(classes[i])}; class ids must be numbers >= 0")
-    if bad_boxes.any():
-        i = int(np.argmax(bad_boxes))
-        shown = ", ".join(f"{float(v):g}" for v in boxes[i])
-        raise OutputError(
-            f"{BOXES}[{i}] is [{shown}], outside [0, 1]: the gateway needs normalized "
-            "[ymin, xmin, ymax, xmax] boxes, as OD API exports give (not pixels)"
-        )
+def _check_values(boxes: list[list[float]], scores: list[float], classes: list[float]) -> None:
+    """Checks the rows given: scores in [0, 1], class ids in [0, MAX_CLASS_ID], normalized
+    boxes within the image (plus BOX_MARGIN). NaN fails every comparison, so it is refused.
+    (Plain Python over lists: for the tens of rows a model returns, faster than numpy.)"""
+    for i, score in enumerate(scores):
+        if not 0.0 <= score <= 1.0:
+            raise OutputError(f"{SCORES}[{i}] is {score}; scores must be numbers in [0, 1]")
+    for i, class_id in enumerate(classes):
+        if not 0 <= class_id <= MAX_CLASS_ID:
+            raise OutputError(
+                f"{CLASSES}[{i}] is {float(class_id)}; class ids must be numbers from 0 to "
+                f"{MAX_CLASS_ID} (the API's int32 class_id)"
+            )
+    low, high = -BOX_MARGIN, 1 + BOX_MARGIN
+    for i, box in enumerate(boxes):
+        if not all(low <= v <= high for v in box):
+            shown = ", ".join(f"{v:g}" for v in box)
+            raise OutputError(
+                f"{BOXES}[{i}] is [{shown}], outside [0, 1]: the gateway needs normalized "
+                "[ymin, xmin, ymax, xmax] boxes, as OD API exports give (not pixels)"
+            )
 
 
 def map_detections(
@@ -107,27 +110,32 @@ def map_detections(
 
     Raises OutputError when the outputs are not what an OD API model gives: missing,
     misshapen or non-numeric tensors, num_detections beyond the arrays, NaN or out-of-range
-    scores, negative class ids, boxes outside the image.
+    scores, class ids outside int32 or negative, boxes outside the image.
     """
-    boxes, scores, classes, num = _checked(outputs)
-    valid = _valid_count(float(num[0]), boxes.shape[0])
-    _check_values(boxes[:valid], scores[:valid], classes[:valid])
+    boxes_array, scores_array, classes_array, num = _checked(outputs)
+    valid = _valid_count(float(num[0]), boxes_array.shape[0])
+    # As Python floats (exact for every numeric dtype a model gives), whatever the dtype.
+    boxes = boxes_array[:valid].astype(np.float64).tolist()
+    scores = scores_array[:valid].astype(np.float64).tolist()
+    classes = classes_array[:valid].astype(np.float64).tolist()
+    _check_values(boxes, scores, classes)
+    # Best first. OD API models sort by score already; sorting again (stable: ties keep the
+    # model's order) costs little and makes the contract hold for models that do not.
+    kept = sorted((i for i in range(valid) if scores[i] >= min_score), key=scores.__getitem__,
+                  reverse=True)[:max_detections]  # fmt: skip
     found: list[Detection] = []
-    for i in range(valid):
-        score = float(scores[i])
-        if score < min_score:
-            continue
-        ymin, xmin, ymax, xmax = (float(v) for v in boxes[i])
+    for i in kept:
+        ymin, xmin, ymax, xmax = boxes[i]
         if transform is not None:
             ymin, xmin, ymax, xmax = transform((ymin, xmin, ymax, xmax))
         ymin, ymax = sorted((min(max(ymin, 0.0), 1.0), min(max(ymax, 0.0), 1.0)))
         xmin, xmax = sorted((min(max(xmin, 0.0), 1.0), min(max(xmax, 0.0), 1.0)))
-        class_id = round(float(classes[i]))
+        class_id = round(classes[i])
         found.append(
             Detection(
                 class_id=class_id,
                 label=labels.label(class_id),
-                score=score,
+                score=scores[i],
                 box=Box(
                     x_min=_pixel(xmin, width),
                     y_min=_pixel(ymin, height),
@@ -137,10 +145,7 @@ def map_detections(
                 normalized=NormalizedBox(x_min=xmin, y_min=ymin, x_max=xmax, y_max=ymax),
             )
         )
-    # OD API models sort by score already; sorting again costs nothing and makes the
-    # contract hold for models that do not.
-    found.sort(key=lambda d: d.score, reverse=True)
-    return found[:max_detections]
+    return found
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The TF Serving hop through a real gateway: which failures are retried and how that is
-counted, the time a retry gets, the upstream timeout, the INTERNAL path, and TLS to a TF
-Serving whose certificate names another host."""
+counted, the time a retry gets, the upstream timeout, INTERNAL from TF Serving, a class id
+beyond the API's int32, and TLS to a TF Serving whose certificate names another host."""
 
 from __future__ import annotations
 
@@ -168,15 +168,17 @@ def _huge_class_id(response: tfs.PredictResponse) -> None:
     tensor.tensor_content = values.tobytes()
 
 
-def test_an_unexpected_exception_is_internal_with_the_request_id(
+def test_a_class_id_beyond_int32_is_a_bad_model_not_an_internal_error(
     faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
 ) -> None:
+    # The API's class_id is an int32: a model giving 3e9 gets FAILED_PRECONDITION naming
+    # the value (the INTERNAL safety net is tested in tests/unit/core/test_pipeline.py).
     with run_gateway(faulty.target, log_dir=tmp_path) as gw:
         faulty.mutate = _huge_class_id
         request = pb.DetectRequest(image=request_small.image, request_id="rid-int")
         code, details, _ = detect(gw, request)
-    assert code == grpc.StatusCode.INTERNAL, (code, details)
-    assert "quote request id rid-int" in details
+    assert code == grpc.StatusCode.FAILED_PRECONDITION, (code, details)
+    assert "detection_classes[0] is 3000000000.0" in details and "2147483647" in details
 
 
 # --- TLS: a certificate naming another host ----------------------------------------------------

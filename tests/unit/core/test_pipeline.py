@@ -20,7 +20,7 @@ from PIL import Image
 
 from gateway.config import Settings
 from gateway.core.domain import ClassifyOptions, DetectOptions, ModelRef, Outcome, Request
-from gateway.core.pipeline import Pipeline
+from gateway.core.pipeline import TASKS, Pipeline
 from gateway.errors import GatewayError, Kind
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.upstream.client import TFServingClient
@@ -390,3 +390,29 @@ def test_trace_headers_reach_tf_serving_and_the_log_line(caplog):
     [record] = [r for r in caplog.records if r.name == "gateway.request"]
     assert record.fields["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"  # type: ignore[attr-defined]
     assert record.fields["request_id"] == "r-1"  # type: ignore[attr-defined]
+
+
+def test_an_unexpected_exception_is_internal_quoting_the_request_id(caplog, monkeypatch):
+    # Fault injection: the detection task's mapping raises what no check anticipated.
+    model = classifier_models()[3]
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug in the mapping")
+
+    monkeypatch.setattr(TASKS["detection"], "map", broken)
+
+    async def scenario() -> GatewayError:
+        async with pipeline_for([model], model="fixed") as (pipeline, _):
+            request = Request(png(solid(8, 8, (0, 0, 0))), ModelRef(""), DetectOptions(), "r-int")
+            with pytest.raises(GatewayError) as info:
+                await pipeline.run("detection", request)
+            return info.value
+
+    caplog.set_level("INFO")
+    error = run(scenario())
+    assert error.kind is Kind.INTERNAL
+    assert error.message == "internal error in the gateway; quote request id r-int"
+    [logged] = [r for r in caplog.records if r.getMessage() == "unexpected error"]
+    assert logged.exc_info is not None and "a bug in the mapping" in str(logged.exc_info[1])
+    [line] = [r for r in caplog.records if r.name == "gateway.request"]
+    assert line.fields["code"] == "INTERNAL"  # type: ignore[attr-defined]
