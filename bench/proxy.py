@@ -9,7 +9,12 @@ For pixel mode that makes the floor like for like: the proxy receives what the g
 receives (the caller's 54 KB JPEG request) and sends what the gateway sends (the 0.92 MB
 pixel request), so the only difference left to the gateway is its own work.
 
-    python -m bench.proxy --port 8600 --upstream 127.0.0.1:8500 [--send request.bin]
+`--typed` (with `--send`): serve detection.v1's Detect instead, as a typed service: parse the
+DetectRequest, call the upstream with FILE and parse its PredictResponse, answer a fixed
+DetectionResult of five detections. The floor of a typed Python gRPC gateway: gRPC's work
+for such a service, without any of the gateway's own work (decode, mapping, logs, metrics).
+
+    python -m bench.proxy --port 8600 --upstream 127.0.0.1:8500 [--send request.bin] [--typed]
 """
 
 from __future__ import annotations
@@ -22,20 +27,28 @@ from pathlib import Path
 import grpc
 
 from bench.load import CHANNEL_OPTIONS
+from gateway.frontends.grpc.servicers import DETECTION_SERVICE
+from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import PREDICT
 
 
-async def serve(port: int, upstream: str, send: bytes | None = None) -> None:
+async def serve(port: int, upstream: str, send: bytes | None = None, typed: bool = False) -> None:
     async with grpc.aio.insecure_channel(upstream, options=CHANNEL_OPTIONS) as channel:
-        predict = channel.unary_unary(PREDICT)
+        if typed:
+            if send is None:
+                raise SystemExit("--typed needs --send (the PredictRequest to forward)")
+            handler = _typed_handler(channel, send)
+        else:
+            predict = channel.unary_unary(PREDICT)
 
-        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            return await predict(request if send is None else send, timeout=60)
+            async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                return await predict(request if send is None else send, timeout=60)
 
-        service, method = PREDICT.strip("/").split("/")
-        handler = grpc.method_handlers_generic_handler(
-            service, {method: grpc.unary_unary_rpc_method_handler(forward)}
-        )
+            service, method = PREDICT.strip("/").split("/")
+            handler = grpc.method_handlers_generic_handler(
+                service, {method: grpc.unary_unary_rpc_method_handler(forward)}
+            )
         server = grpc.aio.server(handlers=[handler], options=CHANNEL_OPTIONS)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -46,14 +59,52 @@ async def serve(port: int, upstream: str, send: bytes | None = None) -> None:
         await server.stop(1)
 
 
+def _typed_handler(channel: grpc.aio.Channel, send: bytes) -> grpc.GenericRpcHandler:
+    predict = channel.unary_unary(
+        PREDICT, request_serializer=None, response_deserializer=tfs.PredictResponse.FromString
+    )
+    result = pb.DetectionResult(
+        detections=[
+            pb.Detection(
+                class_id=i,
+                label=f"class_{i}",
+                score=0.9 - i / 10,
+                box=pb.BoundingBox(x_min=10 * i, y_min=20, x_max=10 * i + 50, y_max=90),
+                normalized_box=pb.NormalizedBox(x_min=0.1, y_min=0.2, x_max=0.3, y_max=0.4),
+            )
+            for i in range(1, 6)
+        ],
+        image_width=640,
+        image_height=480,
+        model=pb.ServedModel(name="encoded", version=1),
+        request_id="0123456789abcdef0123456789abcdef",
+    )
+
+    async def detect(request: pb.DetectRequest, context: grpc.aio.ServicerContext) -> object:
+        await predict(send, timeout=60)
+        return result
+
+    return grpc.method_handlers_generic_handler(
+        DETECTION_SERVICE,
+        {
+            "Detect": grpc.unary_unary_rpc_method_handler(
+                detect,
+                request_deserializer=pb.DetectRequest.FromString,
+                response_serializer=pb.DetectionResult.SerializeToString,
+            )
+        },
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--send", type=Path, help="forward these bytes instead of the request")
+    parser.add_argument("--typed", action="store_true", help="serve detection.v1 Detect, typed")
     args = parser.parse_args()
     send = args.send.read_bytes() if args.send else None
-    asyncio.run(serve(args.port, args.upstream, send))
+    asyncio.run(serve(args.port, args.upstream, send, args.typed))
 
 
 if __name__ == "__main__":
