@@ -42,6 +42,7 @@ __all__ = [
     "PixelSink",
     "UnsupportedImage",
     "decode_image",
+    "decode_stored",
     "encode_png",
     "inspect_image",
     "model_can_decode",
@@ -224,6 +225,33 @@ def decode_image(
     return info, out
 
 
+def decode_stored(
+    data: bytes, limits: ImageLimits, min_size: tuple[int, int]
+) -> tuple[ImageInfo, np.ndarray | Image.Image, int]:
+    """Decode for resizing to at least `min_size` (width, height as shown): the pixels as
+    stored, before EXIF orientation, and the orientation still to apply to them.
+
+    The pixels are decode_image(data, limits, min_size=min_size)'s before it orients them:
+    the same decoder, the same DCT scale and the same fallback to Pillow for damaged JPEGs.
+    They come as a uint8 array [height, width, 3] from libjpeg-turbo (RGB and grayscale
+    JPEGs) or as a loaded Pillow "RGB" image from Pillow (everything else), so the caller
+    resizes them without first copying a large image into the other form. The orientation
+    is 1 when the decoder has applied it already (Pillow does for TIFF).
+
+    Refuses what decode_image refuses, with the same errors. CPU-heavy like decode_image.
+    """
+    image, info = _open(data, limits)
+    with image:
+        if info.format == "JPEG" and info.mode in ("RGB", "L"):
+            stored = _decode_jpeg_stored(data, info, _dct_denominator(info, min_size))
+            if stored is not None:
+                return info, stored, info.orientation
+        with _translated_errors(info.format, data):
+            rgb = _to_rgb(image)
+    # Pillow's TIFF plugin has applied the orientation while loading (see decode_image).
+    return info, rgb, 1 if info.format == "TIFF" else info.orientation
+
+
 def _dct_denominator(info: ImageInfo, min_size: tuple[int, int] | None) -> int:
     """The largest of 1, 2, 4, 8 that keeps the decoded image at least `min_size`."""
     if min_size is None:
@@ -241,16 +269,12 @@ def _decode_jpeg(
     """libjpeg-turbo's pixels (the same library and settings as Pillow's: accurate integer
     IDCT, smooth chroma upsampling), or None to let Pillow decide about this file. With a
     `denominator` above 1, decoded at that fraction of the size by DCT scaling."""
+    if denominator > 1:
+        stored = _decode_jpeg_stored(data, info, denominator)
+        if stored is None:
+            return None
+        return np.ascontiguousarray(_oriented_view(stored, info.orientation))
     try:
-        if denominator > 1:
-            stored = simplejpeg.decode_jpeg(
-                data,
-                colorspace="RGB",
-                strict=True,
-                min_height=-(-info.stored_height // denominator),
-                min_width=-(-info.stored_width // denominator),
-            )
-            return np.ascontiguousarray(_oriented_view(stored, info.orientation))
         if info.orientation == 1:
             if into is None:
                 pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
@@ -270,6 +294,23 @@ def _decode_jpeg(
     out = into(info)
     np.copyto(out, shown)
     return out
+
+
+def _decode_jpeg_stored(data: bytes, info: ImageInfo, denominator: int) -> np.ndarray | None:
+    """libjpeg-turbo's pixels as stored (before orientation), at 1/`denominator` of the size
+    by DCT scaling, or None to let Pillow decide about this file (see _decode_jpeg)."""
+    try:
+        if denominator > 1:
+            return simplejpeg.decode_jpeg(
+                data,
+                colorspace="RGB",
+                strict=True,
+                min_height=-(-info.stored_height // denominator),
+                min_width=-(-info.stored_width // denominator),
+            )
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+    except ValueError:
+        return None
 
 
 def _oriented_view(pixels: np.ndarray, orientation: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from gateway.imaging.images import (
     ImageTooLarge,
     UnsupportedImage,
     decode_image,
+    decode_stored,
     encode_png,
     inspect_image,
     model_can_decode,
@@ -674,3 +675,86 @@ def test_encode_png_accepts_decoded_and_non_contiguous_arrays() -> None:
 def test_encode_png_refuses_anything_but_uint8_rgb(pixels: np.ndarray) -> None:
     with pytest.raises(ValueError, match="uint8"):
         encode_png(pixels)
+
+
+# --- decode_stored: the pixels before orientation, for resizing ---------------------------
+
+# EXIF orientation -> Pillow's transpose (as ImageOps.exif_transpose).
+EXIF_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def shown_from_stored(stored: np.ndarray | Image.Image, orientation: int) -> np.ndarray:
+    image = stored if isinstance(stored, Image.Image) else Image.fromarray(stored)
+    if orientation in EXIF_TRANSPOSE:
+        image = image.transpose(EXIF_TRANSPOSE[orientation])
+    return np.asarray(image)
+
+
+@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
+@pytest.mark.parametrize("name", WITH_EXIF)
+def test_decode_stored_gives_the_pixels_as_stored_and_the_orientation_left_to_apply(
+    name: str, orientation: int
+) -> None:
+    fmt, options = WITH_EXIF[name]
+    data = encode(Image.fromarray(pattern(48, 32)), fmt, exif=exif_with(orientation), **options)
+    info, stored, left = decode_stored(data, LIMITS, (48, 48))
+    assert info == inspect_image(data, LIMITS)
+    # libjpeg-turbo's array for JPEG, Pillow's image for the rest; Pillow's TIFF plugin
+    # has turned the image already.
+    assert isinstance(stored, np.ndarray) == (fmt == "JPEG")
+    assert left == (1 if fmt == "TIFF" else orientation)
+    np.testing.assert_array_equal(shown_from_stored(stored, left), decode_image(data, LIMITS)[1])
+
+
+@pytest.mark.parametrize("orientation", [1, 6])
+@pytest.mark.parametrize(
+    ("min_size", "shape"),
+    [((100, 75), (75, 100)), ((150, 100), (150, 200)), ((300, 300), (300, 400))],
+)
+def test_decode_stored_scales_jpegs_as_decode_image_does(
+    orientation: int, min_size: tuple[int, int], shape: tuple[int, int]
+) -> None:
+    data = encode(Image.fromarray(pattern(400, 300)), "JPEG", exif=exif_with(orientation))
+    # min_size is as shown: the 400x300 stored image shows as 300x400 with orientation 6.
+    shown_min = min_size[::-1] if orientation >= 5 else min_size
+    _, stored, left = decode_stored(data, LIMITS, shown_min)
+    assert isinstance(stored, np.ndarray)
+    assert stored.shape[:2] == shape  # 1/4, 1/2 or full size
+    _, scaled = decode_image(data, LIMITS, min_size=shown_min)
+    np.testing.assert_array_equal(shown_from_stored(stored, left), scaled)
+
+
+def test_decode_stored_falls_back_to_pillow_for_a_jpeg_libjpeg_turbo_refuses() -> None:
+    data = encode(Image.fromarray(pattern(320, 240)), "JPEG", exif=exif_with(6))
+    scan = data.index(b"\xff\xda")
+    damaged = data[:scan] + b"\x00\x01\x02" + data[scan:]  # stray bytes: a libjpeg warning
+    _, stored, left = decode_stored(damaged, LIMITS, (60, 80))
+    assert isinstance(stored, Image.Image)
+    assert stored.size == (320, 240)  # Pillow decodes in full
+    assert left == 6
+    np.testing.assert_array_equal(shown_from_stored(stored, left), pillow_displayed(damaged))
+
+
+def test_decode_stored_refuses_what_decode_image_refuses() -> None:
+    jpeg = encode(Image.fromarray(pattern(320, 240)), "JPEG")
+    with pytest.raises(EmptyImage):
+        decode_stored(b"", LIMITS, (10, 10))
+    with pytest.raises(ImageTooLarge):
+        decode_stored(jpeg, ImageLimits(max_bytes=100, max_pixels=10**6), (10, 10))
+    with pytest.raises(ImageTooLarge):
+        decode_stored(jpeg, ImageLimits(max_bytes=10**6, max_pixels=1000), (10, 10))
+    with pytest.raises(UnsupportedImage):
+        decode_stored(b"not an image at all", LIMITS, (10, 10))
+    with pytest.raises(CorruptImage, match="truncated or damaged"):
+        decode_stored(jpeg[: len(jpeg) // 2], LIMITS, (10, 10))
+    png = encode(Image.fromarray(pattern(320, 240)), "PNG")
+    with pytest.raises(CorruptImage, match="looks like PNG"):
+        decode_stored(png[: len(png) // 2], LIMITS, (10, 10))
