@@ -1,17 +1,22 @@
-"""glibc malloc settings that keep the gateway's memory flat under many differently sized
-images (Linux with glibc only; elsewhere nothing happens).
+"""glibc malloc settings: memory that stays bounded under many differently sized images, and
+no page-fault churn on the megabyte buffers every pixel-mode request allocates (Linux with
+glibc only; elsewhere nothing happens).
 
-Measured over 20,000 hostile images (bench/soak-report.json): with glibc's defaults RSS
-climbed from 60 to about 155 MiB and stayed there. Two causes, two settings:
+Measured over 20,000 hostile images (tests/reliability/test_hostile_input.py) and pixel-mode
+requests at concurrency 1 (bench/results.md, "Allocator" note):
 - arenas: glibc gives each thread that contends for the heap its own arena (up to 8 per
-  core), and memory freed in one arena is not reused by the others; the decode threads
-  each grew one. M_ARENA_MAX=2 keeps them few.
-- the mmap threshold: glibc serves allocations above 128 KiB with mmap (returned to the OS
-  on free), but raises that threshold to the size of each large block freed, up to 32 MiB,
-  after which decode buffers and 1-2 MB metadata blocks come from the heap and fragment it.
-  A fixed M_MMAP_THRESHOLD of 256 KiB keeps large buffers out of the heap.
-Together RSS stays near 80 MiB. Each setting is skipped when its environment variable
-(MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_) is set: glibc has applied the operator's value.
+  core), and memory freed in one arena is not reused by the others; the decode threads each
+  grew one, and RSS climbed from 60 to about 155 MiB. M_ARENA_MAX=2 keeps them few.
+- the mmap and trim thresholds: by default glibc serves blocks above 128 KiB with mmap and
+  raises that threshold as large blocks are freed; a low fixed threshold (256 KiB, used
+  before) kept RSS near 80 MiB but made every request map, fault in and unmap its buffers
+  (a 640x480 pixel request's 0.9 MB ones: about 1.3 ms of its 4-5 ms in the gateway). A
+  fixed 32 MiB M_MMAP_THRESHOLD keeps request-sized buffers on the heap (12 MP decode
+  buffers are still mapped and returned), and M_TRIM_THRESHOLD=64 MiB keeps up to 64 MiB of
+  freed heap for the next requests instead of returning it at once; RSS stayed between 80
+  and 115 MiB over the hostile run (growth 34 MiB, the test allows 48).
+Each setting is skipped when its environment variable (MALLOC_ARENA_MAX,
+MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) is set: glibc has applied the operator's value.
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ import os
 import sys
 
 # mallopt parameter numbers (glibc malloc.h).
+M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 ARENA_MAX = 2
-MMAP_THRESHOLD = 256 * 1024
+MMAP_THRESHOLD = 32 * 1024 * 1024
+TRIM_THRESHOLD = 64 * 1024 * 1024
 SETTINGS = (
     ("MALLOC_ARENA_MAX", M_ARENA_MAX, ARENA_MAX),
     ("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+    ("MALLOC_TRIM_THRESHOLD_", M_TRIM_THRESHOLD, TRIM_THRESHOLD),
 )
 
 
