@@ -383,7 +383,9 @@ def building_section(all_photos: dict[str, bytes], scale: Scale) -> tuple[list[s
         "Milliseconds per request built (median), minor page faults per call in brackets "
         "(a fault is memory the kernel maps in fresh; unlike time, the count does not depend "
         "on the machine's load). Allocator states: default, glibc as a process starts (the "
-        "gateway's image sets no `MALLOC_` variable: the state the gateway runs in); "
+        "gateway process itself sets 2 arenas and 32 MiB mmap / 64 MiB trim thresholds at "
+        "startup, gateway/memory.py, close to tuned+trim; this section builds requests in "
+        "the bench process, in each state); "
         + "; ".join(
             f"{s}: `{' '.join(f'{k}={v}' for k, v in recipe.STATES[s].items())}`" for s in tuned
         )

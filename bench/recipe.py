@@ -9,7 +9,8 @@ faults in page by page. `MALLOC_MMAP_THRESHOLD_=33554432` keeps blocks under 32 
 heap, where freed memory is reused without faults. Every figure is therefore measured in a
 new process per allocator state:
 
-- default: glibc as every process starts (the gateway's image sets no MALLOC_ variable);
+- default: glibc as every process starts (the gateway process sets its own at startup,
+  gateway/memory.py: 2 arenas, 32 MiB mmap and 64 MiB trim thresholds);
 - tuned: MALLOC_MMAP_THRESHOLD_=33554432;
 - tuned+trim: also MALLOC_TRIM_THRESHOLD_=268435456 (see STATES).
 
