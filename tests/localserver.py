@@ -215,18 +215,31 @@ def run_local_server(
     root by default). The log is `<log_dir or a temp dir>/serving-local-<port>.log`.
     """
     given = _port_in(args)
-    if given is None:
-        port = port if port is not None else free_port()
-        args = [*args, f"--port={port}"]
-    else:
-        port = given
+    chosen = given is None and port is None
     directory = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="serving-local-"))
-    server = LocalServer(args, port, directory / f"serving-local-{port}.log", env, cwd)
-    try:
-        server.start(timeout)
-        yield server
-    finally:
-        server.stop()
+    for attempt in range(_START_ATTEMPTS if chosen else 1):
+        server_port = given if given is not None else port if port is not None else free_port()
+        server_args = [*args] if given is not None else [*args, f"--port={server_port}"]
+        log_path = directory / f"serving-local-{server_port}.log"
+        server = LocalServer(server_args, server_port, log_path, env, cwd)
+        try:
+            server.start(timeout)
+        except LocalServerError:
+            server.stop()
+            # The server binds without SO_REUSEPORT: a port found free and taken by another
+            # test before the bind fails loudly; start again on another one.
+            if chosen and attempt + 1 < _START_ATTEMPTS and _BIND_FAILED in server.log_text():
+                continue
+            raise
+        try:
+            yield server
+        finally:
+            server.stop()
+        return
+
+
+_START_ATTEMPTS = 3
+_BIND_FAILED = "Failed to bind"
 
 
 def run_to_exit(

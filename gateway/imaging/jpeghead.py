@@ -20,6 +20,8 @@ the two over generated and damaged files):
 
 from __future__ import annotations
 
+from typing import Literal
+
 SOS = 0xDA
 # SOFn: C0-CF except DHT (C4), JPG (C8) and DAC (CC); Pillow also reads DHP (DE) as one.
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC} | {0xDE}
@@ -105,6 +107,7 @@ def _tables_complete(data: bytes, start: int, end: int) -> bool:
 def _orientation(tiff: bytes) -> int | None:
     """Orientation from EXIF IFD0 (1 when absent or out of 1..8); None when the block is
     not simple enough to be sure Pillow reads it the same way."""
+    order: Literal["little", "big"]
     if tiff.startswith(b"II*\x00"):
         order = "little"
     elif tiff.startswith(b"MM\x00*"):
