@@ -217,7 +217,7 @@ def run_local_server(
     given = _port_in(args)
     chosen = given is None and port is None
     directory = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="serving-local-"))
-    for attempt in range(_START_ATTEMPTS if chosen else 1):
+    for attempt in range(START_ATTEMPTS if chosen else 1):
         server_port = given if given is not None else port if port is not None else free_port()
         server_args = [*args] if given is not None else [*args, f"--port={server_port}"]
         log_path = directory / f"serving-local-{server_port}.log"
@@ -228,7 +228,7 @@ def run_local_server(
             server.stop()
             # The server binds without SO_REUSEPORT: a port found free and taken by another
             # test before the bind fails loudly; start again on another one.
-            if chosen and attempt + 1 < _START_ATTEMPTS and _BIND_FAILED in server.log_text():
+            if chosen and attempt + 1 < START_ATTEMPTS and _BIND_FAILED in server.log_text():
                 continue
             raise
         try:
@@ -238,7 +238,9 @@ def run_local_server(
         return
 
 
-_START_ATTEMPTS = 3
+# Starts tried when a port found free is taken by another test before the server binds it
+# (servers that bind without SO_REUSEPORT fail loudly then; tests.gateway.gatewayproc too).
+START_ATTEMPTS = 3
 _BIND_FAILED = "Failed to bind"
 
 

@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from tests.localserver import free_port, reserve_port, stop_process
+from tests.localserver import START_ATTEMPTS, free_port, reserve_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "detection.v1.DetectionService"
@@ -131,7 +131,7 @@ def run_gateway(
     """
     workers = any(a.startswith("--workers") and a not in ("--workers=1",) for a in args)
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-    for attempt in range(_START_ATTEMPTS):
+    for attempt in range(START_ATTEMPTS):
         with ExitStack() as ports:
             fixed_port = ports.enter_context(reserve_port()) if workers else 0
             http_port = ports.enter_context(reserve_port()) if http else 0
@@ -143,7 +143,7 @@ def run_gateway(
                     gateway.wait_health(SERVING, SERVICE)
             except AssertionError:
                 gateway.stop()
-                if attempt + 1 < _START_ATTEMPTS and _port_taken(gateway):
+                if attempt + 1 < START_ATTEMPTS and _port_taken(gateway):
                     continue
                 raise
             try:
@@ -151,10 +151,6 @@ def run_gateway(
             finally:
                 gateway.stop()
             return
-
-
-# A metrics port found free can be taken by another test before the gateway binds it.
-_START_ATTEMPTS = 3
 
 
 def _port_taken(gateway: GatewayProcess) -> bool:
