@@ -43,6 +43,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(level: str) -> None:
+    # The lines carry no source file, thread or process name: skip collecting them for
+    # every record (the logging HOWTO's "Optimization"; the request line is per image).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

@@ -78,6 +78,9 @@ class ModelConfig:
     top_k: int | None = None
 
 
+_MAX_UNLISTED = 1024
+
+
 @dataclass(frozen=True)
 class ModelRegistry:
     """Every configured model, the default model, and the default model of each task."""
@@ -85,12 +88,21 @@ class ModelRegistry:
     models: Mapping[str, ModelConfig]
     default_model: str
     task_defaults: Mapping[str, str]
+    # Configs made for unlisted models, kept (bounded: callers choose the names) so that a
+    # request for one does not build its config again.
+    _unlisted: dict[tuple[str, str], ModelConfig] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def get(self, name: str, task: str) -> ModelConfig:
         """The config of `name` for `task`; an unlisted model gets the task's defaults."""
         config = self.models.get(name)
         if config is None:
-            return ModelConfig(name=name, task=task)
+            config = self._unlisted.get((name, task))
+            if config is None:
+                if len(self._unlisted) >= _MAX_UNLISTED:
+                    self._unlisted.clear()
+                config = self._unlisted[(name, task)] = ModelConfig(name=name, task=task)
         return config
 
     def default_for(self, task: str) -> str | None:

@@ -19,12 +19,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
 from gateway.config import Settings
 from gateway.core.domain import Classes, Detections
 from gateway.models import ModelConfig
 from gateway.upstream.signatures import Signature
+from gateway.upstream.tensors import Tensor
 
 # (ymin, xmin, ymax, xmax) normalized box of the image the model saw -> the same box
 # normalized to the displayed image (EXIF orientation applied).
@@ -73,13 +72,14 @@ class Task(Protocol):
 
     def map(
         self,
-        outputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, Tensor],
         plan: OutputPlan,
         frame: Frame,
         options: Any,
         config: ModelConfig,
     ) -> Detections | Classes:
-        """The result for one image; OutputError when the outputs are unusable."""
+        """The result for one image; OutputError when the outputs are unusable. `outputs`
+        are TF Serving's (gateway.upstream.tensors.Output, decoded on demand) or arrays."""
         ...
 
     def summary(self, result: Any) -> dict[str, object]:

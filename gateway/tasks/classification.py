@@ -23,6 +23,7 @@ from gateway.models import CLASSIFICATION, DEFAULT_TOP_K, ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import Frame, OutputError, OutputPlan
 from gateway.upstream.signatures import Signature
+from gateway.upstream.tensors import Tensor, as_array
 
 PROBABILITIES = ("probabilities", "scores")
 LOGITS = "logits"
@@ -85,12 +86,13 @@ class ClassificationTask:
 
     def map(
         self,
-        outputs: Mapping[str, np.ndarray],
+        tensors: Mapping[str, Tensor],
         plan: OutputPlan,
         frame: Frame,
         options: ClassificationSettings,
         config: ModelConfig,
     ) -> Classes:
+        outputs = {key: as_array(tensor) for key, tensor in tensors.items()}
         if plan.form == "label":
             return Classes(_top_label(outputs, options, config))
         (key,) = plan.output_filter

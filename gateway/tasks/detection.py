@@ -10,8 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Any
 
 from gateway import errors
 from gateway.config import Settings
@@ -20,6 +19,7 @@ from gateway.labels import Labels
 from gateway.models import DETECTION, ModelConfig
 from gateway.tasks.base import BoxTransform, Frame, OutputError, OutputPlan
 from gateway.upstream.signatures import Signature
+from gateway.upstream.tensors import Tensor, head
 
 BOXES = "detection_boxes"
 SCORES = "detection_scores"
@@ -34,12 +34,7 @@ BOX_MARGIN = 0.05
 MAX_CLASS_ID = 2**31 - 1
 
 
-def _pixel(fraction: float, size: int) -> int:
-    # Round half up, then clamp: a box edge at 0.5 px belongs to the next pixel.
-    return min(max(math.floor(fraction * size + 0.5), 0), size)
-
-
-def _checked(outputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+def _checked(outputs: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
     missing = [k for k in REQUIRED_OUTPUTS if k not in outputs]
     if missing:
         raise OutputError(f"TF Serving response lacks outputs {missing}")
@@ -50,17 +45,18 @@ def _checked(outputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
             raise OutputError(f"{key} has dtype {shown}; expected numbers")
     boxes = outputs[BOXES]
     scores, classes, num = outputs[SCORES], outputs[CLASSES], outputs[NUM_DETECTIONS]
-    if boxes.ndim != 3 or boxes.shape[2] != 4 or boxes.shape[0] < 1:
-        raise OutputError(f"{BOXES} has shape {list(boxes.shape)}; expected [1, N, 4]")
-    n = boxes.shape[1]
-    if scores.shape[:2] != (boxes.shape[0], n) or classes.shape[:2] != (boxes.shape[0], n):
+    shape = boxes.shape
+    if len(shape) != 3 or shape[2] != 4 or shape[0] < 1:
+        raise OutputError(f"{BOXES} has shape {list(shape)}; expected [1, N, 4]")
+    n = shape[1]
+    if scores.shape[:2] != (shape[0], n) or classes.shape[:2] != (shape[0], n):
         raise OutputError(
             f"{SCORES} {list(scores.shape)} and {CLASSES} {list(classes.shape)} "
-            f"do not match {BOXES} {list(boxes.shape)}"
+            f"do not match {BOXES} {list(shape)}"
         )
-    if num.size < 1:
+    if math.prod(num.shape) < 1:
         raise OutputError(f"{NUM_DETECTIONS} is empty")
-    return boxes[0], scores[0], classes[0], num.reshape(-1)
+    return boxes, scores, classes, num
 
 
 def _valid_count(num: float, rows: int) -> int:
@@ -87,17 +83,32 @@ def _check_values(boxes: list[list[float]], scores: list[float], classes: list[f
                 f"{MAX_CLASS_ID} (the API's int32 class_id)"
             )
     low, high = -BOX_MARGIN, 1 + BOX_MARGIN
-    for i, box in enumerate(boxes):
-        if not all(low <= v <= high for v in box):
-            shown = ", ".join(f"{v:g}" for v in box)
+    for i, (ymin, xmin, ymax, xmax) in enumerate(boxes):
+        if not (
+            low <= ymin <= high and low <= xmin <= high and low <= ymax <= high
+            and low <= xmax <= high
+        ):  # fmt: skip
+            shown = ", ".join(f"{v:g}" for v in boxes[i])
             raise OutputError(
                 f"{BOXES}[{i}] is [{shown}], outside [0, 1]: the gateway needs normalized "
                 "[ymin, xmin, ymax, xmax] boxes, as OD API exports give (not pixels)"
             )
 
 
+def _floats(tensor: Tensor, count: int) -> list[Any]:
+    """The first `count` values as Python floats (exact for every numeric dtype a model
+    gives); `count` of scores or classes are those of the first batch item, of boxes its
+    first count // 4 rows."""
+    values = head(tensor, count)
+    return values if tensor.dtype.kind == "f" else [float(v) for v in values]
+
+
+def _unit(value: float) -> float:
+    return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
+
+
 def map_detections(
-    outputs: Mapping[str, np.ndarray],
+    outputs: Mapping[str, Tensor],
     *,
     width: int,
     height: int,
@@ -111,40 +122,43 @@ def map_detections(
     Raises OutputError when the outputs are not what an OD API model gives: missing,
     misshapen or non-numeric tensors, num_detections beyond the arrays, NaN or out-of-range
     scores, class ids outside int32 or negative, boxes outside the image.
+
+    Pixel edges round half up (an edge at 0.5 px belongs to the next pixel); the fractions
+    are clamped to [0, 1] first, so pixels stay within [0, width] and [0, height].
+    (This runs on every detection request: plain Python over lists, no helper calls per
+    detection.)
     """
-    boxes_array, scores_array, classes_array, num = _checked(outputs)
-    valid = _valid_count(float(num[0]), boxes_array.shape[0])
-    # As Python floats (exact for every numeric dtype a model gives), whatever the dtype.
-    boxes = boxes_array[:valid].astype(np.float64).tolist()
-    scores = scores_array[:valid].astype(np.float64).tolist()
-    classes = classes_array[:valid].astype(np.float64).tolist()
+    boxes_tensor, scores_tensor, classes_tensor, num = _checked(outputs)
+    valid = _valid_count(float(head(num, 1)[0]), boxes_tensor.shape[1])
+    flat = _floats(boxes_tensor, 4 * valid)
+    boxes = [flat[i : i + 4] for i in range(0, 4 * valid, 4)]
+    scores = _floats(scores_tensor, valid)
+    classes = _floats(classes_tensor, valid)
     _check_values(boxes, scores, classes)
     # Best first. OD API models sort by score already; sorting again (stable: ties keep the
     # model's order) costs little and makes the contract hold for models that do not.
-    kept = sorted((i for i in range(valid) if scores[i] >= min_score), key=scores.__getitem__,
+    kept = sorted([i for i in range(valid) if scores[i] >= min_score], key=scores.__getitem__,
                   reverse=True)[:max_detections]  # fmt: skip
     found: list[Detection] = []
+    label_of = labels.label
     for i in kept:
         ymin, xmin, ymax, xmax = boxes[i]
         if transform is not None:
             ymin, xmin, ymax, xmax = transform((ymin, xmin, ymax, xmax))
-        ymin, ymax = sorted((min(max(ymin, 0.0), 1.0), min(max(ymax, 0.0), 1.0)))
-        xmin, xmax = sorted((min(max(xmin, 0.0), 1.0), min(max(xmax, 0.0), 1.0)))
+        ymin, xmin, ymax, xmax = _unit(ymin), _unit(xmin), _unit(ymax), _unit(xmax)
+        if ymin > ymax:
+            ymin, ymax = ymax, ymin
+        if xmin > xmax:
+            xmin, xmax = xmax, xmin
         class_id = round(classes[i])
-        found.append(
-            Detection(
-                class_id=class_id,
-                label=labels.label(class_id),
-                score=scores[i],
-                box=Box(
-                    x_min=_pixel(xmin, width),
-                    y_min=_pixel(ymin, height),
-                    x_max=_pixel(xmax, width),
-                    y_max=_pixel(ymax, height),
-                ),
-                normalized=NormalizedBox(x_min=xmin, y_min=ymin, x_max=xmax, y_max=ymax),
-            )
+        box = Box(
+            int(xmin * width + 0.5),
+            int(ymin * height + 0.5),
+            int(xmax * width + 0.5),
+            int(ymax * height + 0.5),
         )
+        normalized = NormalizedBox(xmin, ymin, xmax, ymax)
+        found.append(Detection(class_id, label_of(class_id), scores[i], box, normalized))
     return found
 
 
@@ -192,7 +206,7 @@ class DetectionTask:
 
     def map(
         self,
-        outputs: Mapping[str, np.ndarray],
+        outputs: Mapping[str, Tensor],
         plan: OutputPlan,
         frame: Frame,
         options: DetectionSettings,

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
-import numpy as np
 
 from gateway import metrics
 from gateway.config import Settings
@@ -31,7 +30,7 @@ from gateway.upstream.signatures import (
     SignatureCache,
     signature_from_metadata,
 )
-from gateway.upstream.tensors import TensorDecodeError, to_array
+from gateway.upstream.tensors import Output, TensorDecodeError
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
@@ -72,7 +71,7 @@ Metadata = tuple[tuple[str, str], ...]
 @dataclass(frozen=True)
 class Prediction:
     version: int
-    outputs: dict[str, np.ndarray]
+    outputs: dict[str, Output]  # checked; decoded when a task reads them
 
 
 def channel_options(settings: Settings) -> list[tuple[str, object]]:
@@ -359,7 +358,7 @@ class TFServingClient:
         version = response.model_spec.version.value
         self.signatures.observe(model, version)
         try:
-            outputs = {k: to_array(v) for k, v in response.outputs.items()}
+            outputs = {k: Output(v) for k, v in response.outputs.items()}
         except TensorDecodeError as e:
             raise UnreadableOutput(model.name, version, str(e)) from None
         return Prediction(version, outputs)

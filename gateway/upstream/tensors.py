@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,31 +83,101 @@ def string_tensor(values: Sequence[bytes]) -> tfs.TensorProto:
     )
 
 
+# Typed fields whose values Python numbers hold exactly as TensorFlow means them.
+_PLAIN_FIELDS: dict[int, str] = {
+    tfs.DT_FLOAT: "float_val",
+    tfs.DT_DOUBLE: "double_val",
+    tfs.DT_INT32: "int_val",
+    tfs.DT_INT64: "int64_val",
+}
+_STRING = np.dtype(object)
+
+
+class Output:
+    """One output tensor of a PredictResponse, checked at once and decoded when asked.
+
+    The dtype and shape are read, and everything that could make the tensor undecodable is
+    checked, when the response arrives (TensorDecodeError); the values are converted only
+    when a task asks for them: all of them as an array (`array`), or only the first ones as
+    Python numbers (`head`: a detector pads its outputs to 100 rows or more and a handful
+    are used, so reading those few is several times cheaper than converting every tensor).
+    """
+
+    __slots__ = ("_array", "_proto", "dtype", "shape")
+
+    def __init__(self, proto: tfs.TensorProto) -> None:
+        tensor_shape = proto.tensor_shape
+        if tensor_shape.unknown_rank:
+            raise TensorDecodeError("tensor has no fully defined shape: None")
+        shape = tuple([d.size for d in tensor_shape.dim])
+        if shape and min(shape) < 0:
+            raise TensorDecodeError(f"tensor has no fully defined shape: {shape}")
+        number = proto.dtype
+        if number == tfs.DT_STRING:
+            count = math.prod(shape)
+            if len(proto.string_val) != count:
+                raise TensorDecodeError(
+                    f"string tensor {list(shape)} needs {count} values, got {len(proto.string_val)}"
+                )
+            self.dtype = _STRING
+        else:
+            numeric = _NUMERIC.get(number)
+            if numeric is None:
+                raise TensorDecodeError(f"unsupported tensor dtype {dtype_name(number)}")
+            self.dtype = numeric[0]
+            content = proto.tensor_content
+            if content and len(content) != math.prod(shape) * self.dtype.itemsize:
+                raise TensorDecodeError(
+                    f"tensor_content has {len(content)} bytes; {dtype_name(number)} "
+                    f"{list(shape)} needs {math.prod(shape) * self.dtype.itemsize}"
+                )
+        self._proto = proto
+        self._array: np.ndarray | None = None
+        self.shape = shape
+
+    def array(self) -> np.ndarray:
+        """Every value, as an array of the tensor's shape (made once)."""
+        if self._array is None:
+            self._array = _decode(self._proto, self.shape)
+        return self._array
+
+    def head(self, count: int) -> list[Any]:
+        """The first `count` values in row-major order, as Python numbers (TensorFlow's
+        rules for typed fields apply, as in `array`); `count` at most the tensor's size."""
+        proto = self._proto
+        field = _PLAIN_FIELDS.get(proto.dtype)
+        if field is None or proto.tensor_content or self._array is not None:
+            flat: list[Any] = self.array().reshape(-1)[:count].tolist()
+            return flat
+        values = getattr(proto, field)
+        given = len(values)
+        if given >= count:
+            head: list[Any] = values[:count]
+            return head
+        if given == 0:
+            return self.array().reshape(-1)[:count].tolist()  # zeros of the dtype
+        return [*values, *[values[given - 1]] * (count - given)]
+
+
 def to_array(proto: tfs.TensorProto) -> np.ndarray:
-    """Decodes a numeric TensorProto into an array of its full shape (no per-element Python:
-    np.frombuffer for tensor_content, one C-level conversion for the typed field)."""
-    if proto.tensor_shape.unknown_rank:
-        raise TensorDecodeError("tensor has no fully defined shape: None")
-    shape = tuple([d.size for d in proto.tensor_shape.dim])
-    if any(n < 0 for n in shape):
-        raise TensorDecodeError(f"tensor has no fully defined shape: {shape}")
-    if proto.dtype == tfs.DT_STRING:
+    """Decodes a TensorProto into an array of its full shape (no per-element Python:
+    np.frombuffer for tensor_content, one C-level conversion for the typed field);
+    TensorDecodeError when it cannot be decoded."""
+    return Output(proto).array()
+
+
+def _decode(proto: tfs.TensorProto, shape: tuple[int, ...]) -> np.ndarray:
+    """The values of a tensor Output has checked."""
+    dtype_number = proto.dtype
+    if dtype_number == tfs.DT_STRING:
         return _string_array(proto, shape)
-    numeric = _NUMERIC.get(proto.dtype)
-    if numeric is None:
-        raise TensorDecodeError(f"unsupported tensor dtype {dtype_name(proto.dtype)}")
-    dtype, field = numeric
+    dtype, field = _NUMERIC[dtype_number]
     count = math.prod(shape)
     content = proto.tensor_content
     if content:
-        if len(content) != count * dtype.itemsize:
-            raise TensorDecodeError(
-                f"tensor_content has {len(content)} bytes; "
-                f"{dtype_name(proto.dtype)} {list(shape)} needs {count * dtype.itemsize}"
-            )
         return np.frombuffer(content, dtype=dtype).reshape(shape)
     values = getattr(proto, field)
-    if proto.dtype == tfs.DT_HALF:
+    if dtype_number == tfs.DT_HALF:
         typed = np.asarray(values, dtype=np.uint16).view(np.float16)
     else:
         typed = np.asarray(values, dtype=dtype)
@@ -123,14 +194,25 @@ def to_array(proto: tfs.TensorProto) -> np.ndarray:
     return flat.reshape(shape)
 
 
+Tensor = np.ndarray | Output
+
+
+def as_array(tensor: Tensor) -> np.ndarray:
+    """An output (or an array, as tests and other callers pass) as an array."""
+    return tensor.array() if isinstance(tensor, Output) else tensor
+
+
+def head(tensor: Tensor, count: int) -> list[Any]:
+    """The first `count` values of an output (or an array) as Python numbers."""
+    if isinstance(tensor, Output):
+        return tensor.head(count)
+    flat: list[Any] = tensor.reshape(-1)[:count].tolist()
+    return flat
+
+
 def _string_array(proto: tfs.TensorProto, shape: tuple[int, ...]) -> np.ndarray:
-    """A string tensor as an object array of bytes (e.g. a classifier's `label` output)."""
-    count = math.prod(shape)
-    values = list(proto.string_val)
-    if len(values) != count:
-        raise TensorDecodeError(
-            f"string tensor {list(shape)} needs {count} values, got {len(values)}"
-        )
-    array = np.empty(count, dtype=object)
-    array[:] = values
+    """A string tensor (of as many values as its shape needs: Output checks) as an object
+    array of bytes (e.g. a classifier's `label` output)."""
+    array = np.empty(math.prod(shape), dtype=object)
+    array[:] = list(proto.string_val)
     return array.reshape(shape)

@@ -15,7 +15,7 @@ from google.rpc import status_pb2
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import converters
-from gateway.frontends.grpc.servicers import ClassificationServicer, DetectionServicer
+from gateway.frontends.grpc.servicers import ClassificationServicer, DetectionServicer, Drain
 from gateway.jobs.local import BatchLane
 from gateway.jobs.service import CreateParams, JobError, JobService, JobView
 from gateway.proto.classification.v1 import classification_pb2 as cpb
@@ -256,7 +256,10 @@ def build_lane(settings: Settings, lane: BatchLane) -> tuple[grpc.aio.Server, in
         ]
     )
     pipeline = cast(Pipeline, lane)  # the servicers use only run() and settings
-    pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline), server)
-    cpb_grpc.add_ClassificationServiceServicer_to_server(ClassificationServicer(pipeline), server)
+    drain = Drain()  # the lane stops with the executor, not by draining
+    pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline, drain), server)
+    cpb_grpc.add_ClassificationServiceServicer_to_server(
+        ClassificationServicer(pipeline, drain), server
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     return server, port

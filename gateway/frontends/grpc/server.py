@@ -9,11 +9,7 @@ descriptor is derived from v1alpha's so `describe` finds v1 as well.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -29,6 +25,7 @@ from gateway.frontends.grpc.servicers import (
     DETECTION_SERVICE,
     ClassificationServicer,
     DetectionServicer,
+    Drain,
 )
 from gateway.jobs.service import JobService
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
@@ -108,97 +105,6 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     )
 
 
-DRAINING = "the gateway is shutting down and takes no new requests; retry (another replica answers)"
-
-
-class Drain(grpc.aio.ServerInterceptor):
-    """Counts the API calls in flight; once draining, refuses new ones with UNAVAILABLE.
-
-    SIGTERM drains here, with the server still running, instead of in gRPC's own
-    `server.stop(grace)`: a call that reaches gRPC in the instant its server starts to shut
-    down is sometimes neither refused nor served until the server is gone (seen with a plain
-    grpc.aio server too, about 1 health check in 100 sent at that instant), so a health probe
-    could hang for the whole grace period. Draining first, health checks keep answering
-    (NOT_SERVING) and the server stops only when nothing is left in flight, after which the
-    process exits at once.
-    """
-
-    def __init__(self, services: tuple[str, ...]) -> None:
-        self._prefixes = tuple(f"/{name}/" for name in services)
-        self.in_flight = 0
-        self.draining = False
-        self._idle: asyncio.Event | None = None
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(self._prefixes):
-            return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                self._stream(handler.stream_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler  # the APIs have no other kinds of method
-
-    def _unary(self, behaviour: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await self._enter(context)
-            try:
-                return await behaviour(request, context)
-            finally:
-                self._leave()
-
-        return unary
-
-    def _stream(self, behaviour: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
-        async def stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await self._enter(context)
-            try:
-                async for result in behaviour(requests, context):
-                    yield result
-            finally:
-                self._leave()
-
-        return stream
-
-    async def _enter(self, context: grpc.aio.ServicerContext) -> None:
-        if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
-        self.in_flight += 1
-        self._event().clear()
-
-    def _leave(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._event().set()
-
-    def _event(self) -> asyncio.Event:
-        if self._idle is None:
-            self._idle = asyncio.Event()
-            if self.in_flight == 0:
-                self._idle.set()
-        return self._idle
-
-    async def drain(self, timeout: float) -> int:
-        """Refuses new API calls and waits up to `timeout` for the ones in flight; returns
-        how many are still in flight (the server's stop cancels those)."""
-        self.draining = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event().wait(), timeout)
-        return self.in_flight
-
-
 @dataclass
 class GrpcDoor:
     server: grpc.aio.Server
@@ -211,10 +117,12 @@ class GrpcDoor:
 def build(settings: Settings, pipeline: Pipeline, jobs: JobService | None = None) -> GrpcDoor:
     """The server with every service added and its port bound (not started yet)."""
     credentials = server_credentials(settings)  # before anything starts: bad files fail fast
-    drain = Drain(SERVICES)
-    server = grpc.aio.server(interceptors=[drain], options=server_options(settings))
-    pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline), server)
-    cpb_grpc.add_ClassificationServiceServicer_to_server(ClassificationServicer(pipeline), server)
+    drain = Drain()
+    server = grpc.aio.server(options=server_options(settings))
+    pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline, drain), server)
+    cpb_grpc.add_ClassificationServiceServicer_to_server(
+        ClassificationServicer(pipeline, drain), server
+    )
     # Batch jobs over the API (BatchService + google.longrunning.Operations), when enabled.
     job_services = jobs_door.add_services(server, jobs) if jobs is not None else ()
     health_servicer = HealthServicer()

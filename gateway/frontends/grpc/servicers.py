@@ -4,12 +4,14 @@ No pipeline logic here. Unary calls return the result or abort with the status o
 pipeline's error (gateway.frontends.grpc.status). Streams keep a window of images in flight,
 answer in request order, put a per-image error (google.rpc.Status) in the result of an image
 that failed on its own and go on, and end with the status of an error that concerns the whole
-stream. Every call carries `x-request-id` back in its trailing metadata.
+stream. Every call carries `x-request-id` back in its trailing metadata. Once the gateway
+drains (SIGTERM), new calls are refused with UNAVAILABLE (Drain).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
@@ -46,6 +48,55 @@ TRACE_HEADERS = frozenset(
 
 log = logging.getLogger("gateway.pipeline")
 
+DRAINING = "the gateway is shutting down and takes no new requests; retry (another replica answers)"
+
+
+class Drain:
+    """Counts the API calls in flight; once draining, the servicers refuse new ones with
+    UNAVAILABLE.
+
+    SIGTERM drains here, with the server still running, instead of in gRPC's own
+    `server.stop(grace)`: a call that reaches gRPC in the instant its server starts to shut
+    down is sometimes neither refused nor served until the server is gone (seen with a plain
+    grpc.aio server too, about 1 health check in 100 sent at that instant), so a health probe
+    could hang for the whole grace period. Draining first, health checks keep answering
+    (NOT_SERVING) and the server stops only when nothing is left in flight, after which the
+    process exits at once. (Counted in the servicers rather than by a server interceptor,
+    which would cost every call an extra round of Python.)
+    """
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.draining = False
+        self._idle: asyncio.Event | None = None  # made when draining starts
+
+    def enter(self) -> bool:
+        """Counts a new call in; False when draining (the call must be refused)."""
+        if self.draining:
+            return False
+        self.in_flight += 1
+        if self._idle is not None:
+            self._idle.clear()
+        return True
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def drain(self, timeout: float) -> int:
+        """Refuses new API calls and waits up to `timeout` for the ones in flight; returns
+        how many are still in flight (the server's stop cancels those)."""
+        self.draining = True
+        if self._idle is None:
+            self._idle = asyncio.Event()
+            if self.in_flight == 0:
+                self._idle.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        return self.in_flight
+
+
 RequestT = TypeVar("RequestT")
 ResultT = TypeVar("ResultT")
 ToRequest = Callable[[RequestT, str, str, float | None, converters.Trace], Request]
@@ -79,6 +130,7 @@ def _metadata(context: grpc.aio.ServicerContext) -> tuple[str, converters.Trace]
 
 async def _unary(
     pipeline: Pipeline,
+    drain: Drain,
     task: str,
     method: str,
     request: RequestT,
@@ -86,21 +138,27 @@ async def _unary(
     to_request: ToRequest[RequestT],
     to_result: Callable[[Outcome], ResultT],
 ) -> ResultT:
-    header_id, trace = _metadata(context)
-    request_id = getattr(request, "request_id", "") or header_id or new_request_id()
-    context.set_trailing_metadata((("x-request-id", request_id),))
+    if not drain.enter():
+        await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
     try:
-        outcome = await pipeline.run(
-            task, to_request(request, request_id, method, context.time_remaining(), trace)
-        )
-        return _converted(to_result, outcome)
-    except GatewayError as e:
-        await context.abort(STATUS[e.kind], e.message)
-        raise  # unreachable: abort raises
+        header_id, trace = _metadata(context)
+        request_id = getattr(request, "request_id", "") or header_id or new_request_id()
+        context.set_trailing_metadata((("x-request-id", request_id),))
+        try:
+            outcome = await pipeline.run(
+                task, to_request(request, request_id, method, context.time_remaining(), trace)
+            )
+            return _converted(to_result, outcome)
+        except GatewayError as e:
+            await context.abort(STATUS[e.kind], e.message)
+            raise  # unreachable: abort raises
+    finally:
+        drain.leave()
 
 
 async def _stream(
     pipeline: Pipeline,
+    drain: Drain,
     task: str,
     method: str,
     requests: AsyncIterator[RequestT],
@@ -146,6 +204,8 @@ async def _stream(
         finally:
             in_flight.discard(work)
 
+    if not drain.enter():
+        await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
     reader = asyncio.ensure_future(read())
     try:
         while True:
@@ -171,17 +231,20 @@ async def _stream(
         reader.cancel()
         for work in in_flight:
             work.cancel()
+        drain.leave()
 
 
 class DetectionServicer(pb_grpc.DetectionServiceServicer):
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, drain: Drain) -> None:
         self._pipeline = pipeline
+        self._drain = drain
 
     async def Detect(
         self, request: pb.DetectRequest, context: grpc.aio.ServicerContext
     ) -> pb.DetectionResult:
         return await _unary(
             self._pipeline,
+            self._drain,
             DETECTION,
             "Detect",
             request,
@@ -195,6 +258,7 @@ class DetectionServicer(pb_grpc.DetectionServiceServicer):
     ) -> AsyncIterator[pb.DetectionResult]:
         async for result in _stream(
             self._pipeline,
+            self._drain,
             DETECTION,
             "DetectStream",
             request_iterator,
@@ -207,14 +271,16 @@ class DetectionServicer(pb_grpc.DetectionServiceServicer):
 
 
 class ClassificationServicer(cpb_grpc.ClassificationServiceServicer):
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, drain: Drain) -> None:
         self._pipeline = pipeline
+        self._drain = drain
 
     async def Classify(
         self, request: cpb.ClassifyRequest, context: grpc.aio.ServicerContext
     ) -> cpb.ClassificationResult:
         return await _unary(
             self._pipeline,
+            self._drain,
             CLASSIFICATION,
             "Classify",
             request,
@@ -230,6 +296,7 @@ class ClassificationServicer(cpb_grpc.ClassificationServiceServicer):
     ) -> AsyncIterator[cpb.ClassificationResult]:
         async for result in _stream(
             self._pipeline,
+            self._drain,
             CLASSIFICATION,
             "ClassifyStream",
             request_iterator,
