@@ -8,7 +8,19 @@ import sys
 import time
 from typing import Any
 
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+import orjson
+
+# Anything orjson refuses (an int beyond 64 bits, a type it does not know) still gets its
+# line, through the json module with repr() for what it cannot encode.
+_fallback = json.JSONEncoder(separators=(",", ":"), default=repr).encode
+
+
+def _encode(entry: dict[str, Any]) -> str:
+    """One compact JSON object (orjson: the request line is written for every image)."""
+    try:
+        return orjson.dumps(entry).decode()
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return _fallback(entry)
 
 
 class JsonFormatter(logging.Formatter):

@@ -23,6 +23,7 @@ import base64
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,8 +80,7 @@ class InputPlan:
         )
 
 
-@dataclass(frozen=True)
-class ModelInput:
+class ModelInput(NamedTuple):
     request: bytes  # the serialized PredictRequest
     width: int  # of the image as a viewer shows it
     height: int

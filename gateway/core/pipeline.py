@@ -225,7 +225,9 @@ class Pipeline:
         options = task.resolve(request.options, config, self.settings)
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
         for attempt in (1, 2):
-            signature = await self._client.signature(model, self._timeout(deadline), request.trace)
+            signature = self._client.signatures.known(model) or await self._client.signature(
+                model, self._timeout(deadline), request.trace
+            )
             plan = self._plan(task, signature, config)
             envelope = _envelope(model, plan.outputs.output_filter)
             with tracing.span("decode", request.trace, model=model.name):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gateway.config import Settings
 from gateway.core.domain import Classes, Detections
@@ -48,8 +48,7 @@ class OutputPlan:
     form: str = ""  # the task's name for the output form it found (e.g. "logits")
 
 
-@dataclass(frozen=True)
-class Frame:
+class Frame(NamedTuple):
     """The image as the caller sees it, and how the model's view of it maps back."""
 
     width: int

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,8 +35,7 @@ PROBABILITY_TOLERANCE = 1e-3
 MAX_TOP_K = 1000
 
 
-@dataclass(frozen=True)
-class ClassificationSettings:
+class ClassificationSettings(NamedTuple):
     top_k: int
     min_score: float
 

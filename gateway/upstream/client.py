@@ -14,8 +14,7 @@ import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import grpc
 
@@ -68,8 +67,7 @@ ResponseT = TypeVar("ResponseT")
 Metadata = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True)
-class Prediction:
+class Prediction(NamedTuple):
     version: int
     outputs: dict[str, Output]  # checked; decoded when a task reads them
 

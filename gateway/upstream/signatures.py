@@ -99,13 +99,13 @@ class SignatureCache:
     async def get(
         self, model: ModelRef, timeout: float, trace: tuple[tuple[str, str], ...] = ()
     ) -> Signature:
-        cached = self._known(model)
+        cached = self.known(model)
         if cached is not None:
             return cached
         lock = self._locks.setdefault(model, asyncio.Lock())
         try:
             async with lock:  # one metadata call per model, however many requests wait
-                cached = self._known(model)
+                cached = self.known(model)
                 if cached is None:
                     cached = await self._fetch(model, timeout, trace)
                     self._signatures[(model.name, cached.version)] = cached
@@ -116,7 +116,8 @@ class SignatureCache:
                 # Unknown model names must not pile up locks (clients choose the names).
                 self._locks.pop(model, None)
 
-    def _known(self, model: ModelRef) -> Signature | None:
+    def known(self, model: ModelRef) -> Signature | None:
+        """The signature to use for `model` without asking TF Serving, if there is one."""
         if model.version is not None:
             return self._signatures.get((model.name, model.version))
         served = self._served.get(model)
