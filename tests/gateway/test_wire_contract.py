@@ -7,6 +7,8 @@ and a message built with ours parses in the official classes and serializes to t
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -22,7 +24,13 @@ from tensorflow_serving.apis import (
 )
 
 from gateway.proto.tfswire.v1 import tfserving_pb2 as ours
-from gateway.upstream.tensors import image_tensor, string_tensor, to_array
+from gateway.upstream.tensors import (
+    Output,
+    TensorDecodeError,
+    image_tensor,
+    string_tensor,
+    to_array,
+)
 
 # Official fields we leave out on purpose (kept as unknown fields when they occur).
 OMITTED = {
@@ -238,3 +246,50 @@ def test_to_array_repeats_the_last_typed_value_like_tensorflow() -> None:
     proto.tensor_shape.dim.add(size=4)
     mine = ours.TensorProto.FromString(proto.SerializeToString())
     np.testing.assert_array_equal(to_array(mine), tf.make_ndarray(proto))
+
+
+@pytest.mark.parametrize("dtype", list(_TYPED_FIELD))
+@pytest.mark.parametrize("given", ["all", "some", "none", "content"])
+def test_output_head_reads_the_first_values_as_tensorflow_does(dtype, given: str) -> None:
+    """Output.head (a detector's few used rows) gives what TensorFlow decodes, value for value
+    and as Python numbers, whether the values are all there, repeat the last one given (TF's
+    rule for typed fields), are absent (zeros) or come as tensor_content."""
+    values = (np.random.default_rng(4).random((1, 5, 4)) * 100).astype(dtype)
+    values.ravel()[12:] = values.ravel()[11]  # equal trailing values, as padding ends
+    proto = tf.make_tensor_proto(values)
+    if given == "content":
+        proto.tensor_content = values.tobytes()  # (make_tensor_proto writes bools typed)
+        proto.ClearField(_TYPED_FIELD[dtype])
+    else:
+        proto.ClearField("tensor_content")
+        proto.ClearField(_TYPED_FIELD[dtype])
+        typed = values.ravel().tolist()
+        if given == "some":
+            typed = typed[:12]  # TensorFlow repeats the last value given
+        getattr(proto, _TYPED_FIELD[dtype]).extend([] if given == "none" else typed)
+    expected = tf.make_ndarray(proto).ravel().tolist()
+    output = Output(ours.TensorProto.FromString(proto.SerializeToString()))
+    for count in (0, 1, 7, 20):
+        head = output.head(count)
+        assert head == expected[:count]
+        assert [type(v) for v in head] == [type(v) for v in expected[:count]]
+    np.testing.assert_array_equal(output.array(), tf.make_ndarray(proto))
+
+
+def test_an_undecodable_output_fails_when_the_response_is_read() -> None:
+    """Output checks everything to_array would refuse at once, so a bad tensor fails where the
+    response is read (UnreadableOutput), not later in a task."""
+    short = ours.TensorProto(dtype=ours.DT_FLOAT, tensor_content=b"\x00" * 8)
+    short.tensor_shape.dim.add(size=3)
+    strings = ours.TensorProto(dtype=ours.DT_STRING, string_val=[b"a"])
+    strings.tensor_shape.dim.add(size=2)
+    unknown = ours.TensorProto(dtype=ours.DT_FLOAT)
+    unknown.tensor_shape.dim.add(size=-1)
+    for proto, message in (
+        (short, "tensor_content has 8 bytes; DT_FLOAT [3] needs 12"),
+        (strings, "string tensor [2] needs 2 values, got 1"),
+        (unknown, "tensor has no fully defined shape: (-1,)"),
+        (ours.TensorProto(dtype=ours.DT_VARIANT), "unsupported tensor dtype DT_VARIANT"),
+    ):
+        with pytest.raises(TensorDecodeError, match=re.escape(message)):
+            Output(proto)
