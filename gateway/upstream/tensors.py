@@ -93,6 +93,22 @@ _PLAIN_FIELDS: dict[int, str] = {
 _STRING = np.dtype(object)
 
 
+# Shapes read so far, by their serialized form: a model's outputs have the same few shapes on
+# every response, and reading the dims costs several times more than serializing them.
+_SHAPES: dict[bytes, tuple[int, ...]] = {}
+_MAX_SHAPES = 1024
+
+
+def _shape(proto: tfs.TensorShapeProto) -> tuple[int, ...]:
+    key = proto.SerializeToString()
+    shape = _SHAPES.get(key)
+    if shape is None:
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        shape = _SHAPES[key] = tuple([d.size for d in proto.dim])
+    return shape
+
+
 class Output:
     """One output tensor of a PredictResponse, checked at once and decoded when asked.
 
@@ -109,7 +125,7 @@ class Output:
         tensor_shape = proto.tensor_shape
         if tensor_shape.unknown_rank:
             raise TensorDecodeError("tensor has no fully defined shape: None")
-        shape = tuple([d.size for d in tensor_shape.dim])
+        shape = _shape(tensor_shape)
         if shape and min(shape) < 0:
             raise TensorDecodeError(f"tensor has no fully defined shape: {shape}")
         number = proto.dtype
