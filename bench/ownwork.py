@@ -1,0 +1,107 @@
+"""The gateway's own Python per request, without gRPC: servicer -> pipeline -> result bytes.
+
+Runs detection.v1 Detect's servicer in this process, one request after another, with TF
+Serving replaced by a coroutine that answers bench/upstream.py's fixed response (parsed each
+time, as gRPC would). What it measures is what the CPU-per-request comparison (section 2 of
+`python -m bench`) attributes to the gateway beyond a typed do-nothing proxy, without the
+noise of a loaded machine: use it to compare two versions of the code in one sitting
+(it prints; it writes no results). Log lines go to /dev/null at INFO, as in the bench.
+
+    python -m bench.ownwork [--requests 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from bench import photos, upstream
+from gateway import logs, memory
+from gateway.app import load_models
+from gateway.config import parse_settings
+from gateway.core.pipeline import Pipeline
+from gateway.frontends.grpc.servicers import DetectionServicer, Drain
+from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.upstream.client import TFServingClient
+
+
+class _Context:
+    """What the servicer asks of grpc.aio's context."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("user-agent", "grpc-c/1"),)
+
+    def set_trailing_metadata(self, metadata: object) -> None:
+        self.trailing = metadata
+
+    def time_remaining(self) -> float:
+        return 30.0
+
+    async def abort(self, code: object, message: str) -> None:
+        raise RuntimeError(f"{code}: {message}")
+
+
+async def measure(requests: int, batches: int = 5) -> float:
+    """µs per request, best of `batches` batches."""
+    memory.tune_malloc()
+    settings = parse_settings(["--upstream=127.0.0.1:1", "--model=encoded", "--metrics-port=0"])
+    logs.setup("INFO")
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    client = TFServingClient(settings)
+    answer = upstream.predict_response("encoded")
+    metadata = upstream.metadata_response("encoded")
+
+    async def predict(request: bytes, **_: Any) -> tfs.PredictResponse:
+        return tfs.PredictResponse.FromString(answer)
+
+    async def describe(request: object, **_: Any) -> tfs.GetModelMetadataResponse:
+        return metadata
+
+    client._predict = predict
+    client._metadata = describe
+    with open(os.devnull, "w", buffering=1) as sink, ThreadPoolExecutor(2) as executor:
+        handler.setStream(sink)
+        pipeline = Pipeline(settings, client, load_models(settings), executor)
+        servicer = DetectionServicer(pipeline, Drain())
+        body = pb.DetectRequest(
+            image=photos.load()["JPEG 640x480"], model=pb.ModelSpec(name="encoded")
+        ).SerializeToString()
+        context: Any = _Context()
+
+        async def one() -> bytes:
+            request = pb.DetectRequest.FromString(body)
+            return (await servicer.Detect(request, context)).SerializeToString()
+
+        for _ in range(500):
+            await one()
+        best = float("inf")
+        per_batch = max(1, requests // batches)
+        for _ in range(batches):
+            started = time.perf_counter()
+            for _ in range(per_batch):
+                await one()
+            best = min(best, (time.perf_counter() - started) / per_batch)
+        handler.setStream(sys.stderr)
+    await client.close()
+    return best * 1e6
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    args = parser.parse_args(argv)
+    micros = asyncio.run(measure(args.requests))
+    print(f"gateway's own work per string-mode Detect (best of 5 batches): {micros:.1f} µs")
+
+
+if __name__ == "__main__":
+    main()

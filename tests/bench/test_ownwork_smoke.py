@@ -1,0 +1,28 @@
+"""`python -m bench.ownwork` runs the servicer and pipeline in process and prints a figure.
+
+A smoke test: the script works (the servicer answers through the fake upstream), never how
+fast anything is.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ownwork_measures_the_servicer_and_pipeline() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.ownwork", "--requests=200"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    figure = re.search(r"own work per string-mode Detect .*: ([\d.]+) µs", run.stdout)
+    assert figure is not None, run.stdout
+    assert float(figure.group(1)) > 0
