@@ -4,7 +4,8 @@ Inputs are written as `tensor_content` (raw bytes: 1.5x smaller than `int_val` v
 images and ~1000x faster to build; the request bytes themselves come from
 gateway.upstream.wire). Outputs are read from `tensor_content` when TF Serving
 sends it (`--enable_serialization_as_tensor_content`) and from the typed field otherwise,
-following TensorFlow's own rules (tensor.cc FromProto).
+following TensorFlow's own rules (tensor.cc FromProto), through `Output`: checked when the
+response arrives, decoded only as far as a task reads it.
 """
 
 from __future__ import annotations
