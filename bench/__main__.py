@@ -53,10 +53,6 @@ LIMITS = images.ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=50_000_000)
 MODES = {"string": ("encoded", InputMode.ENCODED), "pixel": ("pixels", InputMode.PIXELS)}
 
 
-# CPU per request: slices per run, gateway and proxies alternating (see concurrency_32).
-CPU_SLICES = 4
-
-
 @dataclass(frozen=True)
 class Scale:
     building_repeat: int
@@ -65,13 +61,26 @@ class Scale:
     start_runs: int
     rounds: int  # repeated runs of each figure a target is judged on
     e2e_calls: int  # per run of the recipe-vs-gateway comparison
+    cpu_slices: int  # CPU per request: gateway and proxies alternating, slices per run
 
 
 FULL = Scale(
-    building_repeat=25, paired_calls=200, load_seconds=8.0, start_runs=5, rounds=3, e2e_calls=9
+    building_repeat=25,
+    paired_calls=200,
+    load_seconds=8.0,
+    start_runs=5,
+    rounds=3,
+    e2e_calls=9,
+    cpu_slices=4,
 )
 QUICK = Scale(
-    building_repeat=2, paired_calls=5, load_seconds=1.5, start_runs=1, rounds=1, e2e_calls=1
+    building_repeat=2,
+    paired_calls=5,
+    load_seconds=1.5,
+    start_runs=1,
+    rounds=1,
+    e2e_calls=1,
+    cpu_slices=1,
 )
 
 
@@ -474,7 +483,7 @@ def concurrency_32(up: str, gw: Gateway, jpeg: bytes, scale: Scale) -> tuple[lis
     ratios, typed_ratios = [], []
     # Each run alternates the three in short slices and sums CPU and calls per process, so a
     # change in the machine's load (other tenants) weighs on all three alike.
-    slices = CPU_SLICES if scale.rounds > 1 else 1
+    slices = scale.cpu_slices
     seconds = scale.load_seconds / slices
     with proxy(up, send=direct_body) as px, proxy(up, send=direct_body, typed=True) as typed:
         for run in range(scale.rounds):
@@ -840,7 +849,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Concurrency 32, 640x480 JPEG, load generator `{generator}`, "
         f"{scale.load_seconds:.0f} s each; then CPU per request, string mode: process CPU "
         "seconds (user + system, /proc) over the requests that reached the upstream, gateway "
-        f"and proxies alternating in {CPU_SLICES} slices of {scale.load_seconds / CPU_SLICES:.0f} "
+        f"and proxies alternating in {scale.cpu_slices} slices of "
+        f"{scale.load_seconds / scale.cpu_slices:.0f} "
         "s per run (CPU and requests summed per process over the slices). The typed "
         "do-nothing proxy (`bench/proxy.py --typed`) serves "
         "detection.v1 Detect as a typed service (parses the DetectRequest and the "

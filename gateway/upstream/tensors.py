@@ -163,17 +163,17 @@ class Output:
         rules for typed fields apply, as in `array`); `count` at most the tensor's size."""
         proto = self._proto
         field = _PLAIN_FIELDS.get(proto.dtype)
-        if field is None or proto.tensor_content or self._array is not None:
-            flat: list[Any] = self.array().reshape(-1)[:count].tolist()
-            return flat
-        values = getattr(proto, field)
-        given = len(values)
-        if given >= count:
-            head: list[Any] = values[:count]
-            return head
-        if given == 0:
-            return self.array().reshape(-1)[:count].tolist()  # zeros of the dtype
-        return [*values, *[values[given - 1]] * (count - given)]
+        if field is not None and not proto.tensor_content and self._array is None:
+            values = getattr(proto, field)
+            given = len(values)
+            if given >= count:
+                head: list[Any] = values[:count]
+                return head
+            if given:
+                return [*values, *[values[given - 1]] * (count - given)]
+        # Everything else (tensor_content, other dtypes, no values: zeros) through the array.
+        flat: list[Any] = self.array().reshape(-1)[:count].tolist()
+        return flat
 
 
 def to_array(proto: tfs.TensorProto) -> np.ndarray:
