@@ -132,8 +132,15 @@ def decode_within(data: bytes, limits: ImageLimits, max_side: int) -> tuple[Imag
 
 
 def encode_jpeg(pixels: np.ndarray, quality: int = JPEG_QUALITY) -> bytes:
-    """uint8 [h, w, 3] RGB pixels as a baseline JPEG (4:2:0, libjpeg-turbo)."""
-    return bytes(simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality))
+    """uint8 [h, w, 3] RGB pixels as a baseline JPEG with 4:2:0 chroma, as cameras save
+    photos (libjpeg-turbo). simplejpeg's default, 4:4:4, is half as large again and takes
+    about 1.8 times as long to encode and 1.5 times as long for the model to decode (a
+    12 MP photo scaled to 1024x768: 2.9 against 1.6 ms, and 2.4 against 1.6 ms in TF)."""
+    return bytes(
+        simplejpeg.encode_jpeg(
+            np.ascontiguousarray(pixels), quality=quality, colorsubsampling="420"
+        )
+    )
 
 
 # --- resizing -----------------------------------------------------------------------------

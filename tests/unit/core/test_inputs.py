@@ -7,6 +7,7 @@ import io
 
 import numpy as np
 import pytest
+import simplejpeg
 import tensorflow as tf
 from PIL import Image
 from tensorflow_serving.apis import predict_pb2
@@ -107,6 +108,8 @@ def test_a_string_model_gets_a_smaller_jpeg_over_max_side_and_the_original_under
     (sent,) = parsed(build_input(big, plan, b"", LIMITS).request)["s"]
     assert len(sent) < len(big) / 3
     assert Image.open(io.BytesIO(sent)).size == (1024, 683)
+    # Chroma at half resolution, as cameras save photos (simplejpeg's default is 4:4:4).
+    assert simplejpeg.decode_jpeg_header(sent)[3] == "420"
     (sent,) = parsed(build_input(small, plan, b"", LIMITS).request)["s"]
     assert sent == small
     b64 = InputPlan("s", InputMode.ENCODED, base64url=True)
