@@ -273,7 +273,7 @@ def _decode_jpeg(
         stored = _decode_jpeg_stored(data, info, denominator)
         if stored is None:
             return None
-        return np.ascontiguousarray(_oriented_view(stored, info.orientation))
+        return np.ascontiguousarray(oriented_view(stored, info.orientation))
     try:
         if info.orientation == 1:
             if into is None:
@@ -288,7 +288,7 @@ def _decode_jpeg(
         # Truncated or damaged data, or a variant simplejpeg refuses: Pillow tolerates some
         # of these exactly as before (it ignores libjpeg warnings) and reports the rest.
         return None
-    shown = _oriented_view(stored, info.orientation)
+    shown = oriented_view(stored, info.orientation)
     if into is None:
         return np.ascontiguousarray(shown)
     out = into(info)
@@ -313,7 +313,7 @@ def _decode_jpeg_stored(data: bytes, info: ImageInfo, denominator: int) -> np.nd
         return None
 
 
-def _oriented_view(pixels: np.ndarray, orientation: int) -> np.ndarray:
+def oriented_view(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """The stored pixels as a viewer shows them (the transposes of _TRANSPOSE), as a view."""
     if orientation >= 5:  # 5..8 swap rows and columns first
         pixels = pixels.transpose(1, 0, 2)
