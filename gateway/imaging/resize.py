@@ -20,8 +20,10 @@ caller bytes ever reach them.
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
+
 import numpy as np
-import pyvips
 import simplejpeg
 from PIL import Image
 
@@ -33,11 +35,6 @@ from gateway.imaging.images import (
     inspect_image,
     oriented_view,
 )
-
-# No operation cache: every request's pixels are new, and cached results would keep them.
-pyvips.cache_set_max(0)
-# Defence in depth: the gateway hands libvips decoded pixels only, never encoded bytes.
-pyvips.operation_block_set("VipsForeignLoad", True)
 
 # Quality of the JPEG sent to string-input models in place of a larger original: high enough
 # that the model sees what a direct decode of the original at that size would show.
@@ -122,10 +119,23 @@ def _resize_stored(
     return out
 
 
+@functools.cache
+def _vips() -> ModuleType:
+    """pyvips, imported at the first resize: libvips adds about 9 MiB to every process,
+    and a gateway whose models take the images as they come never needs it."""
+    import pyvips
+
+    # No operation cache: every request's pixels are new, and cached results would keep them.
+    pyvips.cache_set_max(0)
+    # Defence in depth: the gateway hands libvips decoded pixels only, never encoded bytes.
+    pyvips.operation_block_set("VipsForeignLoad", True)
+    return pyvips
+
+
 def _shrink(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     """C-contiguous uint8 [h, w, 3] pixels scaled down (or kept) on each axis by libvips."""
     stored_height, stored_width = pixels.shape[:2]
-    image = pyvips.Image.new_from_memory(pixels.data, stored_width, stored_height, 3, "uchar")
+    image = _vips().Image.new_from_memory(pixels.data, stored_width, stored_height, 3, "uchar")
     resized = image.resize(width / stored_width, vscale=height / stored_height, kernel="linear")
     if (resized.width, resized.height) != (width, height):  # the scales round back to the size
         raise RuntimeError(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import io
 import random
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +34,8 @@ from gateway.imaging.resize import decode_to_size, decode_within, fit_within
 
 LIMITS = ImageLimits(max_bytes=64 * 2**20, max_pixels=50_000_000)
 BILINEAR = Image.Resampling.BILINEAR
-PHOTO_12MP = Path(__file__).resolve().parents[2] / "bench" / "images" / "photo_4032x3024.jpg"
+ROOT = Path(__file__).resolve().parents[2]
+PHOTO_12MP = ROOT / "bench" / "images" / "photo_4032x3024.jpg"
 # Pillow's transposes for EXIF orientations (as ImageOps.exif_transpose).
 TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
@@ -324,8 +327,16 @@ def test_lines_and_single_pixels(stored: tuple[int, int], size: tuple[int, int])
 
 def test_libvips_loads_no_encoded_bytes() -> None:
     """Callers' bytes go to libjpeg-turbo and Pillow only: libvips' loaders are blocked."""
+    vips = resize._vips()
     with pytest.raises(pyvips.Error):
-        pyvips.Image.new_from_buffer(jpeg(64, 48), "")
+        vips.Image.new_from_buffer(jpeg(64, 48), "")
+
+
+def test_libvips_is_loaded_by_the_first_resize_only() -> None:
+    """A gateway that never resizes (models taking images as they come) never maps libvips
+    (about 9 MiB per process)."""
+    code = "import sys, gateway.app; assert 'pyvips' not in sys.modules, 'imported at startup'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
 def test_32_threads_at_once_get_the_single_thread_result() -> None:
