@@ -17,6 +17,7 @@ from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import jobs as grpc_jobs
 from gateway.frontends.grpc import server as grpc_door
+from gateway.imaging import resize
 from gateway.jobs.service import Executor, JobService
 from gateway.jobs.store import JobStore
 from gateway.labels import Labels
@@ -47,6 +48,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     registry = load_models(settings)
     tracing.setup()
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+    resize.use_threads(settings.decode_threads)
     client = TFServingClient(settings)
     pipeline = Pipeline(settings, client, registry, executor)
     jobs, lane = build_jobs(settings, pipeline, client)

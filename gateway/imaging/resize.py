@@ -119,12 +119,27 @@ def _resize_stored(
     return out
 
 
+_threads = 0  # libvips' threads per resize; 0: as many as the processors it sees
+
+
+def use_threads(threads: int) -> None:
+    """Threads libvips gives one resize: the gateway's decode threads, which follow the CPU
+    limit (GATEWAY_DECODE_THREADS). libvips' own default is the processors the process may
+    run on, which in a container with a CPU quota can be all of the node's."""
+    global _threads
+    _threads = threads
+    if _vips.cache_info().currsize:
+        _vips().concurrency_set(threads)
+
+
 @functools.cache
 def _vips() -> ModuleType:
     """pyvips, imported at the first resize: libvips adds about 9 MiB to every process,
     and a gateway whose models take the images as they come never needs it."""
     import pyvips
 
+    if _threads:
+        pyvips.concurrency_set(_threads)
     # No operation cache: every request's pixels are new, and cached results would keep them.
     pyvips.cache_set_max(0)
     # Defence in depth: the gateway hands libvips decoded pixels only, never encoded bytes.

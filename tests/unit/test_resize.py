@@ -339,6 +339,21 @@ def test_libvips_is_loaded_by_the_first_resize_only() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 
+def test_libvips_uses_the_decode_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not libvips' default (every processor the process may run on, which in a container
+    with a CPU quota can be the node's): the gateway's decode threads, set from the CPU limit."""
+    vips = resize._vips()
+    before = vips.concurrency_get()
+    monkeypatch.setattr(resize, "_threads", resize._threads)
+    try:
+        resize.use_threads(3)
+        assert vips.concurrency_get() == 3
+        _, pixels = decode_within(jpeg(3000, 2000), LIMITS, 1024)
+        assert pixels.shape == (683, 1024, 3)
+    finally:
+        vips.concurrency_set(before)
+
+
 def test_32_threads_at_once_get_the_single_thread_result() -> None:
     samples = [
         (PHOTO_12MP.read_bytes(), 1024),
