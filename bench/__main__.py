@@ -482,15 +482,25 @@ def concurrency_32(up: str, gw: Gateway, jpeg: bytes, scale: Scale) -> tuple[lis
     direct_body, gateway_body = predict_body(jpeg, "string"), detect_body(jpeg, model)
     ratios, typed_ratios = [], []
     # Each run alternates the three in short slices and sums CPU and calls per process, so a
-    # change in the machine's load (other tenants) weighs on all three alike.
+    # change in the machine's load (other tenants) weighs on all three alike. Each run starts
+    # its own three processes: gateway processes started alike differ by up to 4.5 % in CPU
+    # per request over the same slices (four side by side: 907 to 948 µs), so runs on one set
+    # of processes would repeat one draw of that spread.
     slices = scale.cpu_slices
     seconds = scale.load_seconds / slices
-    with proxy(up, send=direct_body) as px, proxy(up, send=direct_body, typed=True) as typed:
-        for run in range(scale.rounds):
+    for run in range(scale.rounds):
+        with (
+            gateway(up) as run_gw,
+            proxy(up, send=direct_body) as px,
+            proxy(up, send=direct_body, typed=True) as typed,
+        ):
+            warm = ((run_gw.target, load.DETECT), (px.target, PREDICT), (typed.target, load.DETECT))
+            for target, method in warm:
+                load.closed_loop(target, method, gateway_body, 32, 1.0)
             totals = {who: [0.0, 0, 0.0] for who in ("gateway", "proxy", "typed")}
             for _ in range(slices):
                 for who, target, method, pids in (
-                    ("gateway", gw.target, load.DETECT, gw.pids()),
+                    ("gateway", run_gw.target, load.DETECT, run_gw.pids()),
                     ("proxy", px.target, PREDICT, [px.process.pid]),
                     ("typed", typed.target, load.DETECT, [typed.process.pid]),
                 ):
@@ -851,7 +861,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "seconds (user + system, /proc) over the requests that reached the upstream, gateway "
         f"and proxies alternating in {scale.cpu_slices} slices of "
         f"{scale.load_seconds / scale.cpu_slices:.0f} "
-        "s per run (CPU and requests summed per process over the slices). The typed "
+        "s per run (CPU and requests summed per process over the slices), each run on a "
+        "new gateway and new proxies (processes started alike differ by up to 4.5 %). The typed "
         "do-nothing proxy (`bench/proxy.py --typed`) serves "
         "detection.v1 Detect as a typed service (parses the DetectRequest and the "
         "PredictResponse, answers a fixed five-detection DetectionResult): what gRPC costs a "
