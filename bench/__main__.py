@@ -496,7 +496,7 @@ def concurrency_32(up: str, gw: Gateway, jpeg: bytes, scale: Scale) -> tuple[lis
         ):
             warm = ((run_gw.target, load.DETECT), (px.target, PREDICT), (typed.target, load.DETECT))
             for target, method in warm:
-                load.closed_loop(target, method, gateway_body, 32, 1.0)
+                load.closed_loop(target, method, gateway_body, 32, scale.load_seconds / 8)
             totals = {who: [0.0, 0, 0.0] for who in ("gateway", "proxy", "typed")}
             for _ in range(slices):
                 for who, target, method, pids in (
