@@ -1,9 +1,9 @@
 """Plain Python types of the gateway's domain: what a front door hands the pipeline and what
 it gets back. Protobuf, JSON and MessagePack stay at the edges (gateway/frontends).
 
-All immutable. The types made for every image (requests, options, outcomes and the
-per-detection and per-class results) are NamedTuples: made several times per image, they cost
-0.3-0.4 µs each against 1 µs for a frozen dataclass."""
+All immutable. The types made for every image (requests, model references, options, outcomes
+and the per-detection and per-class results) are NamedTuples: made several times per image,
+they cost 0.3-0.4 µs each against 1 µs for a frozen dataclass."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class ModelRef:
-    """A model as a caller asks for it: a name and at most one of version or label."""
+class ModelRef(NamedTuple):
+    """A model as a caller asks for it: a name and at most one of version or label.
+
+    (A NamedTuple like the other per-image types: it is made, hashed and compared several
+    times per image, as the key of the signature and request-envelope caches.)"""
 
     name: str
     version: int | None = None

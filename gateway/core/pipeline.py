@@ -18,7 +18,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import lru_cache
 
-from gateway import errors, metrics, tracing
+from gateway import errors, logs, metrics, tracing
 from gateway.config import Settings
 from gateway.core.domain import ModelRef, Outcome, Request
 from gateway.core.inputs import (
@@ -43,7 +43,7 @@ from gateway.upstream.client import (
 )
 from gateway.upstream.signatures import Signature
 
-request_log = logging.getLogger("gateway.request")
+request_log = logs.RequestLog()
 log = logging.getLogger("gateway.pipeline")
 
 TASKS: Mapping[str, Task] = {task.name: task for task in (DetectionTask(), ClassificationTask())}
@@ -117,7 +117,7 @@ class Pipeline:
         code = "OK"
         model: ModelRef | None = None
         outcome: Outcome | None = None
-        metrics.IN_FLIGHT.inc()
+        metrics.start()
         try:
             self._limit.acquire()
             try:
@@ -139,7 +139,6 @@ class Pipeline:
                 Kind.INTERNAL, f"internal error in the gateway; quote request id {request_id}"
             ) from None
         finally:
-            metrics.IN_FLIGHT.dec()
             total = time.perf_counter() - started
             self._record(task, request, code, request_id, model, outcome, timings, total)
 
@@ -277,8 +276,8 @@ class Pipeline:
         total: float,
     ) -> None:
         method = request.method or task.name
-        metrics.record(method, code, total, timings["decode"], timings["upstream"])
-        if not request_log.isEnabledFor(logging.INFO):
+        metrics.finish(method, code, total, timings["decode"], timings["upstream"])
+        if not request_log.enabled():
             return
         fields: dict[str, object] = {
             "method": method,
@@ -300,7 +299,7 @@ class Pipeline:
             "upstream": round(timings["upstream"] * 1000, 2),
             "total": round(total * 1000, 2),
         }
-        request_log.info("request", extra={"fields": fields})
+        request_log.write(fields)
 
 
 def _trace_id(trace: tuple[tuple[str, str], ...]) -> str:

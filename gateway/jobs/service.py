@@ -17,7 +17,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.batch import job as batch_job
@@ -250,7 +250,7 @@ class JobService:
             "upload_id": p.upload_id,
             "output_uri": p.output_uri,
             "task": p.task,
-            "model": asdict(p.model),
+            "model": p.model._asdict(),
             "min_score": p.min_score,
             "max_detections": p.max_detections,
             "top_k": p.top_k,

@@ -290,10 +290,36 @@ class TFServingClient:
     ) -> ResponseT:
         """One idempotent call with retries: UNAVAILABLE except TF Serving's queue-full, with
         jittered exponential backoff, within `timeout` overall and the retry budget."""
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
         self._budget.deposit()
+        try:
+            return await method(request, timeout=timeout, metadata=metadata or None)
+        except grpc.RpcError as e:
+            return await self._retry(rpc, method, request, started + timeout, metadata, e)
+
+    async def _retry(
+        self,
+        rpc: str,
+        method: Callable[..., Awaitable[ResponseT]],
+        request: object,
+        deadline: float,
+        metadata: Metadata,
+        error: grpc.RpcError,
+    ) -> ResponseT:
+        """Attempts after the first one failed with `error` (see _call)."""
         attempt = 1
         while True:
+            if attempt >= self._settings.upstream_max_attempts or not is_retryable(error):
+                raise error
+            delay = backoff(attempt, self._settings.upstream_retry_backoff)
+            if time.monotonic() + delay >= deadline:
+                raise error
+            if not self._budget.withdraw():
+                metrics.UPSTREAM_RETRIES.labels(rpc, "budget_exhausted").inc()
+                raise error
+            metrics.UPSTREAM_RETRIES.labels(rpc, "retried").inc()
+            await asyncio.sleep(delay)
+            attempt += 1
             try:
                 return await method(
                     request,
@@ -301,17 +327,7 @@ class TFServingClient:
                     metadata=metadata or None,
                 )
             except grpc.RpcError as e:
-                if attempt >= self._settings.upstream_max_attempts or not is_retryable(e):
-                    raise
-                delay = backoff(attempt, self._settings.upstream_retry_backoff)
-                if time.monotonic() + delay >= deadline:
-                    raise
-                if not self._budget.withdraw():
-                    metrics.UPSTREAM_RETRIES.labels(rpc, "budget_exhausted").inc()
-                    raise
-                metrics.UPSTREAM_RETRIES.labels(rpc, "retried").inc()
-            await asyncio.sleep(delay)
-            attempt += 1
+                error = e
 
     async def signature(
         self, model: ModelRef, timeout: float, metadata: Metadata = ()
@@ -341,8 +357,16 @@ class TFServingClient:
         goes along (trace context)."""
         try:
             # Predict is retried: inference has no side effects in TF Serving, so a repeat
-            # costs compute only, and the budget bounds that (README "Reliability").
-            response = await self._call("Predict", self._predict, request, timeout, metadata)
+            # costs compute only, and the budget bounds that (README "Reliability"). The
+            # first attempt is _call's, written out: this runs for every image.
+            started = time.monotonic()
+            self._budget.deposit()
+            try:
+                response = await self._predict(request, timeout=timeout, metadata=metadata or None)
+            except grpc.RpcError as e:
+                response = await self._retry(
+                    "Predict", self._predict, request, started + timeout, metadata, e
+                )
         except grpc.RpcError as e:
             error = self._error(e, model)
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "Expects arg[" in (

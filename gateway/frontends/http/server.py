@@ -31,7 +31,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 from google.rpc import code_pb2
 
-from gateway import errors, metrics
+from gateway import errors, logs, metrics
 from gateway.config import Settings
 from gateway.core.domain import ModelRef, Outcome, Request
 from gateway.core.pipeline import Pipeline, new_request_id
@@ -55,7 +55,7 @@ from gateway.readiness import Readiness
 from gateway.upstream.client import TFServingClient
 
 log = logging.getLogger("gateway.http")
-request_log = logging.getLogger("gateway.request")
+request_log = logs.RequestLog()
 
 # After answering 413 or 408 the rest of the body is read and dropped for at most this
 # long, so the client sees the answer rather than a connection reset; then it is closed.
@@ -399,7 +399,7 @@ class HttpDoor:
         """Requests refused before the pipeline are counted and logged like the others."""
         total = time.perf_counter() - started
         metrics.record(method, code, total, 0.0, 0.0)
-        if request_log.isEnabledFor(logging.INFO):
+        if request_log.enabled():
             fields = {
                 "method": method,
                 "code": code,
@@ -407,7 +407,7 @@ class HttpDoor:
                 "http_status": status,
                 "latency_ms": {"total": round(total * 1000, 2)},
             }
-            request_log.info("request", extra={"fields": fields})
+            request_log.write(fields)
 
     # --- health, status, description, page ----------------------------------------------
 
