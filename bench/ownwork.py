@@ -95,20 +95,22 @@ async def measure(requests: int, batches: int = 5, cold_mib: float = 0.0) -> flo
 
         for _ in range(500):
             await one()
-        if cold_mib:
-            figure = await _cold(one, requests, cold_mib)
-            handler.setStream(sys.stderr)
-            await client.close()
-            return figure
-        best = float("inf")
-        per_batch = max(1, requests // batches)
-        for _ in range(batches):
-            started = time.perf_counter()
-            for _ in range(per_batch):
-                await one()
-            best = min(best, (time.perf_counter() - started) / per_batch)
+        figure = await (
+            _cold(one, requests, cold_mib) if cold_mib else _warm(one, requests, batches)
+        )
         handler.setStream(sys.stderr)
     await client.close()
+    return figure
+
+
+async def _warm(one: Any, requests: int, batches: int) -> float:
+    best = float("inf")
+    per_batch = max(1, requests // batches)
+    for _ in range(batches):
+        started = time.perf_counter()
+        for _ in range(per_batch):
+            await one()
+        best = min(best, (time.perf_counter() - started) / per_batch)
     return best * 1e6
 
 

@@ -357,16 +357,8 @@ class TFServingClient:
         goes along (trace context)."""
         try:
             # Predict is retried: inference has no side effects in TF Serving, so a repeat
-            # costs compute only, and the budget bounds that (README "Reliability"). The
-            # first attempt is _call's, written out: this runs for every image.
-            started = time.monotonic()
-            self._budget.deposit()
-            try:
-                response = await self._predict(request, timeout=timeout, metadata=metadata or None)
-            except grpc.RpcError as e:
-                response = await self._retry(
-                    "Predict", self._predict, request, started + timeout, metadata, e
-                )
+            # costs compute only, and the budget bounds that (README "Reliability").
+            response = await self._call("Predict", self._predict, request, timeout, metadata)
         except grpc.RpcError as e:
             error = self._error(e, model)
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "Expects arg[" in (
