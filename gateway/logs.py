@@ -77,6 +77,19 @@ class JsonFormatter(logging.Formatter):
         return _encode(entry)
 
 
+# The process id in every line, read once (and again in a forked child): os.getpid() is a
+# system call, and the request line is written for every image.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class JsonHandler(logging.StreamHandler):
     """The gateway's handler: JSON lines (JsonFormatter) on a stream."""
 
@@ -147,7 +160,7 @@ class RequestLog:
                     "INFO",
                     self.logger.name,
                     "request",
-                    os.getpid() if logging.logProcesses else None,
+                    _pid if logging.logProcesses else None,
                     fields,
                 )
                 handler.stream.write(line + handler.terminator)

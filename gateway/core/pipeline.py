@@ -290,7 +290,7 @@ class Pipeline:
         }
         if outcome is not None:
             fields.update(task.summary(outcome.result))
-        trace_id = _trace_id(request.trace)
+        trace_id = _trace_id(request.trace) if request.trace else ""
         if trace_id:
             fields["trace_id"] = trace_id
         fields["image_bytes"] = len(request.image)

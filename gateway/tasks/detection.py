@@ -31,6 +31,9 @@ REQUIRED_OUTPUTS = (BOXES, SCORES, CLASSES, NUM_DETECTIONS)
 BOX_MARGIN = 0.05
 # The API's class_id is an int32.
 MAX_CLASS_ID = 2**31 - 1
+# Makes the result tuples (Detection, Box, NormalizedBox) without the Python-level __new__
+# NamedTuple classes have: three per detection of every request.
+_make = tuple.__new__
 
 
 def _checked(outputs: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
@@ -135,7 +138,7 @@ def map_detections(
     kept = sorted([i for i in range(valid) if scores[i] >= min_score], key=scores.__getitem__,
                   reverse=True)[:max_detections]  # fmt: skip
     found: list[Detection] = []
-    label_of = labels.label
+    names = labels.names
     for i in kept:
         ymin, xmin, ymax, xmax = boxes[i]
         if transform is not None:
@@ -150,14 +153,15 @@ def map_detections(
         if xmin > xmax:
             xmin, xmax = xmax, xmin
         class_id = round(classes[i])
-        box = Box(
+        box = _make(Box, (
             int(xmin * width + 0.5),
             int(ymin * height + 0.5),
             int(xmax * width + 0.5),
             int(ymax * height + 0.5),
-        )
-        normalized = NormalizedBox(xmin, ymin, xmax, ymax)
-        found.append(Detection(class_id, label_of(class_id), scores[i], box, normalized))
+        ))  # fmt: skip
+        normalized = _make(NormalizedBox, (xmin, ymin, xmax, ymax))
+        label = names.get(class_id) or labels.label(class_id)
+        found.append(_make(Detection, (class_id, label, scores[i], box, normalized)))
     return found
 
 

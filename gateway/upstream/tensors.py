@@ -94,20 +94,31 @@ _PLAIN_FIELDS: dict[int, str] = {
 _STRING = np.dtype(object)
 
 
-# Shapes read so far, by their serialized form: a model's outputs have the same few shapes on
-# every response, and reading the dims costs several times more than serializing them.
-_SHAPES: dict[bytes, tuple[int, ...]] = {}
-_MAX_SHAPES = 1024
+# Layouts read so far, by dtype and serialized shape: a model's outputs have the same few on
+# every response, and reading and checking the dims costs several times more than
+# serializing them. Each is (numpy dtype, shape, number of values), checked.
+_LAYOUTS: dict[tuple[int, bytes], tuple[np.dtype, tuple[int, ...], int]] = {}
+_MAX_LAYOUTS = 1024
 
 
-def _shape(proto: tfs.TensorShapeProto) -> tuple[int, ...]:
-    key = proto.SerializeToString()
-    shape = _SHAPES.get(key)
-    if shape is None:
-        if len(_SHAPES) >= _MAX_SHAPES:
-            _SHAPES.clear()
-        shape = _SHAPES[key] = tuple([d.size for d in proto.dim])
-    return shape
+def _layout(proto: tfs.TensorProto) -> tuple[np.dtype, tuple[int, ...], int]:
+    """The dtype, shape and size of a tensor; TensorDecodeError when it cannot be decoded
+    whatever its values (unknown rank or dimensions, unsupported dtype)."""
+    tensor_shape = proto.tensor_shape
+    if tensor_shape.unknown_rank:
+        raise TensorDecodeError("tensor has no fully defined shape: None")
+    shape = tuple([d.size for d in tensor_shape.dim])
+    if shape and min(shape) < 0:
+        raise TensorDecodeError(f"tensor has no fully defined shape: {shape}")
+    number = proto.dtype
+    if number == tfs.DT_STRING:
+        dtype = _STRING
+    else:
+        numeric = _NUMERIC.get(number)
+        if numeric is None:
+            raise TensorDecodeError(f"unsupported tensor dtype {dtype_name(number)}")
+        dtype = numeric[0]
+    return dtype, shape, math.prod(shape)
 
 
 class Output:
@@ -123,33 +134,29 @@ class Output:
     __slots__ = ("_array", "_proto", "dtype", "shape")
 
     def __init__(self, proto: tfs.TensorProto) -> None:
-        tensor_shape = proto.tensor_shape
-        if tensor_shape.unknown_rank:
-            raise TensorDecodeError("tensor has no fully defined shape: None")
-        shape = _shape(tensor_shape)
-        if shape and min(shape) < 0:
-            raise TensorDecodeError(f"tensor has no fully defined shape: {shape}")
-        number = proto.dtype
-        if number == tfs.DT_STRING:
-            count = math.prod(shape)
+        key = (proto.dtype, proto.tensor_shape.SerializeToString())
+        layout = _LAYOUTS.get(key)
+        if layout is None:
+            layout = _layout(proto)
+            if len(_LAYOUTS) >= _MAX_LAYOUTS:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = layout
+        dtype, shape, count = layout
+        if dtype is _STRING:
             if len(proto.string_val) != count:
                 raise TensorDecodeError(
                     f"string tensor {list(shape)} needs {count} values, got {len(proto.string_val)}"
                 )
-            self.dtype = _STRING
         else:
-            numeric = _NUMERIC.get(number)
-            if numeric is None:
-                raise TensorDecodeError(f"unsupported tensor dtype {dtype_name(number)}")
-            self.dtype = numeric[0]
             content = proto.tensor_content
-            if content and len(content) != math.prod(shape) * self.dtype.itemsize:
+            if content and len(content) != count * dtype.itemsize:
                 raise TensorDecodeError(
-                    f"tensor_content has {len(content)} bytes; {dtype_name(number)} "
-                    f"{list(shape)} needs {math.prod(shape) * self.dtype.itemsize}"
+                    f"tensor_content has {len(content)} bytes; {dtype_name(proto.dtype)} "
+                    f"{list(shape)} needs {count * dtype.itemsize}"
                 )
         self._proto = proto
         self._array: np.ndarray | None = None
+        self.dtype = dtype
         self.shape = shape
 
     def array(self) -> np.ndarray:
