@@ -12,9 +12,10 @@ the gateway's Python then runs with its code and data out of the CPU caches, as 
 load, where gRPC's C code, the kernel and the other processes on the cores run between two
 requests. Warm, the request costs about a third of what it costs there; with 24-32 MiB
 copied (enough to leave this machine's shared cache) the figure comes near what the
-CPU-per-request comparison attributes to the gateway, and a change's saving here came within
-a few µs of its saving there (bench/results.md, notes). Use it to rank changes; confirm under
-load.
+CPU-per-request comparison attributes to the gateway. A change's saving here came within a few
+µs of its saving there for savings of 10-20 µs; one of 8-13 µs here did not show there, within
+the spread of identical processes (bench/results.md, notes). Use it to rank changes; confirm
+under load.
 
     python -m bench.ownwork [--requests 20000] [--cold 24]
 """
