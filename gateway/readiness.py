@@ -7,7 +7,9 @@ AVAILABLE, not ready otherwise, and back by itself when it recovers. Front doors
 With `--workers N` the pod is one port served by N processes, and a probe reaches any one of
 them: each worker publishes its own readiness into the supervisor's directory (a file per
 worker, present while that worker listens and sees the model AVAILABLE) and is ready only
-while all N files are there, so every worker gives the pod's answer.
+while all N files are there, so every worker gives the pod's answer. A worker that has the
+model and waits only for its peers looks at their files every PEER_POLL seconds until its
+next check, so the pod turns ready as soon as its last worker does, not an interval later.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ Listener = Callable[[bool], Awaitable[None]]
 GROUP_DIR_ENV = "GATEWAY_WORKER_READY_DIR"
 GROUP_INDEX_ENV = "GATEWAY_WORKER_INDEX"
 GROUP_COUNT_ENV = "GATEWAY_WORKER_COUNT"
+# Seconds between looks at the peers' files while a worker waits only for them.
+PEER_POLL = 0.1
 
 
 class WorkerGroup:
@@ -80,6 +84,7 @@ class Readiness:
         self._interval = interval
         self._group = group
         self.ready = False
+        self._available = False
         self._known: bool | None = None
         self._listeners: list[Listener] = []
 
@@ -91,10 +96,15 @@ class Readiness:
         available = await self._client.model_available(
             self.model, timeout=max(min(self._interval, 5.0), 0.5)
         )
-        ready = available
         if self._group is not None:
             self._group.publish(available)
-            ready = available and self._group.all_ready()
+        return await self._settle(available)
+
+    async def _settle(self, available: bool) -> bool:
+        """Readiness from this worker's model status and its peers' files; listeners and
+        the log hear of a change."""
+        self._available = available
+        ready = available and (self._group is None or self._group.all_ready())
         self.ready = ready
         if ready != self._known:
             self._known = ready
@@ -109,10 +119,25 @@ class Readiness:
     def withdraw(self) -> None:
         """This worker is stopping: its peers stop counting it as ready."""
         self.ready = False
+        self._available = False
         if self._group is not None:
             self._group.publish(False)
 
     async def run(self) -> None:
         while True:
             await self.check_once()
-            await asyncio.sleep(self._interval)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """One interval; while this worker has the model and waits only for its peers, it
+        looks at their files every PEER_POLL seconds meanwhile."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self._interval
+        while self._group is not None and self._available and not self.ready:
+            left = end - loop.time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(PEER_POLL, left))
+            if self._group.all_ready():
+                await self._settle(True)
+        await asyncio.sleep(max(0.0, end - loop.time()))

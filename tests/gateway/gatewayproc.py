@@ -89,6 +89,18 @@ class GatewayProcess:
         lines = self.log_path.read_text().splitlines()
         return [json.loads(line) for line in lines if line.startswith("{")]
 
+    def readiness_changes(self) -> list[dict[str, Any]]:
+        """The "readiness changed" log lines, oldest first (with --workers each names its
+        worker)."""
+        return [r for r in self.records() if r.get("message") == "readiness changed"]
+
+    def serving_workers(self) -> set[int]:
+        """The workers whose latest readiness change says SERVING (with --workers)."""
+        latest: dict[int, bool] = {}
+        for record in self.readiness_changes():
+            latest[record["worker"]] = record["serving"] is True
+        return {worker for worker, serving in latest.items() if serving}
+
     def stop(self, timeout: float = 60.0) -> int:
         return stop_process(self.process, timeout)
 

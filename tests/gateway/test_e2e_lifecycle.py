@@ -254,10 +254,6 @@ def probe_many(gw: GatewayProcess, count: int = 24) -> set[int]:
     return {gw.health(SERVICE) for _ in range(count)}
 
 
-def readiness_changes(gw: GatewayProcess) -> list[dict[str, object]]:
-    return [r for r in gw.records() if r.get("message") == "readiness changed"]
-
-
 def test_with_workers_every_worker_answers_for_the_whole_pod(tfs, tmp_path):
     """One worker loses TF Serving (the fault upstream cuts off its connection only): both
     workers answer NOT_SERVING, and both SERVING again once it is back."""
@@ -265,11 +261,7 @@ def test_with_workers_every_worker_answers_for_the_whole_pod(tfs, tmp_path):
         FaultyUpstream(tfs.target) as upstream,
         run_gateway(upstream.target, ["--workers=2"], log_dir=tmp_path) as gw,
     ):
-        # Each worker notices its peer's readiness at its own next check (one interval).
-        wait_for(
-            lambda: {r["worker"] for r in readiness_changes(gw) if r["serving"] is True} == {0, 1},
-            "both workers to be SERVING",
-        )
+        wait_for(lambda: gw.serving_workers() == {0, 1}, "both workers to be SERVING")
         assert probe_many(gw) == {SERVING}
         # No worker said SERVING before both listened.
         records = gw.records()
@@ -284,9 +276,9 @@ def test_with_workers_every_worker_answers_for_the_whole_pod(tfs, tmp_path):
         wait_for(lambda: len(status_callers()) == 2, "status checks from both workers")
 
         def changes_since(start: int, serving: bool) -> list[dict[str, object]]:
-            return [r for r in readiness_changes(gw)[start:] if r["serving"] is serving]
+            return [r for r in gw.readiness_changes()[start:] if r["serving"] is serving]
 
-        before = len(readiness_changes(gw))
+        before = len(gw.readiness_changes())
         upstream.cut_off.add(sorted(status_callers())[0])
         wait_for(
             lambda: {r["worker"] for r in changes_since(before, False)} == {0, 1},
@@ -297,10 +289,19 @@ def test_with_workers_every_worker_answers_for_the_whole_pod(tfs, tmp_path):
         down = changes_since(before, False)
         assert sorted(r["model_available"] for r in down) == [False, True]
 
-        before = len(readiness_changes(gw))
+        before = len(gw.readiness_changes())
         upstream.cut_off.clear()
         wait_for(
             lambda: {r["worker"] for r in changes_since(before, True)} == {0, 1},
             "both workers to be SERVING again",
         )
+        assert probe_many(gw) == {SERVING}
+
+
+def test_with_workers_the_pod_is_ready_as_soon_as_its_last_worker_is(tfs, tmp_path):
+    """With a long health interval, the worker that checked first (and found its peer not
+    ready yet) does not wait for its next check, a minute later: it looks at its peer's file
+    meanwhile."""
+    with run_gateway(tfs.target, ["--workers=2", "--health-interval=60"], log_dir=tmp_path) as gw:
+        wait_for(lambda: gw.serving_workers() == {0, 1}, "both workers to be SERVING", 20)
         assert probe_many(gw) == {SERVING}

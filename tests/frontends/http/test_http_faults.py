@@ -260,6 +260,10 @@ def test_workers_share_the_http_port_too(http_tfs: LocalServer, tmp_path: Path) 
         while _listeners(gw.http_port) < 2 or _listeners(gw.port) < 2:
             assert time.monotonic() < deadline, "both workers did not listen on both ports"
             time.sleep(0.1)
+        # /ping reaches either worker, and each answers for the pod: ready once both are.
+        while gw.serving_workers() != {0, 1}:
+            assert time.monotonic() < deadline, "both workers did not become ready"
+            time.sleep(0.05)
         assert all(post(gw)[0] == 200 for _ in range(6))
         assert get(gw, "/ping") == (200, {})
         # The supervisor's metrics sum the workers' HTTP requests.
