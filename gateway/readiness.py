@@ -138,6 +138,5 @@ class Readiness:
             if left <= 0:
                 return
             await asyncio.sleep(min(PEER_POLL, left))
-            if self._group.all_ready():
-                await self._settle(True)
+            await self._settle(True)  # reads the peers' files; says so only on a change
         await asyncio.sleep(max(0.0, end - loop.time()))
