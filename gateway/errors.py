@@ -41,6 +41,18 @@ class Kind(Enum):
     CANCELLED = "cancelled"
     # A bug in the gateway, or a TF Serving failure with no better kind.
     INTERNAL = "internal"
+    # The caller may not do this (a batch input or output outside the allowed prefixes).
+    PERMISSION_DENIED = "permission_denied"
+    # What the request would create exists already (a request_id reused with other fields).
+    ALREADY_EXISTS = "already_exists"
+    # Something must change before the request can succeed (an output prefix that holds a
+    # job started with other arguments); models that cannot serve a task are BAD_MODEL.
+    PRECONDITION = "precondition"
+    # Data that cannot be read back whole (a damaged TFRecord record).
+    DATA_LOSS = "data_loss"
+    # The work was stopped by a conflict with something else (a Kubernetes Job deleted
+    # outside the API); retrying may succeed.
+    ABORTED = "aborted"
 
     @property
     def code(self) -> str:
@@ -65,8 +77,15 @@ _CODES = {
     Kind.DEADLINE: "DEADLINE_EXCEEDED",
     Kind.CANCELLED: "CANCELLED",
     Kind.INTERNAL: "INTERNAL",
+    Kind.PERMISSION_DENIED: "PERMISSION_DENIED",
+    Kind.ALREADY_EXISTS: "ALREADY_EXISTS",
+    Kind.PRECONDITION: "FAILED_PRECONDITION",
+    Kind.DATA_LOSS: "DATA_LOSS",
+    Kind.ABORTED: "ABORTED",
 }
-_PER_ITEM = frozenset({Kind.INVALID_INPUT, Kind.TOO_LARGE, Kind.OUT_OF_RANGE, Kind.INTERNAL})
+_PER_ITEM = frozenset(
+    {Kind.INVALID_INPUT, Kind.TOO_LARGE, Kind.OUT_OF_RANGE, Kind.INTERNAL, Kind.DATA_LOSS}
+)
 
 
 class GatewayError(Exception):

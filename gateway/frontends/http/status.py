@@ -23,6 +23,11 @@ STATUS: dict[Kind, int] = {
     # Client Closed Request (nginx's 499): the caller went away or the gateway is stopping.
     Kind.CANCELLED: 499,
     Kind.INTERNAL: 500,
+    Kind.PERMISSION_DENIED: 403,
+    Kind.ALREADY_EXISTS: 409,
+    Kind.PRECONDITION: 400,
+    Kind.DATA_LOSS: 500,
+    Kind.ABORTED: 409,
 }
 
 
