@@ -72,7 +72,7 @@ class Servable:
                 options, feed_dict, fetch_list, [], None
             )
             return outputs
-        except tf.errors.OpError as exc:
+        except (tf.errors.OpError, UnicodeDecodeError) as exc:
             raise from_exception(exc) from None
         finally:
             if options is not None:
