@@ -19,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[serving,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[serving,dev,jobs]'
 	touch $(STAMP)
 
 # Regenerates gateway/proto/ from proto/*.proto (committed; tests fail when it is stale).

@@ -1,16 +1,19 @@
 """Dockerfile.gateway cannot be built here (no container engine), so it is kept honest by
 reading: what it copies exists, what it runs is ours or the base image's, it installs exactly
-the locked light runtime (no TensorFlow), and its user, ports and entry point match the gateway.
+the locked light runtime and `jobs` extra (no TensorFlow), and its user, ports and entry point
+match the gateway.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 from gateway.config import Settings
@@ -18,6 +21,9 @@ from gateway.config import Settings
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile.gateway").read_text()
 LOCK = ROOT / "requirements-gateway.txt"
+# The `jobs` extra: what the runtime lock does not already pin.
+JOBS_LOCK = ROOT / "requirements-jobs.txt"
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Programs a RUN line may start: the base image's Python tools and user management.
 BASE_IMAGE_COMMANDS = {"pip", "python", "useradd"}
 
@@ -38,35 +44,50 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def lock_entries() -> list[list[str]]:
-    """The lock's requirements, each as its words (continuation lines joined)."""
-    text = re.sub(r"\\\n", " ", LOCK.read_text())
+def lock_entries(path: Path = LOCK) -> list[list[str]]:
+    """A lock's requirements, each as its words (continuation lines joined)."""
+    text = re.sub(r"\\\n", " ", path.read_text())
     return [line.split() for line in text.splitlines() if line.strip() and line[0] != "#"]
 
 
-def lock() -> dict[str, str]:
+def lock(path: Path = LOCK) -> dict[str, str]:
     pins = {}
-    for words in lock_entries():
+    for words in lock_entries(path):
         name, _, version = words[0].partition("==")
         pins[normalize(name)] = version
     return pins
 
 
+def image_distributions() -> dict[str, str]:
+    """Every distribution the image installs besides the gateway, with its version."""
+    return {**lock(LOCK), **lock(JOBS_LOCK)}
+
+
+def closure(requirements: list[str]) -> set[str]:
+    """The requirements and theirs (with the extras they ask for), as installed here."""
+    pending = [(Requirement(r), "") for r in requirements]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while pending:
+        requirement, extra = pending.pop()
+        if requirement.marker and not requirement.marker.evaluate({"extra": extra}):
+            continue
+        key = (normalize(requirement.name), frozenset(requirement.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        for needed in metadata.requires(requirement.name) or []:
+            pending += [(Requirement(needed), e) for e in ("", *requirement.extras)]
+    return {name for name, _ in seen}
+
+
 def runtime_closure() -> set[str]:
     """The project's runtime dependencies and theirs, as installed in this environment."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pending = [Requirement(r) for r in project["dependencies"]]
-    seen: set[str] = set()
-    while pending:
-        requirement = pending.pop()
-        if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
-            continue
-        name = normalize(requirement.name)
-        if name in seen:
-            continue
-        seen.add(name)
-        pending += [Requirement(r) for r in metadata.requires(requirement.name) or []]
-    return seen
+    return closure(PROJECT["dependencies"])
+
+
+def jobs_closure() -> set[str]:
+    """The `jobs` extra and what it pulls in beyond the runtime."""
+    return closure(PROJECT["optional-dependencies"]["jobs"]) - runtime_closure()
 
 
 def test_base_image_is_a_pinned_slim_python() -> None:
@@ -108,22 +129,39 @@ def test_every_run_command_is_provided() -> None:
                 assert "import gateway" in command
 
 
-def test_the_lock_is_exactly_the_light_runtime_at_the_constrained_versions() -> None:
-    constraints = {
+def constraints() -> dict[str, str]:
+    return {
         normalize(name): version
         for name, _, version in (
             line.partition("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
         )
     }
+
+
+def test_the_lock_is_exactly_the_light_runtime_at_the_constrained_versions() -> None:
     pins = lock()
     assert set(pins) == runtime_closure()
     for name, version in pins.items():
-        assert constraints.get(name) == version, f"{name}=={version} is not in constraints.txt"
+        assert constraints().get(name) == version, f"{name}=={version} is not in constraints.txt"
     assert not {"tensorflow", "tensorflow-serving-api", "keras"} & set(pins)
 
 
-def test_every_pin_has_hashes_for_both_architectures() -> None:
-    for words in lock_entries():
+def test_the_jobs_lock_is_exactly_the_jobs_extra_beyond_the_runtime() -> None:
+    pins = lock(JOBS_LOCK)
+    assert set(pins) == jobs_closure()
+    for name, version in pins.items():
+        assert constraints().get(name) == version, f"{name}=={version} is not in constraints.txt"
+    # The extra's own pins are the versions the lock installs.
+    for requirement in map(Requirement, PROJECT["optional-dependencies"]["jobs"]):
+        (spec,) = requirement.specifier
+        assert spec.operator == "==", f"{requirement}: pin the jobs extra exactly"
+        assert pins[normalize(requirement.name)] == spec.version, requirement
+    assert not {"tensorflow", "tensorflow-serving-api", "keras"} & set(pins)
+
+
+@pytest.mark.parametrize("path", [LOCK, JOBS_LOCK], ids=lambda p: p.name)
+def test_every_pin_has_hashes_for_both_architectures(path: Path) -> None:
+    for words in lock_entries(path):
         hashes = [w for w in words[1:] if w.startswith("--hash=")]
         assert len(hashes) == len(words) - 1, words
         assert all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in hashes), words
@@ -143,8 +181,25 @@ def test_only_the_lock_is_installed() -> None:
         command = install.split("&&")[0]
         # --no-deps everywhere: nothing but the lock's pins (and the gateway) gets in.
         assert "--no-deps" in command, command
-    assert any("--require-hashes -r requirements-gateway.txt" in i for i in installs)
+    assert any(
+        "--require-hashes -r requirements-gateway.txt -r requirements-jobs.txt" in i
+        for i in installs
+    )
+    # Extras come in through their locks, never as `.[extra]` (which would resolve unpinned).
     assert not any(re.search(r"\.\[", i) for i in installs), "no extras in the image"
+
+
+def test_the_import_checks_name_modules_that_exist() -> None:
+    checks = [
+        m.group(1)
+        for keyword, rest in instructions()
+        if keyword == "RUN"
+        for m in re.finditer(r'python -c "import ([^"]+)"', rest)
+    ]
+    modules = [name.strip() for check in checks for name in check.split(",")]
+    assert "gateway.app" in modules and "gateway.jobs.kube" in modules
+    for name in modules:
+        assert importlib.util.find_spec(name) is not None, f"the image imports {name}: not found"
 
 
 def test_runs_the_gateway_as_non_root_on_its_ports() -> None:

@@ -2,7 +2,7 @@
 test writes the Job status a controller would, through the status subresource, and runs the
 shards' "pods" itself: the batch runner with the Job's own arguments and its
 JOB_COMPLETION_INDEX). The gateway authenticates with a token of the executor's
-ServiceAccount, bound by k8s/components/batch's Role exactly as written."""
+ServiceAccount (the gateway's own), bound by k8s/components/jobs's Role exactly as written."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.k8s.test_apiserver import render
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "batch-jobs"
-EXECUTOR = "detection-batch-executor"
+EXECUTOR = "detection-gateway"
 LABEL = "detection.gateway/operation"
 
 
@@ -34,7 +34,8 @@ LABEL = "detection.gateway/operation"
 def kubeconfig(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kubeconfig holding a token of the executor's ServiceAccount, RBAC as shipped."""
     apiserver.kubectl("create", "namespace", NAMESPACE)
-    rbac = ROOT / "k8s" / "components" / "batch" / "rbac.yaml"
+    apiserver.kubectl("create", "serviceaccount", EXECUTOR, f"--namespace={NAMESPACE}")
+    rbac = ROOT / "k8s" / "components" / "jobs" / "rbac.yaml"
     apiserver.kubectl("apply", f"--namespace={NAMESPACE}", f"--filename={rbac}")
     token = apiserver.kubectl(
         "create", "token", EXECUTOR, f"--namespace={NAMESPACE}", "--duration=2h"

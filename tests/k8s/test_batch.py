@@ -1,6 +1,6 @@
 """Batch on Kubernetes: the Indexed Job of k8s/jobs/batch and the RBAC of the gateway's batch
-executor (components/batch), from the renders and against a real API server (envtest), where
-the executor's ServiceAccount is impersonated."""
+executor (components/jobs: a Role bound to the gateway's own ServiceAccount), from the renders
+and against a real API server (envtest), where that ServiceAccount is impersonated."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from tests.k8s.test_apiserver import namespace_for, render
 
 Obj = dict[str, Any]
 
-EXECUTOR = "detection-batch-executor"
+ROLE = "detection-batch-executor"
 RUNNER = "detection-batch"
 GATEWAY = "detection-gateway"
+# The kubernetes executor is the gateway process: it acts as the gateway's ServiceAccount.
+EXECUTOR = GATEWAY
 # What the executor may do, all in its own namespace; everything else is refused.
 ALLOWED = {
     ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
@@ -126,10 +128,9 @@ def test_job_pods_are_hardened_like_the_gateway() -> None:
     )
 
 
-@pytest.mark.parametrize("overlay", ["overlays/dev", "overlays/prod"])
-def test_executor_role_lists_exactly_the_allowed_verbs(overlay: str) -> None:
-    objs = render(overlay)
-    role = find(objs, "Role", EXECUTOR)
+def test_executor_role_lists_exactly_the_allowed_verbs() -> None:
+    objs = render("overlays/prod")
+    role = find(objs, "Role", ROLE)
     granted = {
         (group, resource): set(rule["verbs"])
         for rule in role["rules"]
@@ -138,14 +139,38 @@ def test_executor_role_lists_exactly_the_allowed_verbs(overlay: str) -> None:
     }
     assert granted == ALLOWED
     assert not [o for o in objs if o["kind"] in {"ClusterRole", "ClusterRoleBinding"}]
-    binding = find(objs, "RoleBinding", EXECUTOR)
+    binding = find(objs, "RoleBinding", ROLE)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
-        "name": EXECUTOR,
+        "name": ROLE,
     }
-    assert [s["name"] for s in binding["subjects"]] == [EXECUTOR]
-    assert find(objs, "ServiceAccount", EXECUTOR)["automountServiceAccountToken"] is False
+    account = find(objs, "ServiceAccount", EXECUTOR)
+    namespace = account["metadata"]["namespace"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": EXECUTOR, "namespace": namespace}
+    ]
+    # The account mounts no token by default; only the gateway's pod asks for one.
+    assert account["automountServiceAccountToken"] is False
+    pods = [
+        o["metadata"]["name"]
+        for o in objs
+        if o["kind"] == "Deployment"
+        and o["spec"]["template"]["spec"].get("automountServiceAccountToken")
+    ]
+    assert pods == [GATEWAY]
+
+
+@pytest.mark.parametrize("overlay", ["overlays/dev", "overlays/dev-tls"])
+def test_without_the_kubernetes_executor_nothing_may_use_the_api(overlay: str) -> None:
+    objs = render(overlay)
+    assert not [o for o in objs if o["kind"] in {"Role", "RoleBinding"}]
+    assert not [
+        o
+        for o in objs
+        if o["kind"] == "Deployment"
+        and o["spec"]["template"]["spec"].get("automountServiceAccountToken", True)
+    ]
 
 
 # ---- against the API server -----------------------------------------------------------------
@@ -159,8 +184,8 @@ def executor(cluster: ApiServer) -> tuple[ApiServer, str]:
     rbac = [
         o
         for o in objs
-        if o["metadata"]["name"] == EXECUTOR
-        and o["kind"] in {"ServiceAccount", "Role", "RoleBinding"}
+        if (o["kind"], o["metadata"]["name"])
+        in {("ServiceAccount", EXECUTOR), ("Role", ROLE), ("RoleBinding", ROLE)}
     ]
     assert len(rbac) == 3
     cluster.kubectl(

@@ -48,7 +48,11 @@ UID = 10001
 # Gateway settings that parallel work adds to gateway/config.py (the HTTP door), by variable
 # and field name. Until Settings has the field, the manifests may set the variable; from then
 # on it is parsed and checked like every other setting.
-UPCOMING_SETTINGS = {"GATEWAY_HTTP_PORT": "http_port"}
+UPCOMING_SETTINGS = {
+    "GATEWAY_HTTP_PORT": "http_port",
+    "GATEWAY_JOB_STORE_MAX_BYTES": "job_store_max_bytes",
+    "GATEWAY_TRUST_XFCC": "trust_xfcc",
+}
 HTTP_PORT_VARIABLE = "GATEWAY_HTTP_PORT"
 
 # Objects per kind that each known target renders; a new overlay only gets the generic checks.
@@ -59,15 +63,15 @@ _WORKLOADS = {
     "PodDisruptionBudget": 2,
     "ConfigMap": 3,
 }
-# components/batch: the batch executor's ServiceAccount, Role and RoleBinding.
-_BATCH_RBAC = {"ServiceAccount": 3, "Role": 1, "RoleBinding": 1}
+# components/jobs: the runner pods' ServiceAccount, the executor's Role and its binding.
+_JOBS = {"ServiceAccount": 3, "Role": 1, "RoleBinding": 1}
 EXPECTED_KINDS: dict[str, dict[str, int]] = {
     "base": {**_WORKLOADS, "HorizontalPodAutoscaler": 2},
-    "dev": {**_WORKLOADS, **_BATCH_RBAC, "Service": 3, "NetworkPolicy": 2},
-    "dev-tls": {**_WORKLOADS, **_BATCH_RBAC, "Service": 3, "NetworkPolicy": 2},
+    "dev": {**_WORKLOADS, "Service": 3, "NetworkPolicy": 2},
+    "dev-tls": {**_WORKLOADS, "Service": 3, "NetworkPolicy": 2},
     "prod": {
         **_WORKLOADS,
-        **_BATCH_RBAC,
+        **_JOBS,
         "Namespace": 1,
         "HorizontalPodAutoscaler": 2,
         "DestinationRule": 2,
@@ -450,10 +454,15 @@ def test_validator_rejects_unknown_kinds() -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_container_is_hardened_and_has_resources(target: str) -> None:
-    for deployment in of_kind(rendered(target), "Deployment"):
+    objs = rendered(target)
+    # A ServiceAccount token only in a pod whose account a Role is bound to here (the gateway
+    # as the kubernetes executor, components/jobs): every other pod never calls the API.
+    bound = {s["name"] for b in of_kind(objs, "RoleBinding") for s in b["subjects"]}
+    for deployment in of_kind(objs, "Deployment"):
         pod = pod_spec(deployment)
         pod_security = pod.get("securityContext", {})
-        assert pod.get("automountServiceAccountToken") is False, ident(deployment)
+        token = pod.get("automountServiceAccountToken")
+        assert token is (pod["serviceAccountName"] in bound), ident(deployment)
         for c in pod["containers"] + pod.get("initContainers", []):
             where = f"{ident(deployment)} container {c['name']}"
             security = {**pod_security, **c.get("securityContext", {})}
