@@ -93,13 +93,13 @@ bench: $(STAMP)
 # killed and restarted 5 times under load, 400 deadline-cancelled calls, 20,000 hostile
 # images through the gateway, 1,000 gateways raced at SIGTERM, 60,000 fuzz examples. The
 # figures, with the date, machine, command and commit, go to bench/soak-report.json
-# (committed); `python -m tests.reliability.soaktable` renders the README's table from it.
+# (committed); `python -m tests.support.soaktable` renders the README's table from it.
 SOAK_REPORT ?= bench/soak-report.json
 .PHONY: soak
 soak: $(STAMP)
 	RELIABILITY_SOAK=1 RELIABILITY_REPORT=$(abspath $(SOAK_REPORT)) \
 	  $(PY) -m pytest tests/reliability -q -p no:cacheprovider --timeout=3600 -W ignore::UserWarning
-	$(PY) -m tests.reliability.soaktable $(SOAK_REPORT)
+	$(PY) -m tests.support.soaktable $(SOAK_REPORT)
 
 clean:
 	rm -rf $(VENV) $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache k8s/validate/node_modules

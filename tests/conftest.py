@@ -1,10 +1,19 @@
-"""Shared fixtures: the reference SavedModels, exported once per test session."""
+"""Shared fixtures (the reference SavedModels, exported once per test session) and the
+markers given by place: everything under tests/e2e is `e2e`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")

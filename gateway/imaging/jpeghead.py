@@ -5,7 +5,7 @@ every image's header on the event loop, and Pillow's parser costs about 35 µs a
 `read(data)` walks the marker segments up to the start of scan and returns (width, height,
 components, orientation), or None whenever the file is anything but plain: then Pillow reads
 it as before (gateway.imaging.images), so damaged or unusual files get Pillow's answer and
-error text. What is accepted gives what Pillow gives (tests/unit/test_jpeghead.py compares
+error text. What is accepted gives what Pillow gives (tests/imaging/test_jpeghead.py compares
 the two over generated and damaged files):
 
 - one SOFn segment, 8-bit samples, 1 or 3 components (Pillow's "L" and "RGB");

@@ -7,7 +7,7 @@ filter: the triangle filter widened by the scale factor, as Pillow's BILINEAR an
 with antialias=True do. libvips' resampling is vectorised and runs on the machine's cores:
 the 12 MP photo's 2016x1512 half-scale decode resized to 1024x768 takes 3.4 ms, against 19 ms
 for Pillow on one core. Its pixels differ from Pillow's by 0.1-0.7 levels on average
-(tests/unit/test_resize.py; most of it at the edges, where libvips repeats the edge pixels and
+(tests/imaging/test_resize.py; most of it at the edges, where libvips repeats the edge pixels and
 Pillow narrows the filter). Enlarging (a fixed-size model fed a smaller image) stays with
 Pillow: libvips places the pixels of an enlarged image differently, and the cost follows
 the small input. Boxes come back from models as fractions of the image, so results map back

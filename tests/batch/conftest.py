@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
-from tests.localserver import LocalServer, run_local_server
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer, run_local_server
 
 MAX_PIXELS = 4_000_000
 

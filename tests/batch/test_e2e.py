@@ -20,10 +20,10 @@ import pytest
 from google.protobuf import json_format
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from tests.batch import data
-from tests.batch.helpers import lines, ok, run
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
-from tests.localserver import LocalServer, free_port
+from tests.support import datasets as data
+from tests.support.batch import lines, ok, run
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer, free_port
 
 COUNT = 1040
 CORRUPT_RECORD = 333

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.batch import data
-from tests.batch.helpers import ok, run, start
-from tests.gateway.gatewayproc import GatewayProcess
+from tests.support import datasets as data
+from tests.support.batch import ok, run, start
+from tests.support.gatewayproc import GatewayProcess
 
 COUNT = 1040
 # Checkpoints more often than the default 2 s, so one run commits several parts.

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.batch import data
-from tests.batch.helpers import ok, run, start
-from tests.gateway.gatewayproc import GatewayProcess
-from tests.localserver import free_port
+from tests.support import datasets as data
+from tests.support.batch import ok, run, start
+from tests.support.gatewayproc import GatewayProcess
+from tests.support.localserver import free_port
 
 s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")

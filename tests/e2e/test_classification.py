@@ -21,8 +21,8 @@ from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
 from serving.reference import CLASSIFIER_PALETTE, read_labels
-from tests.gateway.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
-from tests.localserver import run_local_server
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
+from tests.support.localserver import run_local_server
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = ROOT / "serving" / "gateway-models.toml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer, run_local_server
 
 MODELS = ("detector", "classifier_scores")
 

@@ -17,8 +17,8 @@ from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from tests.gateway.gatewayproc import GatewayProcess
-from tests.jobs.helpers import Client, State, gateway, make_images, metadata, result
+from tests.support.gatewayproc import GatewayProcess
+from tests.support.jobs import Client, State, gateway, make_images, metadata, result
 
 COUNT = 40
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.jobs.helpers import gateway, make_images
+from tests.support.jobs import gateway, make_images
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 

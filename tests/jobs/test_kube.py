@@ -19,10 +19,10 @@ import pytest
 from google.longrunning import operations_pb2 as lro
 
 from gateway.batch.__main__ import run_parser
-from tests.gateway.gatewayproc import GatewayProcess
-from tests.jobs.helpers import Client, State, gateway, make_images, metadata, result
-from tests.k8s.apiserver import ApiServer
 from tests.k8s.test_apiserver import render
+from tests.support.apiserver import ApiServer
+from tests.support.gatewayproc import GatewayProcess
+from tests.support.jobs import Client, State, gateway, make_images, metadata, result
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "batch-jobs"

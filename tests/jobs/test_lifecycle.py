@@ -12,7 +12,7 @@ import pytest
 from google.longrunning import operations_pb2 as lro
 
 from gateway.proto.detection.v1 import batch_pb2 as bpb
-from tests.jobs.helpers import Client, State, gateway, make_images, metadata, result
+from tests.support.jobs import Client, State, gateway, make_images, metadata, result
 
 
 @pytest.fixture(scope="module")

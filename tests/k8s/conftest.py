@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s.apiserver import ApiServer, run_apiserver
+from tests.support.apiserver import ApiServer, run_apiserver
 
 ROOT = Path(__file__).resolve().parents[2]
 # Istio's CustomResourceDefinitions for the Istio version the manifests are written for

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.k8s.apiserver import KUBECTL, ApiServer
 from tests.k8s.conftest import ISTIO_CRDS, ISTIO_VERSION, ROOT
+from tests.support.apiserver import KUBECTL, ApiServer
 
 K8S = ROOT / "k8s"
 ISTIO_CRDS_SHA256 = "dcb43ff6b9af2f629b80b6a82597f5a91db259c757e66cc5353ac007da28351a"

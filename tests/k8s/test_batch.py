@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.apiserver import ApiServer
 from tests.k8s.test_apiserver import namespace_for, render
+from tests.support.apiserver import ApiServer
 
 Obj = dict[str, Any]
 

@@ -27,9 +27,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
 from tests.k8s.test_apiserver import render
-from tests.localserver import free_port, stop_process
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "overlays/dev-tls"

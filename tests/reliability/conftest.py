@@ -21,7 +21,7 @@ import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
-from tests.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer, run_local_server
 
 SOAK = os.environ.get("RELIABILITY_SOAK") == "1"
 

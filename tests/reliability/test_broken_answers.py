@@ -13,9 +13,9 @@ import pytest
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.tensors import to_array
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import run_gateway
-from tests.localserver import LocalServer
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import run_gateway
+from tests.support.localserver import LocalServer
 
 Mutation = Callable[[tfs.PredictResponse], None]
 

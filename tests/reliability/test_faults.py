@@ -2,7 +2,7 @@
 retries and their budget, overload, SIGTERM with requests in flight.
 
 The gateway runs as a real process; faults come from a real local TF Serving (killed with
-SIGKILL) or from tests/faultupstream.py in front of it. Assertions are on status codes and
+SIGKILL) or from tests/support/faultupstream.py in front of it. Assertions are on status codes and
 counts; the one time bound is the issue's 5 s recovery, measured from the moment TF Serving's
 port opens again.
 """
@@ -23,10 +23,10 @@ import grpc
 import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import NOT_SERVING, SERVICE, SERVING, GatewayProcess, run_gateway
-from tests.localserver import HOST, LocalServer, free_port
 from tests.reliability.conftest import Figures, scaled
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import NOT_SERVING, SERVICE, SERVING, GatewayProcess, run_gateway
+from tests.support.localserver import HOST, LocalServer, free_port
 
 OK = grpc.StatusCode.OK
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE

@@ -24,8 +24,8 @@ from gateway.labels import Labels
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection import REQUIRED_OUTPUTS, OutputError, map_detections
 from gateway.upstream.client import request_envelope
-from tests.reliability import hostile
 from tests.reliability.conftest import SOAK, Figures, scaled
+from tests.support import hostile
 
 LIMITS = ImageLimits(max_bytes=4 * 1024 * 1024, max_pixels=4_000_000)
 SEEDS = hostile.seeds()

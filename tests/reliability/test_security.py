@@ -20,10 +20,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from tests.certs import Certificates, Pair, make_certificates
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import ROOT, SERVICE, GatewayProcess, run_gateway
-from tests.localserver import LocalServer, free_port, reserve_port, stop_process
+from tests.support.certs import Certificates, Pair, make_certificates
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import ROOT, SERVICE, GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer, free_port, reserve_port, stop_process
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 

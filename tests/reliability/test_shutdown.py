@@ -24,11 +24,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import NOT_SERVING, GatewayProcess, run_gateway
-from tests.localserver import HOST, LocalServer
 from tests.reliability.conftest import Figures, scaled
-from tests.reliability.forkserver import ForkServer
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.forkserver import ForkServer
+from tests.support.gatewayproc import NOT_SERVING, GatewayProcess, run_gateway
+from tests.support.localserver import HOST, LocalServer
 
 OK = grpc.StatusCode.OK
 # A probe that gets no answer waits this long: far beyond any answer (milliseconds), so a

@@ -21,9 +21,9 @@ from cryptography.x509.oid import NameOID
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import SERVICE, SERVING, GatewayProcess, run_gateway
-from tests.localserver import LocalServer
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import SERVICE, SERVING, GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
@@ -172,7 +172,7 @@ def test_a_class_id_beyond_int32_is_a_bad_model_not_an_internal_error(
     faulty: FaultyUpstream, tmp_path: Path, request_small: pb.DetectRequest
 ) -> None:
     # The API's class_id is an int32: a model giving 3e9 gets FAILED_PRECONDITION naming
-    # the value (the INTERNAL safety net is tested in tests/unit/core/test_pipeline.py).
+    # the value (the INTERNAL safety net is tested in tests/core/test_pipeline.py).
     with run_gateway(faulty.target, log_dir=tmp_path) as gw:
         faulty.mutate = _huge_class_id
         request = pb.DetectRequest(image=request_small.image, request_id="rid-int")

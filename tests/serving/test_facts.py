@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from tests.serving.facts import FACTS_PATH, facts, text
+from tests.support.facts import FACTS_PATH, facts, text
 
 ROOT = Path(__file__).resolve().parents[2]
 _SOURCE_FILE = re.compile(r"[\w/]+\.(cc|h|py)\b")

@@ -13,8 +13,8 @@ import pytest
 from serving.local import config, flags
 from serving.local.errors import ServingError
 from serving.local.flags import FlagError, Options, parse_flags
-from tests.localserver import run_to_exit
-from tests.serving.facts import text
+from tests.support.facts import text
+from tests.support.localserver import run_to_exit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 
 One server (both reference models, version 1) serves the whole module over loopback gRPC.
 Detections are checked against the scenes' painted rectangles; errors against TF Serving's
-codes and texts (serving/local/FACTS.md, read through tests/serving/facts.py).
+codes and texts (serving/local/FACTS.md, read through tests/support/facts.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from tensorflow_serving.apis import (
 )
 
 from serving import scenes
-from tests.localserver import LocalServer, run_local_server
-from tests.serving.facts import fact, text
+from tests.support.facts import fact, text
+from tests.support.localserver import LocalServer, run_local_server
 
 BOX_TOLERANCE_PX = 1
 OUTPUT_KEYS = {

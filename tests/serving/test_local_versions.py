@@ -27,8 +27,8 @@ from tensorflow_serving.apis import (
 
 from serving import scenes
 from serving.export import export_models
-from tests.localserver import LocalServer, free_port, run_local_server, run_to_exit
-from tests.serving.facts import fact, text
+from tests.support.facts import fact, text
+from tests.support.localserver import LocalServer, free_port, run_local_server, run_to_exit
 
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE
 END = get_model_status_pb2.ModelVersionStatus.END

@@ -27,8 +27,8 @@ from tensorflow_serving.apis import (
 
 from serving import scenes, warmup
 from serving.reference import CLASSIFIER_PALETTE, REFERENCE_MODELS
-from tests.localserver import LocalServer, run_local_server
-from tests.serving.facts import fact, text
+from tests.support.facts import fact, text
+from tests.support.localserver import LocalServer, run_local_server
 
 LABELS = list(CLASSIFIER_PALETTE)
 PALETTE = np.array(list(CLASSIFIER_PALETTE.values()), dtype=np.float64)

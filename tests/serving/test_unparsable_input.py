@@ -19,8 +19,8 @@ from PIL import Image
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving.local.errors import BINARY_PREFIX_BYTES, readable
-from tests.localserver import LocalServer, run_local_server
-from tests.serving.facts import fact
+from tests.support.facts import fact
+from tests.support.localserver import LocalServer, run_local_server
 
 MODEL = "example_parser"
 

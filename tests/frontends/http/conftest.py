@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
-from tests.localserver import LocalServer, run_local_server
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer, run_local_server
 
 ROOT = Path(__file__).resolve().parents[3]
 DETECTORS = ("detector", "detector_encoded")

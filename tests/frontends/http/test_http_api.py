@@ -28,7 +28,7 @@ from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
 from tests.frontends.http.conftest import MAX_IMAGE_BYTES, classifiers
-from tests.gateway.gatewayproc import GatewayProcess
+from tests.support.gatewayproc import GatewayProcess
 
 SCENE = scenes.generate_scene(np.random.default_rng(11), 640, 480, 6, noise_sigma=3.0)
 JPEG = scenes.encode(SCENE.pixels, "JPEG")

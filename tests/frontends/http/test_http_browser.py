@@ -27,7 +27,7 @@ from PIL import Image
 
 from gateway.frontends.http.page import BOX_COLOUR
 from serving import scenes
-from tests.gateway.gatewayproc import GatewayProcess
+from tests.support.gatewayproc import GatewayProcess
 
 BOX_RGB = np.array([int(BOX_COLOUR[i : i + 2], 16) for i in (1, 3, 5)])
 FLAGS = (

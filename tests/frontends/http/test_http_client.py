@@ -12,7 +12,7 @@ from PIL import Image
 
 from gateway.client import DRAW_COLOUR
 from serving import scenes
-from tests.gateway.gatewayproc import GatewayProcess
+from tests.support.gatewayproc import GatewayProcess
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENE = scenes.generate_scene(

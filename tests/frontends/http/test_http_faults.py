@@ -1,7 +1,7 @@
 """The HTTP door when things go wrong: TF Serving slow, failing or down, the gateway full,
 callers that hang up, stall or upload 1 GB, and SIGTERM with requests in flight.
 
-Each test runs its own gateway (HTTP door on) in front of tests/faultupstream.py, which
+Each test runs its own gateway (HTTP door on) in front of tests/support/faultupstream.py, which
 forwards to the session's local TF Serving and injects faults.
 """
 
@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from serving import scenes
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
-from tests.localserver import LocalServer, free_port
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer, free_port
 
 IMAGE = scenes.encode(scenes.generate_scene(np.random.default_rng(3), 320, 240, 3).pixels, "JPEG")
 DETECT = "/v1/models/detector:detect"
@@ -280,7 +280,7 @@ def test_tls_settings_cover_the_http_door_too(http_tfs: LocalServer, tmp_path: P
     """The gRPC port's certificate and client CA (mTLS) apply to the HTTP port as well."""
     import ssl
 
-    from tests.certs import make_certificates
+    from tests.support.certs import make_certificates
 
     certs = make_certificates(tmp_path)
     args = [

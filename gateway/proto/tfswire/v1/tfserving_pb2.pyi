@@ -17,7 +17,7 @@ Sources (field numbers and types): tensorflow/core/framework/{tensor,tensor_shap
 tensorflow/core/protobuf/meta_graph.proto, tensorflow_serving/apis/{model,predict,
 get_model_metadata,get_model_status,status}.proto. Fields the gateway never reads are left
 out; protobuf keeps them as unknown fields, so nothing is lost in a round trip.
-tests/gateway/test_wire_contract.py proves the byte compatibility in both directions.
+tests/upstream/test_wire_contract.py proves the byte compatibility in both directions.
 """
 
 from collections import abc as _abc

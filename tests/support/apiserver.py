@@ -28,7 +28,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.localserver import free_port
+from tests.support.localserver import free_port
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 HOST = "127.0.0.1"

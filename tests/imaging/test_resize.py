@@ -31,7 +31,7 @@ from PIL import ExifTags, Image, ImageDraw
 from gateway.imaging import images, resize
 from gateway.imaging.images import ImageLimits, decode_image, decode_stored, inspect_image
 from gateway.imaging.resize import decode_to_size, decode_within, fit_within
-from tests.gateway.test_images import EXIF_TRANSPOSE as TRANSPOSE  # Pillow's, independent of ours
+from tests.imaging.test_images import EXIF_TRANSPOSE as TRANSPOSE  # Pillow's, independent of ours
 
 LIMITS = ImageLimits(max_bytes=64 * 2**20, max_pixels=50_000_000)
 BILINEAR = Image.Resampling.BILINEAR

@@ -18,8 +18,8 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from tests.gateway.gatewayproc import SERVING, GatewayProcess, run_gateway
-from tests.localserver import HOST, free_port
+from tests.support.gatewayproc import SERVING, GatewayProcess, run_gateway
+from tests.support.localserver import HOST, free_port
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 SERVICES = {

@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 
 from gateway.config import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile.gateway").read_text()
 LOCK = ROOT / "requirements-gateway.txt"
 # The `jobs` extra: what the runtime lock does not already pin.

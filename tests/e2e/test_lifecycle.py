@@ -17,15 +17,15 @@ import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import (
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import (
     NOT_SERVING,
     SERVICE,
     SERVING,
     GatewayProcess,
     run_gateway,
 )
-from tests.localserver import run_local_server
+from tests.support.localserver import run_local_server
 
 
 @pytest.fixture(scope="module")

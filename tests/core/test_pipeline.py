@@ -24,7 +24,7 @@ from gateway.core.pipeline import TASKS, Pipeline
 from gateway.errors import GatewayError, Kind
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.upstream.client import TFServingClient
-from tests.unit.fakeserving import FakeModel, FakeServing
+from tests.support.fakeserving import FakeModel, FakeServing
 
 LABELS = ["red", "green", "blue", "yellow", "cyan", "magenta", "white", "black"]
 

@@ -29,9 +29,9 @@ from gateway.proto.tfswire.v1 import tfserving_pb2 as tfswire
 from gateway.upstream.client import PREDICT
 from serving import scenes
 from serving.export import export_models
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
-from tests.localserver import free_port, run_local_server
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
+from tests.support.localserver import free_port, run_local_server
 
 MODELS = ("detector", "detector_encoded")
 MAX_PIXELS = 4_000_000

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gateway
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_importing_every_gateway_module_leaves_tensorflow_unloaded() -> None:

@@ -15,8 +15,8 @@ from PIL import Image
 
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
-from tests.localserver import LocalServer
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = ROOT / "serving" / "gateway-models.toml"

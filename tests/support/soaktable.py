@@ -1,5 +1,5 @@
 """Renders the README's soak table (Markdown) from a soak report (`make soak` writes
-bench/soak-report.json): `python -m tests.reliability.soaktable [REPORT]`.
+bench/soak-report.json): `python -m tests.support.soaktable [REPORT]`.
 
 Every figure in the table is read or computed from the report: ranges are min-max of the
 measured lists, a peak is the largest sample.

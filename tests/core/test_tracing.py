@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway import tracing
 from gateway.core.domain import DetectOptions, ModelRef, Request
-from tests.unit.core.test_pipeline import classifier_models, pipeline_for, png, solid
+from tests.core.test_pipeline import classifier_models, pipeline_for, png, solid
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

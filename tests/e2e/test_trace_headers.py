@@ -1,8 +1,8 @@
 """Trace context and request ids across the gateway: what a caller sends reaches TF Serving,
 and every answer (result, trailer, abort) names the request.
 
-A real gateway process calls tests/faultupstream.py, which records the metadata of every call
-it receives and forwards to a real local TF Serving.
+A real gateway process calls tests/support/faultupstream.py, which records the metadata of
+every call it receives and forwards to a real local TF Serving.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
-from tests.faultupstream import FaultyUpstream
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
-from tests.localserver import LocalServer
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 # One of each header family the gateway passes on (Istio's list: W3C, B3 multi and single,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 # Loading both reference models (with warmup) takes ~5 s on 2 cores; leave room for slow CI.
 DEFAULT_START_TIMEOUT = 120.0
@@ -239,7 +239,7 @@ def run_local_server(
 
 
 # Starts tried when a port found free is taken by another test before the server binds it
-# (servers that bind without SO_REUSEPORT fail loudly then; tests.gateway.gatewayproc too).
+# (servers that bind without SO_REUSEPORT fail loudly then; tests.support.gatewayproc too).
 START_ATTEMPTS = 3
 _BIND_FAILED = "Failed to bind"
 

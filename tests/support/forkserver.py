@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from tests.localserver import REPO_ROOT, server_env
+from tests.support.localserver import REPO_ROOT, server_env
 
 # Import cost paid once, in the fork server (the same modules `python -m gateway` loads).
 _SERVER_SOURCE = r"""

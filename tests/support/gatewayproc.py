@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from tests.localserver import START_ATTEMPTS, free_port, reserve_port, stop_process
+from tests.support.localserver import START_ATTEMPTS, free_port, reserve_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "detection.v1.DetectionService"

@@ -15,7 +15,7 @@ from gateway.models import (
     load_registry,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def config(tmp_path: Path, text: str) -> Path:

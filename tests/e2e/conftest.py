@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer, run_local_server
 
 CLASSIFIER = "colours"
 MODEL_CONFIG = """\
