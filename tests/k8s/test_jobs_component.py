@@ -16,7 +16,6 @@ import fsspec.core
 import pytest
 from fsspec.registry import known_implementations
 
-from tests.gateway.test_dockerfile import closure, image_distributions
 from tests.k8s.test_apiserver import render as render_kustomization
 from tests.k8s.test_manifests import (
     GATEWAY,
@@ -32,6 +31,7 @@ from tests.k8s.test_manifests import (
     pod_spec,
     rendered,
 )
+from tests.test_dockerfile import closure, image_distributions
 
 OVERLAYS = [t for t in TARGETS if t != "base"]
 MIB = 1024 * 1024
