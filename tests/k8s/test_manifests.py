@@ -1255,7 +1255,18 @@ HTTP_DOOR_PATHS = [
     "/openapi.json",
     "/",
 ]
-NOT_ROUTED_PATHS = ["/metrics", "/tensorflow.serving.PredictionService/Predict", "/admin"]
+NOT_ROUTED_PATHS = [
+    "/metrics",
+    "/tensorflow.serving.PredictionService/Predict",
+    "/admin",
+    # Batch jobs: through the ingress every outside caller has the ingress gateway's one
+    # identity, so they would share each other's operations (components/ingress/README.md).
+    "/detection.v1.BatchService/CreateBatchJob",
+    "/google.longrunning.Operations/GetOperation",
+    "/v1/uploads",
+    "/v1/batchJobs",
+    "/v1/operations/abc",
+]
 
 
 def grpc_method_paths() -> list[str]:
