@@ -93,7 +93,7 @@ bench: $(STAMP)
 # killed and restarted 5 times under load, 400 deadline-cancelled calls, 20,000 hostile
 # images through the gateway, 1,000 gateways raced at SIGTERM, 60,000 fuzz examples. The
 # figures, with the date, machine, command and commit, go to bench/soak-report.json
-# (committed); `python -m tests.support.soaktable` renders the README's table from it.
+# (committed); `python -m tests.support.soaktable` renders the table of docs/operations.md from it.
 SOAK_REPORT ?= bench/soak-report.json
 .PHONY: soak
 soak: $(STAMP)

@@ -32,7 +32,7 @@ def scaled(fast: int, soak: int) -> int:
 
 
 class Figures:
-    """Numbers the tests measure, written as JSON for the README's reliability section."""
+    """Numbers the tests measure, written as JSON for the soak table in docs/operations.md."""
 
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Any]] = {}

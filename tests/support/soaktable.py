@@ -1,4 +1,4 @@
-"""Renders the README's soak table (Markdown) from a soak report (`make soak` writes
+"""Renders the soak table of docs/operations.md (Markdown) from a soak report (`make soak` writes
 bench/soak-report.json): `python -m tests.support.soaktable [REPORT]`.
 
 Every figure in the table is read or computed from the report: ranges are min-max of the
