@@ -36,10 +36,11 @@ import numpy as np
 
 from bench import photos, upstream
 from gateway import logs, memory
-from gateway.app import load_models
+from gateway.app import built_in_tasks, load_models
 from gateway.config import parse_settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends.grpc.servicers import DetectionServicer, Drain
+from gateway.frontends import api
+from gateway.frontends.grpc.servicers import Drain, TaskServicer
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import TFServingClient
@@ -83,8 +84,9 @@ async def measure(requests: int, batches: int = 5, cold_mib: float = 0.0) -> flo
     client._metadata = describe
     with open(os.devnull, "w", buffering=1) as sink, ThreadPoolExecutor(2) as executor:
         handler.setStream(sink)
-        pipeline = Pipeline(settings, client, load_models(settings), executor)
-        servicer = DetectionServicer(pipeline, Drain())
+        tasks = built_in_tasks()
+        pipeline = Pipeline(settings, client, load_models(settings, tasks.names), executor, tasks)
+        servicer = TaskServicer(api.DETECT, pipeline, Drain())
         body = pb.DetectRequest(
             image=photos.load()["JPEG 640x480"], model=pb.ModelSpec(name="encoded")
         ).SerializeToString()
@@ -92,7 +94,7 @@ async def measure(requests: int, batches: int = 5, cold_mib: float = 0.0) -> flo
 
         async def one() -> bytes:
             request = pb.DetectRequest.FromString(body)
-            return (await servicer.Detect(request, context)).SerializeToString()
+            return (await servicer.unary(request, context)).SerializeToString()
 
         for _ in range(500):
             await one()

@@ -26,7 +26,7 @@ from bench.__main__ import RESULTS, detect_body, gateway, load_average, upstream
 
 # (label, frame-name prefix) in the order of the request path.
 PATH = [
-    ("servicer: Detect (everything below)", "DetectionServicer.Detect "),
+    ("servicer: Detect (everything below)", "TaskServicer.unary "),
     ("pipeline: run", "Pipeline.run "),
     ("inputs: forward_encoded (header read, request bytes)", "forward_encoded "),
     ("  images: inspect_image (header read)", "inspect_image "),
@@ -35,7 +35,7 @@ PATH = [
     ("  tensors: Output (each response tensor checked)", "Output.__init__ "),
     ("  tensors: Output.head (the rows a detector found)", "Output.head "),
     ("task: DetectionTask.map (outputs -> detections)", "DetectionTask.map "),
-    ("converters: to_detection_result (-> protobuf)", "to_detection_result "),
+    ("api: to_detection_result (-> protobuf)", "to_detection_result "),
     ("pipeline: _record (metrics + request log)", "Pipeline._record "),
     ("  metrics: record", "record (gateway/metrics.py"),
     ("  logging: Logger.info (JSON line)", "Logger.info "),

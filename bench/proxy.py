@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 
 from bench.load import CHANNEL_OPTIONS
-from gateway.frontends.grpc.servicers import DETECTION_SERVICE
+from gateway.frontends.api import DETECT
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import PREDICT
@@ -85,7 +85,7 @@ def _typed_handler(channel: grpc.aio.Channel, send: bytes) -> grpc.GenericRpcHan
         return result
 
     return grpc.method_handlers_generic_handler(
-        DETECTION_SERVICE,
+        DETECT.service_name,
         {
             "Detect": grpc.unary_unary_rpc_method_handler(
                 detect,

@@ -1,4 +1,9 @@
-"""Composition root: builds the core and the front doors, runs them, drains on SIGTERM."""
+"""Composition root: builds the task registry, the core and the front doors, runs them, drains
+on SIGTERM.
+
+The tasks served are values given here: each a Task (gateway.tasks) with its binding
+(gateway.frontends.api). `serve` takes others, which is how a test plugs in a task of its own.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +21,7 @@ import grpc
 from gateway import memory, metrics, tracing
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
+from gateway.frontends import api
 from gateway.frontends.grpc import jobs as grpc_jobs
 from gateway.frontends.grpc import server as grpc_door
 from gateway.imaging import resize
@@ -23,6 +30,9 @@ from gateway.jobs.store import JobStore
 from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.readiness import Readiness, WorkerGroup
+from gateway.tasks.base import TaskRegistry
+from gateway.tasks.classification import ClassificationTask
+from gateway.tasks.detection import DetectionTask
 from gateway.upstream.client import TFServingClient
 
 if TYPE_CHECKING:
@@ -31,28 +41,52 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.server")
 
 
-def load_models(settings: Settings) -> ModelRegistry:
-    """The model registry from --model-config and --label-maps (LabelsError,
-    ModelConfigError on bad files)."""
+def built_in_tasks() -> TaskRegistry:
+    """The tasks the gateway serves; each has its binding in gateway.frontends.api.BUILT_IN."""
+    return TaskRegistry((DetectionTask(), ClassificationTask()))
+
+
+def check_bindings(tasks: TaskRegistry, bindings: api.Bindings) -> None:
+    """ValueError unless each task served has exactly one binding."""
+    bound = {binding.task for binding in bindings}
+    if bound != set(tasks.names):
+        raise ValueError(
+            f"the tasks served ({', '.join(tasks.names)}) and the tasks of the bindings "
+            f"({', '.join(sorted(bound))}) differ: each task needs its binding"
+        )
+
+
+def load_models(settings: Settings, tasks: Collection[str]) -> ModelRegistry:
+    """The model registry from --model-config and --label-maps, for models of the `tasks`
+    named (LabelsError, ModelConfigError on bad files)."""
     label_maps = {
         name: Labels.load_label_map(Path(path)) for name, path in settings.label_maps.items()
     }
     if settings.model_config:
-        return load_registry(Path(settings.model_config), settings.model, label_maps)
+        return load_registry(Path(settings.model_config), settings.model, label_maps, tasks=tasks)
     return default_registry(settings.model, label_maps)
 
 
-async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
-    """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace."""
+async def serve(
+    settings: Settings,
+    ready: asyncio.Event | None = None,
+    *,
+    tasks: TaskRegistry | None = None,
+    bindings: api.Bindings = api.BUILT_IN,
+) -> None:
+    """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace.
+    `tasks` (default: built_in_tasks()) and `bindings` are the tasks served and their APIs."""
+    tasks = built_in_tasks() if tasks is None else tasks
+    check_bindings(tasks, bindings)
     memory.tune_malloc()  # before the decode threads exist
-    registry = load_models(settings)
+    registry = load_models(settings, tasks.names)
     tracing.setup()
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     resize.use_threads(settings.decode_threads)
     client = TFServingClient(settings)
-    pipeline = Pipeline(settings, client, registry, executor)
-    jobs, lane = build_jobs(settings, pipeline, client)
-    grpc = grpc_door.build(settings, pipeline, jobs)
+    pipeline = Pipeline(settings, client, registry, executor, tasks)
+    jobs, lane = build_jobs(settings, pipeline, client, bindings)
+    grpc = grpc_door.build(settings, pipeline, bindings, jobs)
     await grpc.statuses.start()
     readiness = Readiness(
         client, registry.default_model, settings.health_interval, WorkerGroup.from_environ()
@@ -63,7 +97,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
         # Imported only when enabled: aiohttp adds to the footprint only when it is used.
         from gateway.frontends.http.server import HttpDoor
 
-        http = HttpDoor(settings, pipeline, client, registry, readiness)
+        http = HttpDoor(settings, pipeline, bindings, readiness)
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
     if lane is not None:
@@ -130,7 +164,7 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
 
 
 def build_jobs(
-    settings: Settings, pipeline: Pipeline, client: TFServingClient
+    settings: Settings, pipeline: Pipeline, client: TFServingClient, bindings: api.Bindings
 ) -> tuple[JobService, grpc.aio.Server | None]:
     """Batch jobs over the API and their executor; with the local executor also the batch
     lane's loopback server (not started)."""
@@ -147,7 +181,7 @@ def build_jobs(
 
         local = LocalExecutor(service, settings)
         lane = BatchLane(pipeline, settings.batch_yield_threshold)
-        lane_server, port = grpc_jobs.build_lane(settings, lane)
+        lane_server, port = grpc_jobs.build_lane(settings, lane, bindings)
         local.target = f"127.0.0.1:{port}"
         return local
 

@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gateway.labels import Labels, LabelsError
 
+# The built-in tasks' names, for their own config rules below; which tasks exist is the
+# app's task registry's business (its names are passed in as `tasks`).
 DETECTION = "detection"
 CLASSIFICATION = "classification"
-TASKS = (DETECTION, CLASSIFICATION)
 # Classification's top_k when neither the request nor the model config gives one.
 DEFAULT_TOP_K = 5
 
@@ -105,6 +106,12 @@ class ModelRegistry:
                 config = self._unlisted[(name, task)] = ModelConfig(name=name, task=task)
         return config
 
+    def task_of(self, name: str) -> str:
+        """The task of model `name`: its config's; detection for a model the config does not
+        list (as without a config file)."""
+        config = self.models.get(name)
+        return config.task if config is not None else DETECTION
+
     def default_for(self, task: str) -> str | None:
         return self.task_defaults.get(task)
 
@@ -143,16 +150,21 @@ def default_registry(
 
 
 def load_registry(
-    path: Path, default_model: str, label_maps: Mapping[str, Labels] | None = None
+    path: Path,
+    default_model: str,
+    label_maps: Mapping[str, Labels] | None = None,
+    *,
+    tasks: Collection[str],
 ) -> ModelRegistry:
-    """Reads a model config file; raises ModelConfigError naming the file and the key."""
+    """Reads a model config file whose models may have the `tasks` named; raises
+    ModelConfigError naming the file and the key."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ModelConfigError(f"cannot read model config {path}: {e.strerror or e}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ModelConfigError(f"{path}: not valid TOML: {e}") from None
-    return parse_registry(data, path, default_model, label_maps)
+    return parse_registry(data, path, default_model, label_maps, tasks=tasks)
 
 
 def parse_registry(
@@ -160,12 +172,14 @@ def parse_registry(
     path: Path,
     default_model: str,
     label_maps: Mapping[str, Labels] | None = None,
+    *,
+    tasks: Collection[str],
 ) -> ModelRegistry:
     _unknown(data, _TOP_KEYS, str(path), "")
     models_table = _table(data.get("models", {}), path, "models")
     models: dict[str, ModelConfig] = {}
     for name, table in models_table.items():
-        models[name] = _model(name, _table(table, path, f"models.{name}"), path)
+        models[name] = _model(name, _table(table, path, f"models.{name}"), path, tasks)
     # --label-maps still applies to models the file lists without labels, and to others.
     for name, labels in (label_maps or {}).items():
         config = models.get(name)
@@ -178,9 +192,9 @@ def parse_registry(
     if not isinstance(default, str) or not default:
         raise ModelConfigError(f"{path}: default_model must be a model name")
     defaults = _table(data.get("defaults", {}), path, "defaults")
-    _unknown(defaults, set(TASKS), str(path), "defaults.")
+    _unknown(defaults, set(tasks), str(path), "defaults.")
     task_defaults: dict[str, str] = {}
-    for task in TASKS:
+    for task in tasks:
         chosen = defaults.get(task)
         if chosen is None:
             # The default model serves as its own task's default.
@@ -199,13 +213,13 @@ def parse_registry(
     return ModelRegistry(models, default, task_defaults)
 
 
-def _model(name: str, table: Mapping[str, Any], path: Path) -> ModelConfig:
+def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[str]) -> ModelConfig:
     where = f"models.{name}"
     _unknown(table, _MODEL_KEYS, str(path), where + ".")
     task = table.get("task")
-    if task not in TASKS:
+    if not isinstance(task, str) or task not in tasks:
         raise ModelConfigError(
-            f"{path}: {where}.task must be one of {', '.join(TASKS)}, got {task!r}"
+            f"{path}: {where}.task must be one of {', '.join(tasks)}, got {task!r}"
         )
     if "label_map" in table and "labels" in table:
         raise ModelConfigError(f"{path}: {where} has both label_map and labels; keep one")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app import built_in_tasks
 from gateway.models import (
     CLASSIFICATION,
     DETECTION,
@@ -15,6 +16,8 @@ from gateway.models import (
     load_registry,
 )
 
+# The task names a model config may use: those of the gateway's task registry.
+TASKS = built_in_tasks().names
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,7 +30,7 @@ def config(tmp_path: Path, text: str) -> Path:
 
 
 def test_the_reference_config_loads_every_reference_model():
-    registry = load_registry(ROOT / "serving" / "gateway-models.toml", "detector")
+    registry = load_registry(ROOT / "serving" / "gateway-models.toml", "detector", tasks=TASKS)
     assert registry.default_model == "detector"
     assert registry.default_for(DETECTION) == "detector"
     assert registry.default_for(CLASSIFICATION) == "classifier"
@@ -69,6 +72,7 @@ max_side = 1024
 """,
         ),
         "detector",
+        tasks=TASKS,
     )
     resnet = registry.get("resnet", CLASSIFICATION)
     assert (resnet.top_k, resnet.min_score, resnet.input.resize) == (2, 0.1, (224, 224))
@@ -130,10 +134,10 @@ max_side = 1024
 )
 def test_bad_files_are_refused_naming_the_key(tmp_path, text, message):
     with pytest.raises(ModelConfigError, match=r"models\.toml") as info:
-        load_registry(config(tmp_path, text), "detector")
+        load_registry(config(tmp_path, text), "detector", tasks=TASKS)
     assert message in str(info.value)
 
 
 def test_an_unreadable_file_is_named(tmp_path):
     with pytest.raises(ModelConfigError, match=r"cannot read model config .*nope\.toml"):
-        load_registry(tmp_path / "nope.toml", "detector")
+        load_registry(tmp_path / "nope.toml", "detector", tasks=TASKS)

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,9 +31,8 @@ from gateway.core.inputs import (
 from gateway.errors import GatewayError, Kind
 from gateway.imaging import images
 from gateway.models import ModelConfig, ModelRegistry
-from gateway.tasks.base import BAD_OUTPUTS, Frame, OutputError, OutputPlan, Task
-from gateway.tasks.classification import ClassificationTask
-from gateway.tasks.detection import DetectionTask
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tasks.base import BAD_OUTPUTS, Frame, OutputError, OutputPlan, Task, TaskRegistry
 from gateway.upstream.client import (
     StaleSignature,
     TFServingClient,
@@ -46,7 +44,6 @@ from gateway.upstream.signatures import Signature
 request_log = logs.RequestLog()
 log = logging.getLogger("gateway.pipeline")
 
-TASKS: Mapping[str, Task] = {task.name: task for task in (DetectionTask(), ClassificationTask())}
 # Input plans kept per (model, version, task); bounded although only served versions get here.
 _MAX_PLANS = 4096
 
@@ -95,9 +92,12 @@ class Pipeline:
         client: TFServingClient,
         registry: ModelRegistry,
         executor: Executor,
+        tasks: TaskRegistry,
     ) -> None:
         self.settings = settings
         self.registry = registry
+        self.tasks = tasks
+        self._tasks: dict[str, Task] = dict(tasks)  # a plain dict: looked up per image
         self._client = client
         self._executor = executor
         self._limit = ConcurrencyLimit(settings.max_concurrent_requests)
@@ -110,7 +110,7 @@ class Pipeline:
 
     async def run(self, task_name: str, request: Request) -> Outcome:
         """Runs `task_name` on one image; raises GatewayError on failure."""
-        task = TASKS[task_name]
+        task = self._tasks[task_name]
         started = time.perf_counter()
         timings = {"decode": 0.0, "upstream": 0.0}
         request_id = request.request_id or new_request_id()
@@ -121,7 +121,7 @@ class Pipeline:
         try:
             self._limit.acquire()
             try:
-                model = self.model_ref(task, request.model)
+                model = self.model_ref(task.name, request.model)
                 outcome = await self._run(task, model, request, request_id, timings)
             finally:
                 self._limit.release()
@@ -142,9 +142,10 @@ class Pipeline:
             total = time.perf_counter() - started
             self._record(task, request, code, request_id, model, outcome, timings, total)
 
-    def model_ref(self, task: Task, requested: ModelRef) -> ModelRef:
-        """The model to call: the request's, or the task's default; INVALID_INPUT when the
-        version or label is malformed or no model is named and none is configured."""
+    def model_ref(self, task: str, requested: ModelRef) -> ModelRef:
+        """The model to call for `task` (a task name): the request's, or the task's default;
+        INVALID_INPUT when the version or label is malformed or no model is named and none is
+        configured."""
         if requested.version is not None and requested.version <= 0:
             raise errors.invalid_input(
                 f"model.version must be a positive version number, got {requested.version}; "
@@ -156,14 +157,31 @@ class Pipeline:
             )
         if requested.name:
             return requested
-        default = self.registry.default_for(task.name)
+        default = self.registry.default_for(task)
         if default is None:
             raise errors.invalid_input(
-                f"the request names no model and the gateway has no default {task.name} "
-                f"model; name one in model.name, or set [defaults] {task.name} in the model "
+                f"the request names no model and the gateway has no default {task} "
+                f"model; name one in model.name, or set [defaults] {task} in the model "
                 "config (GATEWAY_MODEL_CONFIG)"
             )
         return ModelRef(default, requested.version, requested.label)
+
+    @property
+    def default_model(self) -> str:
+        """The gateway's default model (--model, or the model config's default_model)."""
+        return self.registry.default_model
+
+    def default_task(self) -> str:
+        """The default model's task: the one `/invocations`-style calls that name no task
+        run (a model the config does not list has the config's default task)."""
+        return self.registry.task_of(self.registry.default_model)
+
+    async def model_status(self, model: ModelRef) -> tfs.GetModelStatusResponse:
+        """TF Serving's status of the model's versions (all, or the one named); GatewayError
+        INVALID_INPUT for a version that is not positive, NOT_FOUND for an unknown model."""
+        if model.version is not None and model.version <= 0:
+            raise errors.invalid_input(f"version must be a positive integer, got {model.version}")
+        return await self._client.model_status(model, self.settings.upstream_timeout)
 
     def _config(self, task: Task, model: ModelRef) -> ModelConfig:
         config = self.registry.get(model.name, task.name)

@@ -25,7 +25,7 @@ from gateway.batch import runner, sources, storage
 from gateway.batch.output import Output
 from gateway.config import Settings
 from gateway.core.domain import ModelRef
-from gateway.core.pipeline import TASKS, Pipeline
+from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError
 from gateway.jobs import progress
 from gateway.jobs.store import (
@@ -288,7 +288,7 @@ class JobService:
 
     async def _check_model(self, task: str, spec: ModelRef) -> ModelRef:
         try:
-            model = self._pipeline.model_ref(TASKS[TASK_NAMES[task]], spec)
+            model = self._pipeline.model_ref(TASK_NAMES[task], spec)
             config = self._pipeline.registry.get(model.name, TASK_NAMES[task])
             if config.task != TASK_NAMES[task]:
                 raise JobError(

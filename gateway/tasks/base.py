@@ -9,18 +9,18 @@ A task (detection, classification, ...) says:
 - what the request log says about a result (`summary`).
 
 The image input is not the task's business: gateway.core.inputs reads it from the signature
-and the model config, the same for every task.
+and the model config, the same for every task. The app builds a `TaskRegistry` of the tasks
+it serves and gives it to the pipeline: nothing below the app names a task.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from gateway.config import Settings
-from gateway.core.domain import Classes, Detections
 from gateway.models import ModelConfig
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
@@ -76,14 +76,39 @@ class Task(Protocol):
         frame: Frame,
         options: Any,
         config: ModelConfig,
-    ) -> Detections | Classes:
-        """The result for one image; OutputError when the outputs are unusable. `outputs`
-        are TF Serving's (gateway.upstream.tensors.Output, decoded on demand) or arrays."""
+    ) -> Any:
+        """The result for one image (the task's own plain type); OutputError when the outputs
+        are unusable. `outputs` are TF Serving's (gateway.upstream.tensors.Output, decoded on
+        demand) or arrays."""
         ...
 
     def summary(self, result: Any) -> dict[str, object]:
         """Fields for the request log line."""
         ...
+
+
+class TaskRegistry(Mapping[str, Task]):
+    """The tasks the gateway serves, by name (as a model config's `task` names them)."""
+
+    def __init__(self, tasks: Iterable[Task]) -> None:
+        self._tasks: dict[str, Task] = {}
+        for task in tasks:
+            if task.name in self._tasks:
+                raise ValueError(f"two tasks are named {task.name!r}")
+            self._tasks[task.name] = task
+
+    def __getitem__(self, name: str) -> Task:
+        return self._tasks[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._tasks)
 
 
 class BadOutputLog:

@@ -23,6 +23,7 @@ from gateway.config import Settings
 from gateway.core.domain import ModelRef
 from gateway.errors import GatewayError, Kind
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tls import TLS
 from gateway.upstream.signatures import (
     SIGNATURE,
     Signature,
@@ -93,31 +94,16 @@ def channel_options(settings: Settings) -> list[tuple[str, object]]:
     return options
 
 
-def read_pem(path: str, setting: str) -> bytes:
-    """A certificate or key file named by a setting; OSError naming the setting otherwise."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise OSError(f"cannot read {setting} {path!r}: {e.strerror or e}") from None
-
-
 def channel_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
     """TLS (and mTLS with a client certificate) to TF Serving; None for plaintext."""
     if not settings.upstream_uses_tls:
         return None
-    ca = (
-        read_pem(settings.upstream_ca_file, "upstream-ca-file")
-        if settings.upstream_ca_file
-        else None
+    files = TLS(
+        settings.upstream_ca_file or None,
+        settings.upstream_cert_file or None,
+        settings.upstream_key_file or None,
     )
-    cert = key = None
-    if settings.upstream_cert_file:
-        cert = read_pem(settings.upstream_cert_file, "upstream-cert-file")
-        key = read_pem(settings.upstream_key_file, "upstream-key-file")
-    return grpc.ssl_channel_credentials(
-        root_certificates=ca, private_key=key, certificate_chain=cert
-    )
+    return files.credentials(flags="upstream-")
 
 
 def is_queue_full(error: grpc.RpcError) -> bool:

@@ -18,11 +18,13 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from gateway.app import built_in_tasks
 from gateway.config import Settings
 from gateway.core.domain import ClassifyOptions, DetectOptions, ModelRef, Outcome, Request
-from gateway.core.pipeline import TASKS, Pipeline
+from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
 from gateway.models import ModelRegistry, default_registry, load_registry
+from gateway.tasks.detection import DetectionTask
 from gateway.upstream.client import TFServingClient
 from tests.support.fakeserving import FakeModel, FakeServing
 
@@ -79,13 +81,16 @@ async def pipeline_for(
     serving = FakeServing({m.name: m for m in models})
     target = await serving.start()
     s = Settings(upstream=target, upstream_retry_backoff=0.001, **settings)
+    tasks = built_in_tasks()
     registry: ModelRegistry = (
-        load_registry(config, s.model) if config is not None else default_registry(s.model)
+        load_registry(config, s.model, tasks=tasks.names)
+        if config is not None
+        else default_registry(s.model)
     )
     client = TFServingClient(s)
     with ThreadPoolExecutor(2) as executor:
         try:
-            yield Pipeline(s, client, registry, executor), serving
+            yield Pipeline(s, client, registry, executor, tasks), serving
         finally:
             await client.close()
             await serving.stop()
@@ -399,7 +404,7 @@ def test_an_unexpected_exception_is_internal_quoting_the_request_id(caplog, monk
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("a bug in the mapping")
 
-    monkeypatch.setattr(TASKS["detection"], "map", broken)
+    monkeypatch.setattr(DetectionTask, "map", broken)
 
     async def scenario() -> GatewayError:
         async with pipeline_for([model], model="fixed") as (pipeline, _):

@@ -1055,6 +1055,7 @@ def test_config_copies_match_the_serving_originals() -> None:
 def test_gateway_model_config_and_its_labels_come_from_a_configmap(
     target: str, tmp_path: Path
 ) -> None:
+    from gateway.app import built_in_tasks
     from gateway.models import load_registry
     from serving.reference import REFERENCE_MODELS
 
@@ -1068,7 +1069,9 @@ def test_gateway_model_config_and_its_labels_come_from_a_configmap(
     for path, text in files.items():
         if Path(path).parent == directory:
             (tmp_path / Path(path).name).write_text(text)
-    registry = load_registry(tmp_path / Path(settings.model_config).name, settings.model)
+    registry = load_registry(
+        tmp_path / Path(settings.model_config).name, settings.model, tasks=built_in_tasks().names
+    )
     for model, task in REFERENCE_MODELS.items():
         config = registry.get(model, task)
         assert config.task == task and config.labels.names, model

@@ -14,16 +14,14 @@ from google.rpc import status_pb2
 
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends.grpc import converters
-from gateway.frontends.grpc.servicers import ClassificationServicer, DetectionServicer, Drain
+from gateway.frontends.api import Bindings, to_model_ref
+from gateway.frontends.grpc.servicers import Drain, add_task_services
 from gateway.jobs.local import BatchLane
 from gateway.jobs.service import CreateParams, JobError, JobService, JobView
 from gateway.proto.classification.v1 import classification_pb2 as cpb
-from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 
 BATCH_SERVICE = bpb.DESCRIPTOR.services_by_name["BatchService"].full_name
 OPERATIONS_SERVICE = lro.DESCRIPTOR.services_by_name["Operations"].full_name
@@ -133,7 +131,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
             upload_id=request.upload_id,
             output_uri=request.output_uri,
             task=_TASKS.get(request.task, "unknown"),
-            model=converters.to_model_ref(request.model),
+            model=to_model_ref(request.model),
             min_score=request.min_score,
             max_detections=request.max_detections,
             top_k=request.top_k,
@@ -246,9 +244,11 @@ def add_services(server: grpc.aio.Server, jobs: JobService) -> tuple[str, ...]:
     return BATCH_SERVICE, OPERATIONS_SERVICE
 
 
-def build_lane(settings: Settings, lane: BatchLane) -> tuple[grpc.aio.Server, int]:
-    """The batch lane: Detection and Classification over `lane` on a loopback port (not
-    started yet), for the local executor's runner."""
+def build_lane(
+    settings: Settings, lane: BatchLane, bindings: Bindings
+) -> tuple[grpc.aio.Server, int]:
+    """The batch lane: the tasks' services over `lane` on a loopback port (not started yet),
+    for the local executor's runner."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", settings.server_max_receive_bytes),
@@ -257,9 +257,6 @@ def build_lane(settings: Settings, lane: BatchLane) -> tuple[grpc.aio.Server, in
     )
     pipeline = cast(Pipeline, lane)  # the servicers use only run() and settings
     drain = Drain()  # the lane stops with the executor, not by draining
-    pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline, drain), server)
-    cpb_grpc.add_ClassificationServiceServicer_to_server(
-        ClassificationServicer(pipeline, drain), server
-    )
+    add_task_services(server, bindings, pipeline, drain)
     port = server.add_insecure_port("127.0.0.1:0")
     return server, port

@@ -18,21 +18,13 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
+from gateway.frontends.api import Bindings
 from gateway.frontends.grpc import jobs as jobs_door
 from gateway.frontends.grpc.health import HealthServicer, HealthStatuses
-from gateway.frontends.grpc.servicers import (
-    CLASSIFICATION_SERVICE,
-    DETECTION_SERVICE,
-    ClassificationServicer,
-    DetectionServicer,
-    Drain,
-)
+from gateway.frontends.grpc.servicers import Drain, add_task_services
 from gateway.jobs.service import JobService
-from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
-from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from gateway.upstream.client import read_pem
+from gateway.tls import server_credentials
 
-SERVICES = (DETECTION_SERVICE, CLASSIFICATION_SERVICE)
 REFLECTION_V1ALPHA = reflection.SERVICE_NAME
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 _V1ALPHA_PACKAGE = "grpc.reflection.v1alpha"
@@ -91,20 +83,6 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    """TLS for the gateway's port (mTLS with a client CA); None for plaintext."""
-    if not settings.tls_cert_file:
-        return None
-    cert = read_pem(settings.tls_cert_file, "tls-cert-file")
-    key = read_pem(settings.tls_key_file, "tls-key-file")
-    client_ca = None
-    if settings.tls_client_ca_file:
-        client_ca = read_pem(settings.tls_client_ca_file, "tls-client-ca-file")
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
-    )
-
-
 @dataclass
 class GrpcDoor:
     server: grpc.aio.Server
@@ -114,24 +92,23 @@ class GrpcDoor:
     drain: Drain
 
 
-def build(settings: Settings, pipeline: Pipeline, jobs: JobService | None = None) -> GrpcDoor:
+def build(
+    settings: Settings, pipeline: Pipeline, bindings: Bindings, jobs: JobService | None = None
+) -> GrpcDoor:
     """The server with every service added and its port bound (not started yet)."""
     credentials = server_credentials(settings)  # before anything starts: bad files fail fast
     drain = Drain()
     server = grpc.aio.server(options=server_options(settings))
-    pb_grpc.add_DetectionServiceServicer_to_server(DetectionServicer(pipeline, drain), server)
-    cpb_grpc.add_ClassificationServiceServicer_to_server(
-        ClassificationServicer(pipeline, drain), server
-    )
+    services = add_task_services(server, bindings, pipeline, drain)
     # Batch jobs over the API (BatchService + google.longrunning.Operations), when enabled.
     job_services = jobs_door.add_services(server, jobs) if jobs is not None else ()
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    add_reflection(server, (*SERVICES, *job_services, health.SERVICE_NAME))
+    add_reflection(server, (*services, *job_services, health.SERVICE_NAME))
     address = f"{settings.host}:{settings.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
     else:
         port = server.add_secure_port(address, credentials)
-    statuses = HealthStatuses(health_servicer, SERVICES)
+    statuses = HealthStatuses(health_servicer, services)
     return GrpcDoor(server, port, health_servicer, statuses, drain)

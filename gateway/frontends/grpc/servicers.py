@@ -1,7 +1,9 @@
-"""detection.v1 and classification.v1 servicers: convert, delegate to the pipeline, answer.
+"""The tasks' gRPC services, one per binding (gateway.frontends.api): convert, delegate to the
+pipeline, answer.
 
-No pipeline logic here. Unary calls return the result or abort with the status of the
-pipeline's error (gateway.frontends.grpc.status). Streams keep a window of images in flight,
+No pipeline logic here, and no task: each service is its binding's RPCs over the same code.
+Unary calls return the result or abort with the status of the pipeline's error
+(gateway.frontends.grpc.status). Streams keep a window of images in flight,
 answer in request order, put a per-image error (google.rpc.Status) in the result of an image
 that failed on its own and go on, and end with the status of an error that concerns the whole
 stream. Every call carries `x-request-id` back in its trailing metadata. Once the gateway
@@ -13,38 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
 
 import grpc
+from google.rpc import status_pb2
 
-from gateway.core.domain import Outcome, Request
+from gateway.core.domain import Outcome
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.grpc import converters
+from gateway.frontends.api import TRACE_HEADERS, Binding, ToRequest, Trace
 from gateway.frontends.grpc.status import STATUS
-from gateway.models import CLASSIFICATION, DETECTION
-from gateway.proto.classification.v1 import classification_pb2 as cpb
-from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
-from gateway.proto.detection.v1 import detection_pb2 as pb
-from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-
-DETECTION_SERVICE = pb.DESCRIPTOR.services_by_name["DetectionService"].full_name
-CLASSIFICATION_SERVICE = cpb.DESCRIPTOR.services_by_name["ClassificationService"].full_name
-# Incoming metadata passed on to TF Serving, so traces connect through the gateway.
-TRACE_HEADERS = frozenset(
-    {
-        "traceparent",
-        "tracestate",
-        "x-request-id",
-        "b3",
-        "x-b3-traceid",
-        "x-b3-spanid",
-        "x-b3-parentspanid",
-        "x-b3-sampled",
-        "x-b3-flags",
-    }
-)
 
 log = logging.getLogger("gateway.pipeline")
 
@@ -99,7 +80,6 @@ class Drain:
 
 RequestT = TypeVar("RequestT")
 ResultT = TypeVar("ResultT")
-ToRequest = Callable[[RequestT, str, str, float | None, converters.Trace], Request]
 
 
 def _converted(to_result: Callable[[Outcome], ResultT], outcome: Outcome) -> ResultT:
@@ -116,7 +96,7 @@ def _converted(to_result: Callable[[Outcome], ResultT], outcome: Outcome) -> Res
         ) from None
 
 
-def _metadata(context: grpc.aio.ServicerContext) -> tuple[str, converters.Trace]:
+def _metadata(context: grpc.aio.ServicerContext) -> tuple[str, Trace]:
     """The caller's x-request-id (or "") and the trace headers to pass on."""
     request_id = ""
     trace = []
@@ -135,7 +115,7 @@ async def _unary(
     method: str,
     request: RequestT,
     context: grpc.aio.ServicerContext,
-    to_request: ToRequest[RequestT],
+    to_request: ToRequest,
     to_result: Callable[[Outcome], ResultT],
 ) -> ResultT:
     if not drain.enter():
@@ -163,7 +143,7 @@ async def _stream(
     method: str,
     requests: AsyncIterator[RequestT],
     context: grpc.aio.ServicerContext,
-    to_request: ToRequest[RequestT],
+    to_request: ToRequest,
     to_result: Callable[[Outcome], ResultT],
     error_result: Callable[[GatewayError, str], ResultT],
 ) -> AsyncIterator[ResultT]:
@@ -234,75 +214,73 @@ async def _stream(
         drain.leave()
 
 
-class DetectionServicer(pb_grpc.DetectionServiceServicer):
-    def __init__(self, pipeline: Pipeline, drain: Drain) -> None:
+class TaskServicer:
+    """One task's service (its binding's unary and streaming RPCs) over the pipeline."""
+
+    def __init__(self, binding: Binding, pipeline: Pipeline, drain: Drain) -> None:
+        self._binding = binding
         self._pipeline = pipeline
         self._drain = drain
+        self._result_type = binding.result_type
 
-    async def Detect(
-        self, request: pb.DetectRequest, context: grpc.aio.ServicerContext
-    ) -> pb.DetectionResult:
+    async def unary(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        binding = self._binding
         return await _unary(
             self._pipeline,
             self._drain,
-            DETECTION,
-            "Detect",
+            binding.task,
+            binding.unary,
             request,
             context,
-            converters.to_detect,
-            converters.to_detection_result,
+            binding.to_request,
+            binding.to_result,
         )
 
-    async def DetectStream(
-        self, request_iterator: AsyncIterator[pb.DetectRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.DetectionResult]:
+    async def stream(
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        binding = self._binding
         async for result in _stream(
             self._pipeline,
             self._drain,
-            DETECTION,
-            "DetectStream",
+            binding.task,
+            binding.stream,
             request_iterator,
             context,
-            converters.to_detect,
-            converters.to_detection_result,
-            lambda e, rid: pb.DetectionResult(request_id=rid, error=converters.to_status(e)),
+            binding.to_request,
+            binding.to_result,
+            self._error_result,
         ):
             yield result
 
+    def _error_result(self, error: GatewayError, request_id: str) -> Any:
+        return self._result_type(request_id=request_id, error=to_status(error))
 
-class ClassificationServicer(cpb_grpc.ClassificationServiceServicer):
-    def __init__(self, pipeline: Pipeline, drain: Drain) -> None:
-        self._pipeline = pipeline
-        self._drain = drain
 
-    async def Classify(
-        self, request: cpb.ClassifyRequest, context: grpc.aio.ServicerContext
-    ) -> cpb.ClassificationResult:
-        return await _unary(
-            self._pipeline,
-            self._drain,
-            CLASSIFICATION,
-            "Classify",
-            request,
-            context,
-            converters.to_classify,
-            converters.to_classification_result,
-        )
+def add_task_services(
+    server: grpc.aio.Server, bindings: Iterable[Binding], pipeline: Pipeline, drain: Drain
+) -> tuple[str, ...]:
+    """Adds every binding's service to `server`; returns the services' full names."""
+    names = []
+    for binding in bindings:
+        servicer = TaskServicer(binding, pipeline, drain)
+        parse, serialize = binding.request_type.FromString, binding.result_type.SerializeToString
+        handlers = {
+            binding.unary: grpc.unary_unary_rpc_method_handler(
+                servicer.unary, request_deserializer=parse, response_serializer=serialize
+            ),
+            binding.stream: grpc.stream_stream_rpc_method_handler(
+                servicer.stream, request_deserializer=parse, response_serializer=serialize
+            ),
+        }
+        name = binding.service_name
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+        # As generated code does: gRPC then matches these methods without the generic lookup.
+        server.add_registered_method_handlers(name, handlers)
+        names.append(name)
+    return tuple(names)
 
-    async def ClassifyStream(
-        self,
-        request_iterator: AsyncIterator[cpb.ClassifyRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[cpb.ClassificationResult]:
-        async for result in _stream(
-            self._pipeline,
-            self._drain,
-            CLASSIFICATION,
-            "ClassifyStream",
-            request_iterator,
-            context,
-            converters.to_classify,
-            converters.to_classification_result,
-            lambda e, rid: cpb.ClassificationResult(request_id=rid, error=converters.to_status(e)),
-        ):
-            yield result
+
+def to_status(error: GatewayError) -> status_pb2.Status:
+    """A per-image error for a stream result (google.rpc.Status; codes as gRPC's)."""
+    return status_pb2.Status(code=STATUS[error.kind].value[0], message=error.message)

@@ -1,21 +1,28 @@
 """GET /openapi.json: an OpenAPI 3.1 description of the HTTP door's routes.
 
-Schemas are the proto3 JSON of the public API's messages (field names as in the .proto
-files); a test checks that the paths and methods here are exactly the server's routes.
+The prediction routes come from the bindings (gateway.frontends.api); their schemas are the
+proto3 JSON of the bindings' messages, read from the messages' descriptors (field names as in
+the .proto files). A test checks that the paths and methods here are exactly the server's
+routes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.frontends.http import codecs
+from google.protobuf.descriptor import FieldDescriptor
+
+from gateway.frontends.api import Binding, Bindings
+from gateway.frontends.http import bodies
 from gateway.models import ModelRegistry
+
+_F = FieldDescriptor
 
 _ERROR = {
     "description": "error",
     "content": {
-        codecs.JSON: {"schema": {"$ref": "#/components/schemas/Error"}},
-        codecs.MSGPACK: {"schema": {"$ref": "#/components/schemas/Error"}},
+        bodies.JSON: {"schema": {"$ref": "#/components/schemas/Error"}},
+        bodies.MSGPACK: {"schema": {"$ref": "#/components/schemas/Error"}},
     },
 }
 # Statuses every prediction route can answer besides 200 (gateway/frontends/http/status.py).
@@ -31,30 +38,16 @@ _PREDICT_ERRORS = {
     "503": "TF Serving unavailable",
     "504": "TF Serving did not answer in time",
 }
-_QUERY = {
-    "detect": [
-        ("min_score", "number", "minimum score, 0..1 (0: the model's default)"),
-        ("max_detections", "integer", "most detections returned (0: the model's default)"),
-    ],
-    "classify": [
-        ("top_k", "integer", "classes returned (0: the model's default)"),
-        ("min_score", "number", "minimum score, 0..1 (0: the model's default)"),
-    ],
-}
-_SCHEMAS = {
-    "detect": ("DetectRequest", "DetectionResult"),
-    "classify": ("ClassifyRequest", "ClassificationResult"),
-}
 
 
-def _request_body(verb: str) -> dict[str, Any]:
-    request, _ = _SCHEMAS[verb]
+def _request_body(binding: Binding) -> dict[str, Any]:
+    request = binding.request_type.DESCRIPTOR.name
     binary = {"type": "string", "format": "binary"}
     return {
         "required": True,
         "content": {
-            codecs.JSON: {"schema": {"$ref": f"#/components/schemas/{request}"}},
-            codecs.MSGPACK: {
+            bodies.JSON: {"schema": {"$ref": f"#/components/schemas/{request}"}},
+            bodies.MSGPACK: {
                 "schema": {
                     "type": "object",
                     "description": f"{request} fields under their proto names with image as "
@@ -67,7 +60,7 @@ def _request_body(verb: str) -> dict[str, Any]:
             "image/*": {"schema": binary},
             "application/x-image": {"schema": binary},
             "application/octet-stream": {"schema": binary},
-            codecs.MULTIPART: {
+            bodies.MULTIPART: {
                 "schema": {
                     "type": "object",
                     "required": ["image"],
@@ -79,11 +72,17 @@ def _request_body(verb: str) -> dict[str, Any]:
     }
 
 
-def _parameters(verb: str, names: tuple[str, ...], model_in_query: bool) -> list[dict[str, Any]]:
+def _parameters(
+    binding: Binding, names: tuple[str, ...], model_in_query: bool
+) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = [
         {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
     ]
-    options = [*_QUERY[verb], ("request_id", "string", "request id (else x-request-id)")]
+    fields = binding.request_type.DESCRIPTOR.fields_by_name
+    options = [
+        (name, _scalar(fields[name])["type"], text) for name, text in binding.options.items()
+    ]
+    options.append(("request_id", "string", "request id (else x-request-id)"))
     if model_in_query:
         options += [
             ("model", "string", "model name (default: the gateway's default model)"),
@@ -107,16 +106,16 @@ def _parameters(verb: str, names: tuple[str, ...], model_in_query: bool) -> list
 
 
 def _predict(
-    verb: str, summary: str, names: tuple[str, ...], model_in_query: bool = False
+    binding: Binding, summary: str, names: tuple[str, ...], model_in_query: bool = False
 ) -> dict[str, Any]:
-    _, result = _SCHEMAS[verb]
+    result = binding.result_type.DESCRIPTOR.name
     responses: dict[str, Any] = {
         "200": {
             "description": "the result (every field present); MessagePack when Accept asks "
             "for it or the request was MessagePack",
             "content": {
-                codecs.JSON: {"schema": {"$ref": f"#/components/schemas/{result}"}},
-                codecs.MSGPACK: {"schema": {"$ref": f"#/components/schemas/{result}"}},
+                bodies.JSON: {"schema": {"$ref": f"#/components/schemas/{result}"}},
+                bodies.MSGPACK: {"schema": {"$ref": f"#/components/schemas/{result}"}},
             },
         }
     }
@@ -126,8 +125,8 @@ def _predict(
     return {
         "post": {
             "summary": summary,
-            "parameters": _parameters(verb, names, model_in_query),
-            "requestBody": _request_body(verb),
+            "parameters": _parameters(binding, names, model_in_query),
+            "requestBody": _request_body(binding),
             "responses": responses,
         }
     }
@@ -145,7 +144,7 @@ def _status(names: tuple[str, ...]) -> dict[str, Any]:
                 "200": {
                     "description": "model_version_status",
                     "content": {
-                        codecs.JSON: {"schema": {"$ref": "#/components/schemas/ModelStatus"}}
+                        bodies.JSON: {"schema": {"$ref": "#/components/schemas/ModelStatus"}}
                     },
                 },
                 "404": {**_ERROR, "description": "unknown model or version"},
@@ -155,92 +154,74 @@ def _status(names: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def _schemas() -> dict[str, Any]:
-    number, integer, string = {"type": "number"}, {"type": "integer"}, {"type": "string"}
-    int64 = {"type": "string", "description": "int64 (a decimal string in proto3 JSON)"}
-    model_spec = {
-        "type": "object",
-        "properties": {"name": string, "version": int64, "label": string},
-        "description": "name, and version or label (not both)",
-    }
-    image = {
-        "oneOf": [
-            {"type": "string", "contentEncoding": "base64"},
-            {"type": "object", "properties": {"b64": string}, "required": ["b64"]},
-        ]
-    }
-    box = {
-        "type": "object",
-        "properties": {k: integer for k in ("x_min", "y_min", "x_max", "y_max")},
-    }
-    nbox = {
-        "type": "object",
-        "properties": {k: number for k in ("x_min", "y_min", "x_max", "y_max")},
-    }
-    served = {"type": "object", "properties": {"name": string, "version": int64}}
-    common = {
-        "image_width": integer,
-        "image_height": integer,
-        "model": served,
-        "request_id": string,
-    }
+def _scalar(field: Any) -> dict[str, Any]:
+    """The proto3 JSON schema of a scalar field."""
+    if field.type in (_F.TYPE_INT64, _F.TYPE_UINT64, _F.TYPE_SINT64, _F.TYPE_FIXED64,
+                      _F.TYPE_SFIXED64):  # fmt: skip
+        return {"type": "string", "description": "int64 (a decimal string in proto3 JSON)"}
+    if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
+        return {"type": "number"}
+    if field.type == _F.TYPE_BOOL:
+        return {"type": "boolean"}
+    if field.type == _F.TYPE_BYTES:
+        return {"type": "string", "contentEncoding": "base64"}
+    if field.type in (_F.TYPE_STRING, _F.TYPE_ENUM):
+        return {"type": "string"}
+    return {"type": "integer"}
+
+
+# The request's image: base64, or TF Serving REST's {"b64": ...}.
+_IMAGE: dict[str, Any] = {
+    "oneOf": [
+        {"type": "string", "contentEncoding": "base64"},
+        {"type": "object", "properties": {"b64": {"type": "string"}}, "required": ["b64"]},
+    ]
+}
+_DESCRIPTIONS = {
+    "ModelSpec": "name, and version or label (not both)",
+    "Status": "a stream's per-image error (google.rpc.Status; codes as gRPC's)",
+}
+
+
+def _add_schema(descriptor: Any, schemas: dict[str, Any]) -> str:
+    """Adds the schema of `descriptor` (and of the messages it holds) to `schemas`; returns
+    its name there."""
+    name = descriptor.name
+    if name in schemas:
+        return name
+    if descriptor.full_name == "google.protobuf.Any":
+        schemas[name] = {"type": "object", "properties": {"@type": {"type": "string"}}}
+        return name
+    schema: dict[str, Any] = {"type": "object", "properties": {}}
+    schemas[name] = schema
+    for field in descriptor.fields:
+        if field.type == _F.TYPE_MESSAGE:
+            value = {"$ref": f"#/components/schemas/{_add_schema(field.message_type, schemas)}"}
+        elif field.name == "image" and field.type == _F.TYPE_BYTES:
+            value = _IMAGE
+        else:
+            value = _scalar(field)
+        schema["properties"][field.name] = (
+            {"type": "array", "items": value} if field.is_repeated else value
+        )
+    if name in _DESCRIPTIONS:
+        schema["description"] = _DESCRIPTIONS[name]
+    return name
+
+
+def _schemas(bindings: Bindings) -> dict[str, Any]:
+    schemas: dict[str, Any] = {}
+    for binding in bindings:
+        request = schemas[_add_schema(binding.request_type.DESCRIPTOR, schemas)]
+        request["required"] = ["image"]
+        result = schemas[_add_schema(binding.result_type.DESCRIPTOR, schemas)]
+        result["properties"]["metadata"] = {
+            "type": "object",
+            "description": "a MessagePack request's metadata",
+        }
+    string = {"type": "string"}
     return {
-        "DetectRequest": {
-            "type": "object",
-            "required": ["image"],
-            "properties": {
-                "image": image,
-                "min_score": number,
-                "max_detections": integer,
-                "model": model_spec,
-                "request_id": string,
-            },
-        },
-        "ClassifyRequest": {
-            "type": "object",
-            "required": ["image"],
-            "properties": {
-                "image": image,
-                "top_k": integer,
-                "min_score": number,
-                "model": model_spec,
-                "request_id": string,
-            },
-        },
-        "DetectionResult": {
-            "type": "object",
-            "properties": {
-                "detections": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "class_id": integer,
-                            "label": string,
-                            "score": number,
-                            "box": box,
-                            "normalized_box": nbox,
-                        },
-                    },
-                },
-                **common,
-                "metadata": {"type": "object", "description": "a MessagePack request's metadata"},
-            },
-        },
-        "ClassificationResult": {
-            "type": "object",
-            "properties": {
-                "classes": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {"class_id": integer, "label": string, "score": number},
-                    },
-                },
-                **common,
-                "metadata": {"type": "object", "description": "a MessagePack request's metadata"},
-            },
-        },
+        **schemas,
         "ModelStatus": {
             "type": "object",
             "properties": {
@@ -275,24 +256,21 @@ def _schemas() -> dict[str, Any]:
     }
 
 
-def document(registry: ModelRegistry) -> dict[str, Any]:
+def document(registry: ModelRegistry, bindings: Bindings) -> dict[str, Any]:
     models = ", ".join(sorted({registry.default_model, *registry.models})) or "none configured"
-    invocations_task = "detect"
-    default = registry.models.get(registry.default_model)
-    if default is not None and default.task == "classification":
-        invocations_task = "classify"
     paths: dict[str, Any] = {}
-    for verb, what in (("detect", "Detect objects"), ("classify", "Classify")):
+    for binding in bindings:
+        verb, what = binding.verb, binding.summary
         base = "/v1/models/{model}"
-        paths[f"{base}:{verb}"] = _predict(verb, f"{what} (latest version)", ("model",))
+        paths[f"{base}:{verb}"] = _predict(binding, f"{what} (latest version)", ("model",))
         paths[f"{base}/versions/{{version}}:{verb}"] = _predict(
-            verb, f"{what} with a model version", ("model", "version")
+            binding, f"{what} with a model version", ("model", "version")
         )
         paths[f"{base}/labels/{{label}}:{verb}"] = _predict(
-            verb, f"{what} with a version label", ("model", "label")
+            binding, f"{what} with a version label", ("model", "label")
         )
     paths["/invocations"] = _predict(
-        invocations_task,
+        bindings.for_task(registry.task_of(registry.default_model)),
         f"SageMaker-style: the default model '{registry.default_model}' and its task",
         (),
         model_in_query=True,
@@ -303,7 +281,7 @@ def document(registry: ModelRegistry) -> dict[str, Any]:
             "responses": {
                 "200": {
                     "description": "ready",
-                    "content": {codecs.JSON: {"schema": {"type": "object"}}},
+                    "content": {bodies.JSON: {"schema": {"type": "object"}}},
                 },
                 "503": {**_ERROR, "description": "not ready, or shutting down"},
             },
@@ -321,14 +299,16 @@ def document(registry: ModelRegistry) -> dict[str, Any]:
             "responses": {"200": {"description": "HTML", "content": {"text/html": {}}}},
         }
     }
+    tasks = ", ".join(b.task for b in bindings).capitalize()
+    services = ", ".join(b.service_name for b in bindings)
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "Vision gateway HTTP API",
             "version": "1",
-            "description": "Detection and classification in front of TensorFlow Serving; the "
-            f"same core as the gRPC API (detection.v1, classification.v1). Models: {models}.",
+            "description": f"{tasks} in front of TensorFlow Serving; the same core as the "
+            f"gRPC API ({services}). Models: {models}.",
         },
         "paths": paths,
-        "components": {"schemas": _schemas()},
+        "components": {"schemas": _schemas(bindings)},
     }

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 
-from gateway.models import DETECTION, ModelRegistry
+from gateway.frontends.api import Bindings
+from gateway.models import ModelRegistry
 
 # Boxes are drawn in this colour; the browser test looks for it in the screenshot.
 BOX_COLOUR = "#ff00ff"
@@ -47,6 +48,7 @@ _PAGE = """<!doctype html>
 <script>
 "use strict";
 const MODELS = __MODELS__;
+const VERBS = __VERBS__;
 const DEFAULT_MODEL = __DEFAULT__;
 const BOX = "__BOX__";
 const $ = (id) => document.getElementById(id);
@@ -75,8 +77,7 @@ function drawLabel(ctx, text, x, y, size) {
 async function run(blob) {
   document.body.dataset.state = "running";
   const model = select.value;
-  const task = MODELS[model];
-  const verb = task === "classification" ? "classify" : "detect";
+  const verb = VERBS[MODELS[model]];
   const params = new URLSearchParams();
   if ($("min_score").value) params.set("min_score", $("min_score").value);
   status("Running " + model + " ...");
@@ -100,7 +101,7 @@ async function run(blob) {
     ctx.drawImage(image, 0, 0);
     const line = Math.max(2, Math.round(image.width / 320));
     const size = Math.max(12, Math.round(image.width / 50));
-    if (verb === "detect") {
+    if (result.detections) {
       ctx.strokeStyle = BOX;
       ctx.lineWidth = line;
       for (const d of result.detections) {
@@ -113,7 +114,7 @@ async function run(blob) {
       }
       status(result.detections.length + " detections by " + result.model.name +
              " version " + result.model.version);
-    } else {
+    } else if (result.classes) {
       for (const c of result.classes) {
         const item = document.createElement("li");
         item.textContent = c.label + " " + c.score.toFixed(3);
@@ -124,6 +125,8 @@ async function run(blob) {
         drawLabel(ctx, top.label + " " + top.score.toFixed(2), 0, 0, size);
       }
       status("Top classes by " + result.model.name + " version " + result.model.version);
+    } else {
+      status("Result by " + result.model.name + " version " + result.model.version);
     }
     document.body.dataset.state = "done";
   } catch (error) {
@@ -153,14 +156,13 @@ def _script_json(value: object) -> str:
     return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render(registry: ModelRegistry) -> str:
-    models = {registry.default_model: DETECTION}
-    models.update({name: config.task for name, config in registry.models.items()})
-    default_config = registry.models.get(registry.default_model)
-    if default_config is not None:
-        models[registry.default_model] = default_config.task
+def render(registry: ModelRegistry, bindings: Bindings) -> str:
+    """The page, with each model's task and each task's route verb (`detect`, ...)."""
+    models = {name: registry.task_of(name) for name in {registry.default_model, *registry.models}}
+    verbs = {binding.task: binding.verb for binding in bindings}
     return (
         _PAGE.replace("__MODELS__", _script_json(dict(sorted(models.items()))))
+        .replace("__VERBS__", _script_json(verbs))
         .replace("__DEFAULT__", _script_json(registry.default_model))
         .replace("__BOX__", BOX_COLOUR)
     )

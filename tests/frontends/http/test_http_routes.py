@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app import built_in_tasks
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
+from gateway.frontends import api
+from gateway.frontends.http import openapi
 from gateway.frontends.http.server import HttpDoor
 from gateway.models import default_registry
 from gateway.readiness import Readiness
@@ -29,9 +32,8 @@ def _routes_and_document() -> tuple[set[tuple[str, str]], dict]:
         with ThreadPoolExecutor(1) as executor:
             door = HttpDoor(
                 settings,
-                Pipeline(settings, client, registry, executor),
-                client,
-                registry,
+                Pipeline(settings, client, registry, executor, built_in_tasks()),
+                api.BUILT_IN,
                 Readiness(client, registry.default_model, 1.0),
             )
             routes = {
@@ -39,9 +41,7 @@ def _routes_and_document() -> tuple[set[tuple[str, str]], dict]:
                 for route in door.app.router.routes()
                 if route.method != "HEAD" and route.resource is not None
             }
-            from gateway.frontends.http import openapi
-
-            document = openapi.document(registry)
+            document = openapi.document(registry, api.BUILT_IN)
         await client.close()
         return routes, document
 

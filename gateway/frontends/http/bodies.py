@@ -1,19 +1,21 @@
-"""HTTP bodies <-> the public API's messages (detection.v1.DetectRequest, classification.v1.
-ClassifyRequest and their results), by media type.
+"""HTTP request bodies -> the public API's request messages (a binding's request type), by
+media type; the body read within its size limit and time.
 
-Requests: the proto3 JSON of the request message (`image` as base64, or `{"b64": ...}` as in
+Bodies: the proto3 JSON of the request message (`image` as base64, or `{"b64": ...}` as in
 TF Serving's REST API); a MessagePack map with `image` as bin, the message's fields under
 their proto names, and every other key kept as metadata; a raw image; multipart/form-data
 with an `image` file part. Query parameters (`min_score`, `max_detections`, `top_k`,
 `request_id`, and `model` / `version` / `label` where the path names no model) override the
-body. Responses: the proto3 JSON of the result with every field present, or MessagePack.
+body. (Responses: gateway.frontends.http.responses.)
 
 Conversion only: values are checked by the pipeline, as for gRPC. Every failure here is a
-GatewayError (INVALID_INPUT) naming the field.
+GatewayError naming the field (INVALID_INPUT; TOO_LARGE for a body over the limit), or an
+HttpError (408 for a body that does not arrive in time).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -25,13 +27,14 @@ from email.parser import BytesParser
 from typing import Any
 
 import msgpack
+from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 
 from gateway import errors
-from gateway.proto.classification.v1 import classification_pb2 as cpb
-from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.config import Settings
+from gateway.errors import GatewayError, Kind
+from gateway.frontends.http.status import body_timeout
 
 JSON = "application/json"
 MSGPACK = "application/x-msgpack"
@@ -49,8 +52,9 @@ ACCEPTED = (
     MULTIPART,
 )
 
-ApiRequest = pb.DetectRequest | cpb.ClassifyRequest
-ApiResult = pb.DetectionResult | cpb.ClassificationResult
+# A binding's request message (image, model, request_id and scalar options; see
+# gateway.frontends.api): protobuf classes differ per task.
+ApiRequest = Any
 # A MessagePack body's metadata: each key's and value's own bytes, in the body's order.
 RawMetadata = list[tuple[bytes, bytes]]
 
@@ -58,7 +62,7 @@ _MODEL_KEYS = ("name", "version", "label")
 _F = FieldDescriptor
 
 
-class Kind:
+class BodyFormat:
     """Which decoder a Content-Type selects."""
 
     JSON = "json"
@@ -70,13 +74,13 @@ class Kind:
 def body_kind(media_type: str) -> str | None:
     """The decoder for a media type (lower case, no parameters); None when unsupported."""
     if media_type == JSON:
-        return Kind.JSON
+        return BodyFormat.JSON
     if media_type in MSGPACK_TYPES:
-        return Kind.MSGPACK
+        return BodyFormat.MSGPACK
     if media_type.startswith("image/") or media_type in RAW_TYPES:
-        return Kind.RAW
+        return BodyFormat.RAW
     if media_type == MULTIPART:
-        return Kind.MULTIPART
+        return BodyFormat.MULTIPART
     return None
 
 
@@ -190,7 +194,7 @@ def decode_msgpack(body: bytes, message: ApiRequest) -> Decoded:
     return Decoded(message, metadata)
 
 
-def _set_field(message: Message, field: FieldDescriptor, value: Any) -> None:
+def _set_field(message: Any, field: FieldDescriptor, value: Any) -> None:
     """One MessagePack value into a message field, with the checks JSON parsing does."""
     name = field.name
     if field.type == _F.TYPE_BYTES:
@@ -217,7 +221,7 @@ def _set_field(message: Message, field: FieldDescriptor, value: Any) -> None:
         _set_scalar(message, field, value, name)
 
 
-def _set_scalar(message: Message, field: FieldDescriptor, value: Any, where: str) -> None:
+def _set_scalar(message: Any, field: FieldDescriptor, value: Any, where: str) -> None:
     if field.type == _F.TYPE_STRING:
         ok = isinstance(value, str)
     elif field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
@@ -323,83 +327,60 @@ def _parse_text(field: FieldDescriptor, text: str, key: str, source: str) -> Any
     raise errors.invalid_input(f"{source} {key} must be {wanted}, got {text!r}")
 
 
-# --- responses ------------------------------------------------------------------------------
+# --- reading and decoding a request's body -------------------------------------------------
 
 
-def to_json(result: Message, metadata: RawMetadata | None = None) -> bytes:
-    """The proto3 JSON of a result with every field present (proto field names)."""
-    data = json_format.MessageToDict(
-        result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+def body_limit(settings: Settings, body_format: str) -> int:
+    """The largest body of this format: JSON carries the image as base64 (4/3 of its size),
+    the other forms carry it as is."""
+    if body_format == BodyFormat.JSON:
+        return settings.http_max_body_bytes
+    return settings.server_max_receive_bytes
+
+
+def too_large(size: int, limit: int, streamed: bool = False) -> GatewayError:
+    what = f"more than {limit}" if streamed else f"{size}"
+    return GatewayError(
+        Kind.TOO_LARGE,
+        f"the request body is {what} bytes; the limit is {limit} bytes (the image limit "
+        "GATEWAY_MAX_IMAGE_BYTES plus room for the rest of the request): send a smaller image "
+        "or raise GATEWAY_MAX_IMAGE_BYTES",
     )
-    if metadata is not None:
-        data["metadata"] = {
-            _json_key(_unpack(key)): _jsonable(_unpack(value)) for key, value in metadata
-        }
-    return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
 
-def to_msgpack(result: Message, metadata: RawMetadata | None = None) -> bytes:
-    """The result as a MessagePack map (proto field names, every field, float32 as float 32,
-    int64 as integers); the request's metadata entries copied byte for byte."""
-    data = _native(result)
-    packer = msgpack.Packer(use_bin_type=True, use_single_float=True)
-    parts: list[bytes] = [packer.pack_map_header(len(data) + (metadata is not None))]
-    for key, value in data.items():
-        parts += (packer.pack(key), packer.pack(value))
-    if metadata is not None:
-        parts += (packer.pack("metadata"), packer.pack_map_header(len(metadata)))
-        for raw_key, raw_value in metadata:
-            parts += (raw_key, raw_value)
-    return b"".join(parts)
-
-
-def _native(message: Message) -> dict[str, Any]:
-    """Every field of a message as plain values; message fields only when set."""
-    out: dict[str, Any] = {}
-    for field in message.DESCRIPTOR.fields:
-        value = getattr(message, field.name)
-        if field.type == _F.TYPE_MESSAGE:
-            if field.is_repeated:
-                out[field.name] = [_native(v) for v in value]
-            elif message.HasField(field.name):
-                out[field.name] = _native(value)
-        elif field.is_repeated:
-            out[field.name] = list(value)
-        else:
-            out[field.name] = value
-    return out
-
-
-def _unpack(raw: bytes) -> Any:
+async def read_body(request: web.Request, body_format: str, settings: Settings) -> bytes:
+    """The whole body, refused (413) past the limit before it is buffered: first by
+    Content-Length, then while streaming; 408 when it does not arrive in time."""
+    limit = body_limit(settings, body_format)
+    length = request.content_length
+    if length is not None and length > limit:
+        raise too_large(length, limit)
+    chunks: list[bytes] = []
+    size = 0
     try:
-        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except UnicodeDecodeError:
-        return msgpack.unpackb(raw, raw=True, strict_map_key=False)
+        async with asyncio.timeout(settings.http_body_timeout):
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(size, limit, streamed=True)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise body_timeout(
+            f"the request body did not arrive within {settings.http_body_timeout:g} s "
+            f"({size} bytes received); GATEWAY_HTTP_BODY_TIMEOUT sets the limit"
+        ) from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _json_key(key: Any) -> str:
-    if isinstance(key, bytes):
-        return base64.b64encode(key).decode()
-    return key if isinstance(key, str) else json.dumps(_jsonable(key))
-
-
-def _jsonable(value: Any) -> Any:
-    """MessagePack metadata as JSON: bin as {"b64": ...} (TF Serving's REST convention)."""
-    if isinstance(value, bytes):
-        return {"b64": base64.b64encode(value).decode()}
-    if isinstance(value, dict):
-        return {_json_key(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, msgpack.ExtType):
-        return {"ext": value.code, "b64": base64.b64encode(value.data).decode()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
-def error_body(code: str, message: str, as_msgpack: bool) -> bytes:
-    error = {"error": {"code": code, "message": message}}
-    if as_msgpack:
-        return bytes(msgpack.packb(error, use_bin_type=True))
-    return json.dumps(error, separators=(",", ":")).encode()
+async def decode(body_format: str, content_type: str, body: bytes, message: ApiRequest) -> Decoded:
+    """`body` (of `body_format`; `content_type` is the full header) into `message`."""
+    if body_format == BodyFormat.JSON:
+        return decode_json(body, message)
+    if body_format == BodyFormat.MSGPACK:
+        return decode_msgpack(body, message)
+    if body_format == BodyFormat.MULTIPART:
+        # The email parser is pure Python: off the event loop for large forms.
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, decode_multipart, content_type, body, message)
+    message.image = body
+    return Decoded(message)

@@ -1,0 +1,224 @@
+"""One binding per task: the only place where a front door, or the client, learns about a task.
+
+A binding names the task (as the task registry and the model config do), its gRPC service with
+its unary and streaming RPCs, its request and result messages, the HTTP route's verb
+(`/v1/models/{model}:detect`) and what OpenAPI and the command line say about its options;
+and it converts: `to_request` makes the pipeline's plain Request from the request message,
+`to_result` the result message from the pipeline's Outcome. The gRPC servicers, the HTTP door,
+OpenAPI, the client and the batch runner loop over the bindings.
+
+Every task's messages follow one shape, which the doors rely on: the request has `bytes
+image`, `detection.v1.ModelSpec model`, `string request_id` and scalar options; the result
+has `string request_id` and `google.rpc.Status error` (a stream's per-image error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import Message
+
+from gateway.core.domain import (
+    Classes,
+    ClassifyOptions,
+    Detections,
+    DetectOptions,
+    ModelRef,
+    Outcome,
+    Request,
+)
+from gateway.models import CLASSIFICATION, DETECTION
+from gateway.proto.classification.v1 import classification_pb2 as cpb
+from gateway.proto.detection.v1 import detection_pb2 as pb
+
+# Caller headers (gRPC metadata, HTTP headers) passed on to TF Serving, so traces connect
+# through the gateway.
+TRACE_HEADERS = frozenset(
+    {
+        "traceparent",
+        "tracestate",
+        "x-request-id",
+        "b3",
+        "x-b3-traceid",
+        "x-b3-spanid",
+        "x-b3-parentspanid",
+        "x-b3-sampled",
+        "x-b3-flags",
+    }
+)
+# Caller metadata passed on to TF Serving (trace headers), as (key, value) pairs.
+Trace = tuple[tuple[str, str], ...]
+# (request message, request id, method name for logs and metrics, seconds left or None, trace)
+ToRequest = Callable[[Any, str, str, "float | None", Trace], Request]
+ToResult = Callable[[Outcome], Any]
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A task's public API."""
+
+    task: str  # the task's name in the task registry and in the model config
+    verb: str  # the HTTP route's verb (`:detect`), the client's and batch jobs' task name
+    service: ServiceDescriptor  # the gRPC service
+    unary: str  # its one-image RPC ("Detect")
+    stream: str  # its streaming RPC ("DetectStream")
+    request_type: type[Message]
+    result_type: type[Message]
+    to_request: ToRequest
+    to_result: ToResult
+    summary: str  # what a call does, for OpenAPI ("Detect objects")
+    # The request's options (scalar fields besides request_id), each with its description.
+    options: Mapping[str, str]
+
+    @property
+    def service_name(self) -> str:
+        return str(self.service.full_name)
+
+    def request(self, image: bytes, model: pb.ModelSpec, request_id: str, **options: Any) -> Any:
+        """A request message (for clients: the batch runner, the command line)."""
+        return self.request_type(image=image, model=model, request_id=request_id, **options)
+
+
+class Bindings:
+    """The bindings a gateway serves, looked up by task or by verb."""
+
+    def __init__(self, bindings: Iterable[Binding]) -> None:
+        self._all = tuple(bindings)
+        self._by_task = {b.task: b for b in self._all}
+        self._by_verb = {b.verb: b for b in self._all}
+        if len(self._by_task) != len(self._all) or len(self._by_verb) != len(self._all):
+            raise ValueError("two bindings share a task or a verb")
+
+    def __iter__(self) -> Iterator[Binding]:
+        return iter(self._all)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def for_task(self, task: str) -> Binding:
+        """KeyError when no binding serves `task`."""
+        return self._by_task[task]
+
+    def for_verb(self, verb: str) -> Binding:
+        """KeyError when no binding has `verb`."""
+        return self._by_verb[verb]
+
+    @property
+    def verbs(self) -> tuple[str, ...]:
+        return tuple(self._by_verb)
+
+
+# --- conversions shared by the bindings -------------------------------------------------
+
+
+def to_model_ref(spec: pb.ModelSpec) -> ModelRef:
+    choice = spec.WhichOneof("version_choice")
+    return ModelRef(
+        name=spec.name,
+        version=spec.version if choice == "version" else None,
+        label=spec.label if choice == "label" else None,
+    )
+
+
+def served_model(outcome: Outcome) -> pb.ServedModel:
+    return pb.ServedModel(name=outcome.model_name, version=outcome.model_version)
+
+
+# --- detection.v1 -----------------------------------------------------------------------
+
+
+def to_detect(
+    request: pb.DetectRequest, request_id: str, method: str, timeout: float | None, trace: Trace
+) -> Request:
+    options = DetectOptions(request.min_score, request.max_detections)
+    return Request(
+        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
+    )
+
+
+def to_detection_result(outcome: Outcome) -> pb.DetectionResult:
+    assert isinstance(outcome.result, Detections)
+    result = pb.DetectionResult(
+        image_width=outcome.image_width,
+        image_height=outcome.image_height,
+        model=served_model(outcome),
+        request_id=outcome.request_id,
+    )
+    # Fields set in place on messages added to the list: about half the time of building
+    # each message from keyword arguments and copying it in.
+    add = result.detections.add
+    for d in outcome.result.detections:
+        message = add(class_id=d.class_id, label=d.label, score=d.score)
+        box = message.box
+        box.x_min, box.y_min, box.x_max, box.y_max = d.box
+        normalized = message.normalized_box
+        normalized.x_min, normalized.y_min, normalized.x_max, normalized.y_max = d.normalized
+    return result
+
+
+DETECT = Binding(
+    task=DETECTION,
+    verb="detect",
+    service=pb.DESCRIPTOR.services_by_name["DetectionService"],
+    unary="Detect",
+    stream="DetectStream",
+    request_type=pb.DetectRequest,
+    result_type=pb.DetectionResult,
+    to_request=to_detect,
+    to_result=to_detection_result,
+    summary="Detect objects",
+    options={
+        "min_score": "minimum score, 0..1 (0: the model's default)",
+        "max_detections": "most detections returned (0: the model's default)",
+    },
+)
+
+
+# --- classification.v1 ------------------------------------------------------------------
+
+
+def to_classify(
+    request: cpb.ClassifyRequest, request_id: str, method: str, timeout: float | None, trace: Trace
+) -> Request:
+    options = ClassifyOptions(request.top_k, request.min_score)
+    return Request(
+        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
+    )
+
+
+def to_classification_result(outcome: Outcome) -> cpb.ClassificationResult:
+    assert isinstance(outcome.result, Classes)
+    return cpb.ClassificationResult(
+        classes=[
+            cpb.ScoredClass(class_id=c.class_id, label=c.label, score=c.score)
+            for c in outcome.result.classes
+        ],
+        image_width=outcome.image_width,
+        image_height=outcome.image_height,
+        model=served_model(outcome),
+        request_id=outcome.request_id,
+    )
+
+
+CLASSIFY = Binding(
+    task=CLASSIFICATION,
+    verb="classify",
+    service=cpb.DESCRIPTOR.services_by_name["ClassificationService"],
+    unary="Classify",
+    stream="ClassifyStream",
+    request_type=cpb.ClassifyRequest,
+    result_type=cpb.ClassificationResult,
+    to_request=to_classify,
+    to_result=to_classification_result,
+    summary="Classify",
+    options={
+        "top_k": "classes returned (0: the model's default)",
+        "min_score": "minimum score, 0..1 (0: the model's default)",
+    },
+)
+
+# The public API's tasks, as the gateway serves them and the client calls them.
+BUILT_IN = Bindings((DETECT, CLASSIFY))

@@ -1,0 +1,298 @@
+"""The HTTP door's handlers: convert and delegate, as the gRPC door does (routes:
+gateway.frontends.http.routes).
+
+A prediction's body is read within its size limit and time, decoded by Content-Type
+(gateway.frontends.http.bodies) into the binding's request message, handed to the pipeline
+(which takes the concurrency slot only then), and the result or error is encoded as JSON or
+MessagePack (gateway.frontends.http.responses). Errors take their HTTP status from one table
+(gateway.frontends.http.status).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+# aiohttp's answer to `Expect: 100-continue`, used for bodies within the limit.
+from aiohttp.web_urldispatcher import _default_expect_handler
+from google.rpc import code_pb2
+
+from gateway import errors, logs, metrics
+from gateway.config import Settings
+from gateway.core.domain import ModelRef
+from gateway.core.pipeline import Pipeline, new_request_id
+from gateway.errors import GatewayError, Kind
+from gateway.frontends.api import TRACE_HEADERS, Binding, Bindings
+from gateway.frontends.http import bodies, openapi, page
+from gateway.frontends.http.responses import (
+    REQUEST_ID,
+    error_response,
+    result_response,
+    wants_msgpack,
+)
+from gateway.frontends.http.status import (
+    STATUS,
+    HttpError,
+    method_not_allowed,
+    not_found,
+    unsupported_media_type,
+)
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.readiness import Readiness
+
+log = logging.getLogger("gateway.http")
+request_log = logs.RequestLog()
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Handlers:
+    """Every route's handler over one pipeline."""
+
+    def __init__(
+        self, settings: Settings, pipeline: Pipeline, bindings: Bindings, readiness: Readiness
+    ) -> None:
+        self._settings = settings
+        self._pipeline = pipeline
+        self._bindings = bindings
+        self._readiness = readiness
+        self.draining = False  # set on SIGTERM: /ping answers 503 from then on
+
+    # --- unknown routes, wrong methods, unexpected failures as JSON errors (middleware) -----
+
+    @web.middleware
+    async def errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPMethodNotAllowed as e:
+            allowed = ", ".join(sorted(e.allowed_methods))
+            error = method_not_allowed(
+                f"{request.method} is not allowed on {request.path}; use {allowed}"
+            )
+            response = _http_error(request, error)
+            response.headers["Allow"] = allowed
+            return response
+        except web.HTTPNotFound:
+            return _http_error(
+                request,
+                not_found(
+                    f"no route {request.method} {request.path}; see GET /openapi.json for the "
+                    "routes"
+                ),
+            )
+        except web.HTTPException as e:
+            # aiohttp's own refusals (e.g. a bad Expect header): its status, as JSON.
+            return _http_error(request, HttpError(e.status, "INVALID_ARGUMENT", e.reason))
+        except Exception:
+            # A bug in the door (the pipeline turns its own into INTERNAL): logged with its
+            # traceback, answered without details, as the pipeline does.
+            request_id = request.headers.get(REQUEST_ID, "") or new_request_id()
+            log.exception("unexpected error", extra={"fields": {"request_id": request_id}})
+            message = f"internal error in the gateway; quote request id {request_id}"
+            return error_response(
+                500, Kind.INTERNAL.code, message, request_id, wants_msgpack(request, False)
+            )
+
+    # --- predictions ------------------------------------------------------------------------
+
+    async def predict(self, binding: Binding, request: web.Request) -> web.StreamResponse:
+        match = request.match_info
+        path_model = PathModel(match["model"], match.get("version"), match.get("label"))
+        return await self._run(binding, request, f"POST :{binding.verb}", path_model)
+
+    async def invocations(self, request: web.Request) -> web.StreamResponse:
+        """The default model with its task (SageMaker-style hosting)."""
+        binding = self._bindings.for_task(self._pipeline.default_task())
+        return await self._run(binding, request, "POST /invocations", None)
+
+    async def expect(self, method: str, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: a body declared over the limit is refused before the
+        client sends it; otherwise aiohttp's own handling (100 Continue)."""
+        body_format = bodies.body_kind(request.content_type.lower())
+        length = request.content_length
+        if body_format is not None and length is not None:
+            limit = bodies.body_limit(self._settings, body_format)
+            if length > limit:
+                error = bodies.too_large(length, limit)
+                request_id = request.headers.get(REQUEST_ID, "") or new_request_id()
+                self._record_rejection(method, error.code, request_id, time.perf_counter(), 413)
+                as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
+                response = error_response(413, error.code, error.message, request_id, as_msgpack)
+                response.force_close()
+                return response
+        await _default_expect_handler(request)
+        return None
+
+    async def _run(
+        self, binding: Binding, request: web.Request, method: str, path_model: PathModel | None
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        header_id = request.headers.get(REQUEST_ID, "")
+        trace = tuple(
+            (key.lower(), value)
+            for key, value in request.headers.items()
+            if key.lower() in TRACE_HEADERS
+        )
+        body_format = bodies.body_kind(request.content_type.lower())
+        as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
+        try:
+            decoded = await self._request_message(binding, request, body_format, path_model)
+        except (GatewayError, HttpError) as e:
+            # Refused before the pipeline: counted and logged here, like the pipeline does.
+            request_id = header_id or new_request_id()
+            status = e.status if isinstance(e, HttpError) else STATUS[e.kind]
+            self._record_rejection(method, e.code, request_id, started, status)
+            response = error_response(status, e.code, e.message, request_id, as_msgpack)
+            if status in (408, 413):
+                response.force_close()  # the rest of the body is not read
+            return response
+        message = decoded.message
+        request_id = message.request_id or header_id or new_request_id()
+        try:
+            outcome = await self._pipeline.run(
+                binding.task, binding.to_request(message, request_id, method, None, trace)
+            )
+        except GatewayError as e:
+            return error_response(STATUS[e.kind], e.code, e.message, request_id, as_msgpack)
+        return result_response(binding.to_result(outcome), request_id, as_msgpack, decoded.metadata)
+
+    async def _request_message(
+        self,
+        binding: Binding,
+        request: web.Request,
+        body_format: str | None,
+        path_model: PathModel | None,
+    ) -> bodies.Decoded:
+        """The body read and decoded into the binding's request message, with the query's
+        options and the path's model applied."""
+        if body_format is None:
+            raise unsupported_media_type(
+                f"Content-Type {request.content_type or '(none)'} is not supported; send one "
+                f"of {', '.join(bodies.ACCEPTED)}"
+            )
+        body = await bodies.read_body(request, body_format, self._settings)
+        content_type = request.headers.get("Content-Type", "")
+        decoded = await bodies.decode(body_format, content_type, body, binding.request_type())
+        message = decoded.message
+        bodies.apply_query(message, request.query, allow_model=path_model is None)
+        if path_model is not None:
+            _set_path_model(message, path_model.ref())
+        elif not message.model.name:
+            message.model.name = self._pipeline.default_model
+        return decoded
+
+    def _record_rejection(
+        self, method: str, code: str, request_id: str, started: float, status: int
+    ) -> None:
+        """Requests refused before the pipeline are counted and logged like the others."""
+        total = time.perf_counter() - started
+        metrics.record(method, code, total, 0.0, 0.0)
+        if request_log.enabled():
+            fields = {
+                "method": method,
+                "code": code,
+                "request_id": request_id,
+                "http_status": status,
+                "latency_ms": {"total": round(total * 1000, 2)},
+            }
+            request_log.write(fields)
+
+    # --- health, status, description, page --------------------------------------------------
+
+    async def ping(self, request: web.Request) -> web.StreamResponse:
+        if self._readiness.ready and not self.draining:
+            return web.Response(body=b"{}", content_type=bodies.JSON)
+        reason = (
+            "the gateway is shutting down"
+            if self.draining
+            else f"model '{self._readiness.model}' is not AVAILABLE on TF Serving"
+        )
+        return error_response(503, Kind.UNAVAILABLE.code, reason, "", False)
+
+    async def model_status(self, request: web.Request) -> web.StreamResponse:
+        match = request.match_info
+        as_msgpack = wants_msgpack(request, False)
+        try:
+            model = PathModel(match["model"], match.get("version"), match.get("label")).ref()
+            status = await self._pipeline.model_status(model)
+        except GatewayError as e:
+            return error_response(STATUS[e.kind], e.code, e.message, "", as_msgpack)
+        body = {"model_version_status": [_version_status(s) for s in status.model_version_status]}
+        return web.Response(
+            body=json.dumps(body, separators=(",", ":")).encode(), content_type=bodies.JSON
+        )
+
+    async def openapi(self, request: web.Request) -> web.StreamResponse:
+        document = openapi.document(self._pipeline.registry, self._bindings)
+        return web.Response(body=json.dumps(document).encode(), content_type=bodies.JSON)
+
+    async def page(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=page.render(self._pipeline.registry, self._bindings).encode(),
+            content_type="text/html",
+            charset="utf-8",
+            headers={
+                # Everything the page needs is inline; nothing may load from elsewhere.
+                "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+                "style-src 'unsafe-inline'; img-src blob: data:; connect-src 'self' data:",
+            },
+        )
+
+
+def _http_error(request: web.Request, error: HttpError) -> web.Response:
+    request_id = request.headers.get(REQUEST_ID, "") or new_request_id()
+    return error_response(
+        error.status, error.code, error.message, request_id, wants_msgpack(request, False)
+    )
+
+
+@dataclass(frozen=True)
+class PathModel:
+    """The model as a route's path names it (segments as text)."""
+
+    name: str
+    version: str | None
+    label: str | None
+
+    def ref(self) -> ModelRef:
+        if self.version is None:
+            return ModelRef(self.name, None, self.label)
+        try:
+            version = int(self.version)
+        except ValueError:
+            raise errors.invalid_input(
+                f"version in the path must be a whole number, got {self.version!r}; use "
+                "/labels/{label} for a version label"
+            ) from None
+        return ModelRef(self.name, version, None)
+
+
+def _set_path_model(message: bodies.ApiRequest, model: ModelRef) -> None:
+    """The path names the model; a body may repeat it but not name another."""
+    spec = message.model
+    if spec.name and spec.name != model.name:
+        raise errors.invalid_input(
+            f"the body names model '{spec.name}' but the path names '{model.name}'; "
+            "leave model out of the body or make them the same"
+        )
+    spec.name = model.name
+    if model.version is not None:
+        spec.version = model.version
+    elif model.label is not None:
+        spec.label = model.label
+
+
+def _version_status(status: tfs.ModelVersionStatus) -> dict[str, object]:
+    """TF Serving REST's form: version as a string (int64 in proto3 JSON), names for enums."""
+    code = status.status.error_code
+    code_name = code_pb2.Code.Name(code) if code in code_pb2.Code.values() else str(code)
+    return {
+        "version": str(status.version),
+        "state": tfs.ModelVersionStatus.State.Name(status.state),
+        "status": {"error_code": code_name, "error_message": status.status.error_message},
+    }
