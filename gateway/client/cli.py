@@ -1,0 +1,177 @@
+"""`python -m gateway.client` / `detection-client`: run a task on images, one JSON line each.
+
+    python -m gateway.client IMAGE... --target localhost:50051 [--task classify] [--model NAME]
+                             [--stream] [--tls --ca-file CA.pem ...] [--draw OUT.png]
+    python -m gateway.client IMAGE... --http http://localhost:8080 [--task classify] ...
+
+Each line is the result (or the error) of one image; `--draw` also writes the image with the
+boxes and labels (or top classes) drawn on it. The tasks and their option flags come from
+the bindings (gateway.frontends.api).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import FieldDescriptor
+
+from gateway.client.drawing import draw, draw_path
+from gateway.client.http import HttpCallError, HttpClient
+from gateway.client.messages import result_dict
+from gateway.client.stubs import TaskClient
+from gateway.frontends.api import BUILT_IN, Bindings
+from gateway.tls import TLS
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tls, --ca-file, --cert-file, --key-file, --server-name (shared with other CLIs)."""
+    group = parser.add_argument_group("TLS to the gateway")
+    group.add_argument("--tls", action="store_true", help="use TLS (implied by the files)")
+    group.add_argument("--ca-file", help="PEM CA bundle (default: the system roots)")
+    group.add_argument("--cert-file", help="PEM client certificate chain (mTLS)")
+    group.add_argument("--key-file", help="PEM private key of the client certificate")
+    group.add_argument("--server-name", help="name expected in the gateway's certificate")
+
+
+def tls_from_args(args: argparse.Namespace) -> TLS | None:
+    if bool(args.cert_file) != bool(args.key_file):
+        raise SystemExit("--cert-file and --key-file go together")
+    if not (args.tls or args.ca_file or args.cert_file):
+        return None
+    return TLS(args.ca_file or None, args.cert_file or None, args.key_file or None,
+               args.server_name or None)  # fmt: skip
+
+
+def add_option_arguments(parser: argparse.ArgumentParser, bindings: Bindings) -> None:
+    """One flag per task option (--min-score, --max-detections, --top-k, ...); an option
+    that only some tasks have says which."""
+    having: dict[str, list[str]] = {}
+    for binding in bindings:
+        for name in binding.options:
+            having.setdefault(name, []).append(binding.verb)
+    for name, verbs in having.items():
+        binding = next(b for b in bindings if name in b.options)
+        field = binding.request_type.DESCRIPTOR.fields_by_name[name]
+        floating = field.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE)
+        text = binding.options[name]
+        if len(verbs) < len(bindings):
+            text += f"; {', '.join(verbs)} only"
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=float if floating else int,
+            default=0.0 if floating else 0,
+            help=text,
+        )
+
+
+def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway.client",
+        description=f"Run a task ({', '.join(bindings.verbs)}) on images.",
+    )
+    parser.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
+    parser.add_argument("--target", default="localhost:50051", help="gateway host:port (gRPC)")
+    parser.add_argument(
+        "--http",
+        metavar="URL",
+        help="call the HTTP door at URL (e.g. http://localhost:8080) instead of gRPC",
+    )
+    parser.add_argument("--task", choices=bindings.verbs, default=bindings.verbs[0])
+    parser.add_argument("--model", default="", help="model name (default: the gateway's)")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--version", type=int, help="model version")
+    choice.add_argument("--label", help="model version label, e.g. stable")
+    add_option_arguments(parser, bindings)
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
+    parser.add_argument("--stream", action="store_true", help="send all images on one stream")
+    parser.add_argument(
+        "--draw",
+        type=Path,
+        metavar="OUT.png",
+        help="write the image with its boxes and labels (or top classes) drawn; with several "
+        "images OUT-0.png, OUT-1.png, ...",
+    )
+    add_tls_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.http and args.stream:
+        parser.error("--stream is gRPC only (the HTTP door takes one image per request)")
+    binding = bindings.for_verb(args.task)
+    fields: dict[str, Any] = {"model": args.model, "version": args.version, "label": args.label}
+    fields.update({name: getattr(args, name) for name in binding.options})
+
+    def report(index: int, path: Path, image: bytes, result: Any) -> bool:
+        line = result_dict(result)
+        print(json.dumps({"image": str(path), **line}))
+        if args.draw and "error" not in line:
+            draw(image, line, draw_path(args.draw, index, len(args.images)))
+        return "error" in line
+
+    if args.http:
+        return _main_http(args, fields, report)
+    client = TaskClient(args.target, binding, timeout=args.timeout, tls=tls_from_args(args))
+    failed = 0
+    with client:
+        try:
+            if args.stream:
+                blobs = [path.read_bytes() for path in args.images]
+                results = client.stream(iter(blobs), **fields)
+                for index, (path, image, result) in enumerate(
+                    zip(args.images, blobs, results, strict=True)
+                ):
+                    failed += report(index, path, image, result)
+            else:
+                for index, path in enumerate(args.images):
+                    image = path.read_bytes()
+                    try:
+                        result = client.call(image, **fields)
+                    except grpc.RpcError as e:
+                        failed += 1
+                        error = {"code": e.code().name, "message": e.details()}
+                        print(json.dumps({"image": str(path), "error": error}))
+                        continue
+                    failed += report(index, path, image, result)
+        except grpc.RpcError as e:
+            print(json.dumps({"error": {"code": e.code().name, "message": e.details()}}))
+            return 1
+        except OSError as e:
+            print(f"cannot read image: {e}", file=sys.stderr)
+            return 2
+    return 1 if failed else 0
+
+
+def _main_http(
+    args: argparse.Namespace,
+    fields: dict[str, Any],
+    report: Callable[[int, Path, bytes, Any], bool],
+) -> int:
+    client = HttpClient(args.http, timeout=args.timeout, task=args.task)
+    failed = 0
+    for index, path in enumerate(args.images):
+        try:
+            image = path.read_bytes()
+        except OSError as e:
+            print(f"cannot read image: {e}", file=sys.stderr)
+            return 2
+        try:
+            result = client.call(image, **fields)
+        except HttpCallError as e:
+            failed += 1
+            error = {"code": e.code, "message": e.message, "http_status": e.status}
+            print(json.dumps({"image": str(path), "error": error}))
+            continue
+        except (OSError, ValueError) as e:  # connection refused, bad URL
+            print(
+                json.dumps(
+                    {"image": str(path), "error": {"code": "UNAVAILABLE", "message": str(e)}}
+                )
+            )
+            return 1
+        failed += report(index, path, image, result)
+    return 1 if failed else 0

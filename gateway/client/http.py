@@ -1,0 +1,80 @@
+"""The gateway's HTTP door from Python, with urllib: the raw image as the body, options in
+the query, the proto3 JSON result parsed back into the same messages as the gRPC stubs
+return."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from google.protobuf import json_format
+
+from gateway.frontends.api import BUILT_IN
+
+
+class HttpClient:
+    """The gateway's HTTP door with urllib: the raw image as the body, options in the query,
+    the proto3 JSON result parsed back into the same messages as the gRPC clients return."""
+
+    def __init__(self, url: str, *, timeout: float = 30.0, task: str = "detect") -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.task = task
+        self._binding = BUILT_IN.for_verb(task)
+
+    def path(self, model: str, version: int | None, label: str | None) -> str:
+        """The route: /v1/models/{model}[/versions/{n}|/labels/{l}]:{task}, or /invocations
+        (the gateway's default model and its task) when no model is named."""
+        if not model:
+            if version is not None or label is not None:
+                raise ValueError("--version and --label need --model over HTTP")
+            return "/invocations"
+        path = "/v1/models/" + urllib.parse.quote(model, safe="")
+        if version is not None:
+            path += f"/versions/{version}"
+        elif label is not None:
+            path += "/labels/" + urllib.parse.quote(label, safe="")
+        return f"{path}:{self.task}"
+
+    def call(
+        self,
+        image: bytes,
+        *,
+        model: str = "",
+        version: int | None = None,
+        label: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """One image; raises HttpCallError with the gateway's error code and message."""
+        query = urllib.parse.urlencode({k: v for k, v in options.items() if v})
+        url = self.url + self.path(model, version, label) + (f"?{query}" if query else "")
+        request = urllib.request.Request(
+            url,
+            data=image,
+            headers={"Content-Type": "application/octet-stream", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                body = response.read()
+        except urllib.error.HTTPError as e:
+            raise HttpCallError.from_response(e.code, e.read()) from None
+        return json_format.Parse(body, self._binding.result_type(), ignore_unknown_fields=True)
+
+
+class HttpCallError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_response(cls, status: int, body: bytes) -> HttpCallError:
+        try:
+            error = json.loads(body)["error"]
+            return cls(status, str(error["code"]), str(error["message"]))
+        except (ValueError, KeyError, TypeError):
+            return cls(status, "UNKNOWN", f"HTTP {status}: {body[:200]!r}")

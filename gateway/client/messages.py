@@ -1,0 +1,97 @@
+"""Request messages for a task's binding, and result messages as plain JSON-ready data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from gateway.frontends.api import BUILT_IN, Binding
+from gateway.proto.classification.v1 import classification_pb2 as cpb
+from gateway.proto.detection.v1 import detection_pb2 as pb
+
+# Fields a result's dict starts with, in this order; the task's own fields follow.
+_LEADING = ("request_id", "model", "image_width", "image_height")
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+def model_spec(
+    model: str = "", version: int | None = None, label: str | None = None
+) -> pb.ModelSpec:
+    spec = pb.ModelSpec(name=model)
+    if version is not None and label is not None:
+        raise ValueError("give a version or a label, not both")
+    if version is not None:
+        spec.version = version
+    elif label is not None:
+        spec.label = label
+    return spec
+
+
+def task_request(
+    binding: Binding,
+    image: bytes,
+    *,
+    model: str = "",
+    version: int | None = None,
+    label: str | None = None,
+    request_id: str = "",
+    **options: Any,
+) -> Any:
+    """The binding's request message for one image; `options` are its option fields."""
+    return binding.request(image, model_spec(model, version, label), request_id, **options)
+
+
+def make_request(image: bytes, **fields: Any) -> pb.DetectRequest:
+    """A detection.v1 DetectRequest (fields: model, version, label, min_score,
+    max_detections, request_id)."""
+    request: pb.DetectRequest = task_request(BUILT_IN.for_verb("detect"), image, **fields)
+    return request
+
+
+def make_classify_request(image: bytes, **fields: Any) -> cpb.ClassifyRequest:
+    """A classification.v1 ClassifyRequest (fields: model, version, label, top_k, min_score,
+    request_id)."""
+    request: cpb.ClassifyRequest = task_request(BUILT_IN.for_verb("classify"), image, **fields)
+    return request
+
+
+def result_dict(result: Any) -> dict[str, Any]:
+    """A result message as plain data: request_id, model, image size, then the task's fields
+    (every field present); scores rounded to 4 decimals, normalized coordinates to 5. A
+    result whose `error` is set becomes its request_id and the error."""
+    if result.HasField("error"):
+        error = result.error
+        code = _CODE_NAMES.get(error.code, grpc.StatusCode.UNKNOWN.name)
+        return {"request_id": result.request_id, "error": {"code": code, "message": error.message}}
+    fields = result.DESCRIPTOR.fields_by_name
+    names = [n for n in _LEADING if n in fields]
+    names += [f.name for f in result.DESCRIPTOR.fields if f.name not in (*_LEADING, "error")]
+    return {name: _value(result, fields[name]) for name in names}
+
+
+def result_to_dict(result: pb.DetectionResult) -> dict[str, Any]:
+    """A DetectionResult as plain JSON-ready data (see result_dict)."""
+    return result_dict(result)
+
+
+def classification_to_dict(result: cpb.ClassificationResult) -> dict[str, Any]:
+    """A ClassificationResult as plain JSON-ready data (see result_dict)."""
+    return result_dict(result)
+
+
+def _value(message: Message, field: FieldDescriptor) -> Any:
+    value = getattr(message, field.name)
+    if field.is_repeated:
+        return [_single(message, field, v) for v in value]
+    return _single(message, field, value)
+
+
+def _single(message: Message, field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return {f.name: _value(value, f) for f in value.DESCRIPTOR.fields}
+    if field.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
+        return round(value, 5 if message.DESCRIPTOR.name.startswith("Normalized") else 4)
+    return value
