@@ -24,7 +24,17 @@
 
 Other `input` keys: `resize = [height, width]` (when the signature does not fix the size),
 `max_side` (longest side sent; larger images are scaled down), `dtype` (uint8 | float32, a
-check against the signature), `string_encoding` (raw | base64url, for string inputs).
+check against the signature), `channel_order` (RGB | BGR; mean and std are in the model's
+order), `name` (the input to fill when the signature has several), `string_encoding` (raw |
+base64url | tf_example, for string inputs) with `tf_example_key` (default image/encoded).
+`signature = "..."` in [models.NAME] picks a signature other than serving_default.
+
+`[models.NAME.outputs]` says what the signature does not (docs/models.md has one per exporter):
+classification `probabilities`, or `logits` (+ `logits_activation` softmax | sigmoid), or
+`label` + `confidence`; detection `boxes`, `scores`, `classes`, `num_detections`,
+`box_format` (yxyx | xyxy | xywh | cxcywh), `box_coordinates` (normalized | pixels |
+image_info), `image_info`, `class_offset`; raw heads `decoder = "yolo"` with `nms_iou` and
+`max_candidates`.
 
 Without the file every model is a detection model with the flags' defaults, as before.
 Unknown keys and impossible combinations are refused at startup, naming the key.
@@ -41,12 +51,22 @@ from typing import Any
 
 from gateway.labels import Labels, LabelsError
 
+DEFAULT_SIGNATURE = "serving_default"
+
 # The built-in tasks' names, for their own config rules below; which tasks exist is the
 # app's task registry's business (its names are passed in as `tasks`).
 DETECTION = "detection"
 CLASSIFICATION = "classification"
 # Classification's top_k when neither the request nor the model config gives one.
 DEFAULT_TOP_K = 5
+DEFAULT_TF_EXAMPLE_KEY = "image/encoded"  # what OD API and Model Garden tf_example exports read
+# YOLO heads: Ultralytics' own NMS IoU default; candidates kept for NMS after the score filter
+# (a trained model leaves far fewer above its min_score; this bounds the work per image).
+DEFAULT_NMS_IOU = 0.45
+DEFAULT_MAX_CANDIDATES = 1000
+BOX_FORMATS = ("yxyx", "xyxy", "xywh", "cxcywh")
+BOX_COORDINATES = ("normalized", "pixels", "image_info")
+DECODERS = ("yolo",)
 
 
 class ModelConfigError(ValueError):
@@ -64,7 +84,39 @@ class InputPrep:
     std: tuple[float, float, float] | None = None
     layout: str | None = None  # NHWC | NCHW; None: from the signature
     dtype: str | None = None  # uint8 | float32; None: from the signature
-    string_encoding: str = "raw"  # raw | base64url
+    string_encoding: str = "raw"  # raw | base64url | tf_example
+    channel_order: str = "RGB"  # RGB | BGR: the order the model takes its channels in
+    name: str | None = None  # the signature input to fill; None: its only input
+    tf_example_key: str = DEFAULT_TF_EXAMPLE_KEY  # the Example feature holding the image
+
+
+@dataclass(frozen=True)
+class OutputMapping:
+    """`[models.NAME.outputs]`: which signature output is what, where the names do not say.
+
+    `declared` holds the keys the config gave, so a plan can tell a choice from a default.
+    """
+
+    # classification
+    probabilities: str | None = None
+    logits: str | None = None
+    logits_activation: str = "softmax"  # softmax | sigmoid (multi-label)
+    label: str | None = None
+    confidence: str | None = None
+    # detection
+    boxes: str | None = None
+    scores: str | None = None
+    classes: str | None = None
+    num_detections: str | None = None
+    box_format: str = "yxyx"
+    box_coordinates: str = "normalized"
+    image_info: str | None = None
+    class_offset: int = 0
+    # raw heads
+    decoder: str | None = None  # yolo
+    nms_iou: float = DEFAULT_NMS_IOU
+    max_candidates: int = DEFAULT_MAX_CANDIDATES
+    declared: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -73,6 +125,8 @@ class ModelConfig:
     task: str = DETECTION
     labels: Labels = field(default_factory=Labels)
     input: InputPrep = field(default_factory=InputPrep)
+    outputs: OutputMapping = field(default_factory=OutputMapping)
+    signature: str = DEFAULT_SIGNATURE  # the signature to call (model_spec.signature_name)
     # Request defaults; None means the gateway-wide default.
     min_score: float | None = None
     max_detections: int | None = None
@@ -115,6 +169,14 @@ class ModelRegistry:
     def default_for(self, task: str) -> str | None:
         return self.task_defaults.get(task)
 
+    def signature_names(self) -> dict[str, str]:
+        """Models called with a signature other than serving_default, and its name."""
+        return {
+            name: config.signature
+            for name, config in self.models.items()
+            if config.signature != DEFAULT_SIGNATURE
+        }
+
 
 _TOP_KEYS = {"default_model", "defaults", "models"}
 _MODEL_KEYS = {
@@ -122,6 +184,8 @@ _MODEL_KEYS = {
     "label_map",
     "labels",
     "input",
+    "outputs",
+    "signature",
     "min_score",
     "max_detections",
     "top_k",
@@ -135,6 +199,23 @@ _INPUT_KEYS = {
     "layout",
     "dtype",
     "string_encoding",
+    "channel_order",
+    "name",
+    "tf_example_key",
+}
+_CLASSIFICATION_OUTPUTS = {"probabilities", "logits", "logits_activation", "label", "confidence"}
+_DETECTION_OUTPUTS = {
+    "boxes",
+    "scores",
+    "classes",
+    "num_detections",
+    "box_format",
+    "box_coordinates",
+    "image_info",
+    "class_offset",
+    "decoder",
+    "nms_iou",
+    "max_candidates",
 }
 
 
@@ -244,7 +325,100 @@ def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[st
     max_detections = _integer(table, "max_detections", path, where)
     top_k = _integer(table, "top_k", path, where)
     prep = _input(_table(table.get("input", {}), path, where + ".input"), path, where + ".input")
-    return ModelConfig(name, task, labels, prep, min_score, max_detections, top_k)
+    outputs = _outputs(
+        _table(table.get("outputs", {}), path, where + ".outputs"), task, path, where + ".outputs"
+    )
+    signature = DEFAULT_SIGNATURE
+    if "signature" in table:
+        signature = table["signature"]
+        if not isinstance(signature, str) or not signature:
+            raise ModelConfigError(f"{path}: {where}.signature must be a signature name")
+    return ModelConfig(
+        name,
+        task,
+        labels,
+        prep,
+        outputs,
+        signature,
+        min_score=min_score,
+        max_detections=max_detections,
+        top_k=top_k,
+    )
+
+
+def _outputs(table: Mapping[str, Any], task: str, path: Path, where: str) -> OutputMapping:
+    # The built-in tasks read their own keys; another task reads what it needs of either set.
+    if task == CLASSIFICATION:
+        own, other = _CLASSIFICATION_OUTPUTS, _DETECTION_OUTPUTS
+    elif task == DETECTION:
+        own, other = _DETECTION_OUTPUTS, _CLASSIFICATION_OUTPUTS
+    else:
+        own, other = _CLASSIFICATION_OUTPUTS | _DETECTION_OUTPUTS, set()
+    for key in table:
+        if key in other:
+            raise ModelConfigError(f"{path}: {where}.{key} does not apply to task '{task}'")
+    _unknown(table, own, str(path), where + ".")
+    names: dict[str, Any] = {}
+    for key in own - {"logits_activation", "box_format", "box_coordinates", "class_offset",
+                      "decoder", "nms_iou", "max_candidates"}:  # fmt: skip
+        if key in table:
+            value = table[key]
+            if not isinstance(value, str) or not value:
+                raise ModelConfigError(
+                    f"{path}: {where}.{key} must name an output of the signature"
+                )
+            names[key] = value
+    declared = frozenset(table)
+    if task == CLASSIFICATION:
+        forms = [k for k in ("probabilities", "logits", "label") if k in table]
+        if len(forms) > 1:
+            raise ModelConfigError(
+                f"{path}: {where} sets {' and '.join(forms)}; a classifier's scores are one of "
+                "probabilities, logits, or label + confidence"
+            )
+        if ("label" in table) != ("confidence" in table):
+            raise ModelConfigError(f"{path}: {where}.label and .confidence go together")
+        activation = _choice(table, "logits_activation", ("softmax", "sigmoid"), path, where)
+        if activation is not None and "logits" not in table:
+            raise ModelConfigError(f"{path}: {where}.logits_activation needs logits = '<output>'")
+        return OutputMapping(**names, logits_activation=activation or "softmax", declared=declared)
+    box_format = _choice(table, "box_format", BOX_FORMATS, path, where) or "yxyx"
+    coordinates = _choice(table, "box_coordinates", BOX_COORDINATES, path, where) or "normalized"
+    if "image_info" in table and coordinates != "image_info":
+        raise ModelConfigError(f"{path}: {where}.image_info is for box_coordinates = 'image_info'")
+    class_offset = 0
+    if "class_offset" in table:
+        class_offset = table["class_offset"]
+        if not isinstance(class_offset, int) or isinstance(class_offset, bool):
+            raise ModelConfigError(f"{path}: {where}.class_offset must be a whole number")
+    decoder = _choice(table, "decoder", DECODERS, path, where)
+    nms_iou = _number(table, "nms_iou", path, where, 0.0, 1.0)
+    max_candidates = _integer(table, "max_candidates", path, where)
+    if decoder is None and ("nms_iou" in table or "max_candidates" in table):
+        raise ModelConfigError(
+            f"{path}: {where}.nms_iou and .max_candidates are for decoder = 'yolo' (models "
+            "that give raw candidates); other detection models do NMS in their graph"
+        )
+    if decoder is not None:
+        clash = sorted(
+            set(table) & {"boxes", "scores", "classes", "num_detections", "box_format",
+                          "box_coordinates", "image_info"}
+        )  # fmt: skip
+        if clash:
+            raise ModelConfigError(
+                f"{path}: {where}.decoder = '{decoder}' reads the head's one output itself; "
+                f"remove {', '.join(clash)}"
+            )
+    return OutputMapping(
+        **names,
+        box_format=box_format,
+        box_coordinates=coordinates,
+        class_offset=class_offset,
+        decoder=decoder,
+        nms_iou=DEFAULT_NMS_IOU if nms_iou is None else nms_iou,
+        max_candidates=max_candidates or DEFAULT_MAX_CANDIDATES,
+        declared=declared,
+    )
 
 
 def _input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
@@ -271,19 +445,49 @@ def _input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
         raise ModelConfigError(f"{path}: {where}.std must not contain 0")
     layout = _choice(table, "layout", ("NHWC", "NCHW"), path, where)
     dtype = _choice(table, "dtype", ("uint8", "float32"), path, where)
-    encoding = _choice(table, "string_encoding", ("raw", "base64url"), path, where) or "raw"
+    encoding = (
+        _choice(table, "string_encoding", ("raw", "base64url", "tf_example"), path, where) or "raw"
+    )
+    channel_order = _choice(table, "channel_order", ("RGB", "BGR"), path, where) or "RGB"
+    name = None
+    if "name" in table:
+        name = table["name"]
+        if not isinstance(name, str) or not name:
+            raise ModelConfigError(f"{path}: {where}.name must name an input of the signature")
+    example_key = DEFAULT_TF_EXAMPLE_KEY
+    if "tf_example_key" in table:
+        example_key = table["tf_example_key"]
+        if encoding != "tf_example":
+            raise ModelConfigError(
+                f"{path}: {where}.tf_example_key is for string_encoding = 'tf_example'"
+            )
+        if not isinstance(example_key, str) or not example_key:
+            raise ModelConfigError(f"{path}: {where}.tf_example_key must be a feature name")
     normalises = scale is not None or mean is not None or std is not None
     if dtype == "uint8" and normalises:
         raise ModelConfigError(
             f"{path}: {where}: scale, mean and std need dtype = 'float32' (uint8 inputs take "
             "the pixels as they are)"
         )
-    if encoding != "raw" and (normalises or layout is not None or dtype is not None):
+    pixel_keys = normalises or layout is not None or dtype is not None or channel_order != "RGB"
+    if encoding != "raw" and pixel_keys:
         raise ModelConfigError(
             f"{path}: {where}.string_encoding is for models that take encoded images; "
-            "scale, mean, std, layout and dtype are for models that take pixels"
+            "scale, mean, std, layout, dtype and channel_order are for models that take pixels"
         )
-    return InputPrep(resize, max_side, scale, mean, std, layout, dtype, encoding)
+    return InputPrep(
+        resize,
+        max_side,
+        scale,
+        mean,
+        std,
+        layout,
+        dtype,
+        encoding,
+        channel_order,
+        name,
+        example_key,
+    )
 
 
 def _unknown(table: Mapping[str, Any], known: set[str], path: str, prefix: str) -> None:
@@ -347,7 +551,10 @@ def _triple(
         or len(value) != 3
         or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
     ):
-        raise ModelConfigError(f"{path}: {where}.{key} must be three numbers (R, G, B)")
+        raise ModelConfigError(
+            f"{path}: {where}.{key} must be three numbers, one per channel in the model's "
+            "channel_order"
+        )
     return (float(value[0]), float(value[1]), float(value[2]))
 
 

@@ -130,6 +130,54 @@ max_side = 1024
             "configured with task = 'classification'",
         ),
         ("[models.a\n", "not valid TOML"),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.outputs]\nboxes = "b"\n',
+            "models.a.outputs.boxes does not apply to task 'classification'",
+        ),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.outputs]\n'
+            'probabilities = "p"\nlogits = "l"\n',
+            "sets probabilities and logits",
+        ),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.outputs]\nlabel = "l"\n',
+            "outputs.label and .confidence go together",
+        ),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.outputs]\n'
+            'logits_activation = "sigmoid"\n',
+            "logits_activation needs logits",
+        ),
+        (
+            '[models.a]\ntask = "detection"\n[models.a.outputs]\nbox_format = "xyzw"\n',
+            "models.a.outputs.box_format must be one of yxyx, xyxy, xywh, cxcywh",
+        ),
+        (
+            '[models.a]\ntask = "detection"\n[models.a.outputs]\nimage_info = "info"\n',
+            "outputs.image_info is for box_coordinates = 'image_info'",
+        ),
+        (
+            '[models.a]\ntask = "detection"\n[models.a.outputs]\nnms_iou = 0.5\n',
+            "outputs.nms_iou and .max_candidates are for decoder = 'yolo'",
+        ),
+        (
+            '[models.a]\ntask = "detection"\n[models.a.outputs]\ndecoder = "yolo"\nboxes = "b"\n',
+            "remove boxes",
+        ),
+        (
+            '[models.a]\ntask = "detection"\n[models.a.outputs]\ndecoder = "ssd"\n',
+            "outputs.decoder must be one of yolo",
+        ),
+        (
+            '[models.a]\ntask = "detection"\n[models.a.input]\ntf_example_key = "x"\n',
+            "tf_example_key is for string_encoding = 'tf_example'",
+        ),
+        (
+            '[models.a]\ntask = "detection"\n[models.a.input]\n'
+            'string_encoding = "tf_example"\nchannel_order = "BGR"\n',
+            "string_encoding is for models that take encoded images",
+        ),
+        ('[models.a]\ntask = "detection"\nsignature = ""\n', "signature must be a signature"),
     ],
 )
 def test_bad_files_are_refused_naming_the_key(tmp_path, text, message):
@@ -141,3 +189,52 @@ def test_bad_files_are_refused_naming_the_key(tmp_path, text, message):
 def test_an_unreadable_file_is_named(tmp_path):
     with pytest.raises(ModelConfigError, match=r"cannot read model config .*nope\.toml"):
         load_registry(tmp_path / "nope.toml", "detector", tasks=TASKS)
+
+
+def test_outputs_input_and_signature_are_read(tmp_path):
+    registry = load_registry(
+        config(
+            tmp_path,
+            """
+[models.mg]
+task = "detection"
+signature = "serving_example"
+[models.mg.input]
+string_encoding = "tf_example"
+tf_example_key = "image/bytes"
+[models.mg.outputs]
+box_coordinates = "image_info"
+class_offset = -1
+
+[models.yolo]
+task = "detection"
+[models.yolo.outputs]
+decoder = "yolo"
+nms_iou = 0.6
+
+[models.resnet]
+task = "classification"
+[models.resnet.input]
+channel_order = "BGR"
+mean = [103.939, 116.779, 123.68]
+dtype = "float32"
+name = "inputs"
+[models.resnet.outputs]
+logits = "output_0"
+logits_activation = "sigmoid"
+""",
+        ),
+        "mg",
+        tasks=TASKS,
+    )
+    mg = registry.get("mg", DETECTION)
+    assert mg.signature == "serving_example"
+    assert (mg.input.string_encoding, mg.input.tf_example_key) == ("tf_example", "image/bytes")
+    assert (mg.outputs.box_coordinates, mg.outputs.class_offset) == ("image_info", -1)
+    assert mg.outputs.declared == {"box_coordinates", "class_offset"}
+    yolo = registry.get("yolo", DETECTION).outputs
+    assert (yolo.decoder, yolo.nms_iou, yolo.max_candidates) == ("yolo", 0.6, 1000)
+    resnet = registry.get("resnet", CLASSIFICATION)
+    assert (resnet.input.channel_order, resnet.input.name) == ("BGR", "inputs")
+    assert (resnet.outputs.logits, resnet.outputs.logits_activation) == ("output_0", "sigmoid")
+    assert registry.signature_names() == {"mg": "serving_example"}

@@ -12,7 +12,11 @@ model config) and is the same for every task:
   boxes are mapped through the EXIF orientation afterwards). Other formats (WebP, TIFF, CMYK
   JPEG, ...) are decoded here and sent as PNG of the oriented image, and images over the
   config's `max_side` as a JPEG of the scaled-down image. `string_encoding = "base64url"`
-  sends the bytes base64url-encoded, as a ViT exported with its preprocessing expects.
+  sends the bytes base64url-encoded, as a ViT exported with its preprocessing expects;
+  `"tf_example"` wraps them in a serialized tf.train.Example under `tf_example_key`, as the
+  `tf_example` exports of the OD API and Model Garden take.
+- `channel_order = "BGR"` reverses the channels of the pixels sent (mean and std are in the
+  model's order); `name` picks the input of a signature that has several.
 
 build_input runs in a worker thread: decoding is CPU-bound and must stay off the event loop.
 """
@@ -30,6 +34,7 @@ import numpy as np
 from gateway import errors
 from gateway.imaging import images, resize
 from gateway.models import InputPrep
+from gateway.proto.tfswire.v1 import example_pb2
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import BoxTransform
 from gateway.upstream.signatures import Signature
@@ -68,16 +73,46 @@ class InputPlan:
     mean: tuple[float, float, float] | None = None  # then minus mean ...
     std: tuple[float, float, float] | None = None  # ... divided by std, per channel
     base64url: bool = False  # encoded images sent base64url-encoded (string inputs)
+    tf_example_key: str | None = None  # encoded images sent in a tf.train.Example
+    bgr: bool = False  # pixels sent in BGR order
 
     @property
     def plain_pixels(self) -> bool:
-        """uint8 NHWC at the image's own size: decoded straight into the request."""
+        """uint8 NHWC RGB at the image's own size: decoded straight into the request."""
         return (
             self.mode is InputMode.PIXELS
             and self.layout == "NHWC"
             and self.size is None
             and self.max_side is None
+            and not self.bgr
         )
+
+    def describe(self) -> dict[str, object]:
+        """The plan as `check-models` and the startup log show it."""
+        plan: dict[str, object] = {"input": self.key, "form": self.mode.value}
+        if self.mode is InputMode.ENCODED:
+            encoding = "raw"
+            if self.base64url:
+                encoding = "base64url"
+            elif self.tf_example_key is not None:
+                encoding = f"tf_example ({self.tf_example_key})"
+            plan["encoding"] = encoding
+        else:
+            plan["layout"] = self.layout
+            plan["channel_order"] = "BGR" if self.bgr else "RGB"
+            if self.scale is not None:
+                plan["scale"] = self.scale
+            if self.mean is not None:
+                plan["mean"] = list(self.mean)
+            if self.std is not None:
+                plan["std"] = list(self.std)
+        if self.size is not None:
+            plan["resize"] = f"{self.size[0]}x{self.size[1]}"
+        elif self.max_side is not None:
+            plan["max_side"] = self.max_side
+        else:
+            plan["resize"] = "none (the image's own size)"
+        return plan
 
 
 class ModelInput(NamedTuple):
@@ -85,14 +120,28 @@ class ModelInput(NamedTuple):
     width: int  # of the image as a viewer shows it
     height: int
     transform: BoxTransform | None  # model's box -> displayed image box; None when identical
+    # (width, height) of the image the model received (before the graph's own resizing).
+    sent: tuple[int, int] | None = None
 
 
 def plan_input(signature: Signature, prep: InputPrep) -> InputPlan:
     """The input form for `signature` with the model config's `prep`; BAD_MODEL otherwise."""
     inputs = signature.inputs
     what = f"model '{signature.model}' version {signature.version}"
-    if len(inputs) == 1:
-        key, spec = next(iter(inputs.items()))
+    if prep.name is not None and prep.name not in inputs:
+        raise errors.bad_model(
+            f"the model config says input.name = '{prep.name}' but the '{signature.name}' "
+            f"signature of {what} has no such input; it has {signature.describe()}"
+        )
+    if prep.name is None and len(inputs) > 1:
+        raise errors.bad_model(
+            f"{what} has several inputs in its '{signature.name}' signature "
+            f"({signature.describe()}); set input.name in the model config to the one that "
+            "takes the image (the others need default values in the signature)"
+        )
+    if inputs:
+        key = prep.name or next(iter(inputs))
+        spec = inputs[key]
         shape = spec.shape
         if spec.dtype == tfs.DT_STRING and shape is not None and len(shape) == 1:
             if prep.scale is not None or prep.mean is not None or prep.std is not None:
@@ -105,11 +154,19 @@ def plan_input(signature: Signature, prep: InputPrep) -> InputPlan:
                 InputMode.ENCODED,
                 max_side=prep.max_side,
                 base64url=prep.string_encoding == "base64url",
+                tf_example_key=(
+                    prep.tf_example_key if prep.string_encoding == "tf_example" else None
+                ),
             )
         if spec.dtype in _MODES and shape is not None and len(shape) == 4:
+            if prep.string_encoding != "raw":
+                raise errors.bad_model(
+                    f"the model config says input.string_encoding = '{prep.string_encoding}' "
+                    f"but {what} takes pixels (input '{key}': {spec.describe()})"
+                )
             return _pixel_plan(key, spec.dtype, shape, prep, what)
     raise errors.bad_model(
-        f"{what} cannot be used by the gateway: its 'serving_default' signature has "
+        f"{what} cannot be used by the gateway: its '{signature.name}' signature has "
         f"{signature.describe()}; the gateway needs one image input: string [-1] of encoded "
         "images, or uint8/float32 pixels [1,H,W,3] (NHWC) or [1,3,H,W] (NCHW)"
     )
@@ -166,6 +223,7 @@ def _pixel_plan(
         scale=prep.scale,
         mean=prep.mean,
         std=prep.std,
+        bgr=prep.channel_order == "BGR",
     )
 
 
@@ -190,9 +248,20 @@ def forward_encoded(
     transform = None
     if info.orientation != 1:
         transform = partial(images.orient_box, orientation=info.orientation)
-    value = base64.urlsafe_b64encode(data) if plan.base64url else data
-    request = string_request(envelope, plan.key, value)
-    return ModelInput(request, info.width, info.height, transform)
+    request = string_request(envelope, plan.key, _encoded_value(data, plan))
+    sent = (info.stored_width, info.stored_height)
+    return ModelInput(request, info.width, info.height, transform, sent)
+
+
+def _encoded_value(data: bytes, plan: InputPlan) -> bytes:
+    """The string tensor's value for encoded image `data`, as the plan says."""
+    if plan.base64url:
+        return base64.urlsafe_b64encode(data)
+    if plan.tf_example_key is not None:
+        feature = example_pb2.Feature(bytes_list=example_pb2.BytesList(value=[data]))
+        features = example_pb2.Features(feature={plan.tf_example_key: feature})
+        return example_pb2.Example(features=features).SerializeToString()
+    return data
 
 
 def build_input(
@@ -213,11 +282,9 @@ def build_input(
         # as lossless PNG, so the model sees its exact pixels.
         scaled = pixels.shape[:2] != (info.height, info.width)
         encoded = resize.encode_jpeg(pixels) if scaled else images.encode_png(pixels)
-        if plan.base64url:
-            encoded = base64.urlsafe_b64encode(encoded)
-        return ModelInput(
-            string_request(envelope, plan.key, encoded), info.width, info.height, None
-        )
+        request = string_request(envelope, plan.key, _encoded_value(encoded, plan))
+        sent = (pixels.shape[1], pixels.shape[0])
+        return ModelInput(request, info.width, info.height, None, sent)
 
     dtype, tensor_dtype = _PIXEL_DTYPES[plan.mode]
     if plan.plain_pixels:
@@ -233,12 +300,14 @@ def build_input(
     size = height * width * 3 * dtype.itemsize
     buffer = predict_request(envelope, plan.key, tensor_dtype, shape, size)
     out = np.frombuffer(buffer.payload, dtype=dtype).reshape(shape[1:])
+    if plan.bgr:
+        pixels = pixels[..., ::-1]
     source = pixels if plan.layout == "NHWC" else pixels.transpose(2, 0, 1)
     if dtype == np.uint8:
         np.copyto(out, source)
     else:
         _normalise(source, out, plan)
-    return ModelInput(buffer.data, info.width, info.height, None)
+    return ModelInput(buffer.data, info.width, info.height, None, (width, height))
 
 
 def _normalise(pixels: np.ndarray, out: np.ndarray, plan: InputPlan) -> None:
@@ -269,4 +338,4 @@ def _decode_into_request(
 
     info, _ = images.decode_image(data, limits, into=into_request)
     (buffer,) = buffers
-    return ModelInput(buffer.data, info.width, info.height, None)
+    return ModelInput(buffer.data, info.width, info.height, None, (info.width, info.height))

@@ -81,8 +81,8 @@ class Plan:
 
 
 @lru_cache(maxsize=1024)
-def _envelope(model: ModelRef, output_filter: tuple[str, ...]) -> bytes:
-    return request_envelope(model, output_filter)
+def _envelope(model: ModelRef, output_filter: tuple[str, ...], signature: str) -> bytes:
+    return request_envelope(model, output_filter, signature)
 
 
 class Pipeline:
@@ -99,6 +99,7 @@ class Pipeline:
         self.tasks = tasks
         self._tasks: dict[str, Task] = dict(tasks)  # a plain dict: looked up per image
         self._client = client
+        client.signature_names.update(registry.signature_names())
         self._executor = executor
         self._limit = ConcurrencyLimit(settings.max_concurrent_requests)
         self._image_limits = images.ImageLimits(settings.max_image_bytes, settings.max_pixels)
@@ -246,7 +247,7 @@ class Pipeline:
                 model, self._timeout(deadline), request.trace
             )
             plan = self._plan(task, signature, config)
-            envelope = _envelope(model, plan.outputs.output_filter)
+            envelope = _envelope(model, plan.outputs.output_filter, signature.name)
             with tracing.span("decode", request.trace, model=model.name):
                 model_input = await self._build_input(request.image, plan.input, envelope, timings)
             started = time.perf_counter()
@@ -264,7 +265,9 @@ class Pipeline:
                 raise
             finally:
                 timings["upstream"] += time.perf_counter() - started
-        frame = Frame(model_input.width, model_input.height, model_input.transform)
+        frame = Frame(
+            model_input.width, model_input.height, model_input.transform, model_input.sent
+        )
         try:
             result = task.map(prediction.outputs, plan.outputs, frame, options, config)
         except OutputError as e:

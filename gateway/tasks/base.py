@@ -54,6 +54,7 @@ class Frame(NamedTuple):
     width: int
     height: int
     transform: BoxTransform | None = None  # None: the model saw the displayed image
+    sent: tuple[int, int] | None = None  # (width, height) of the image the model received
 
 
 class Task(Protocol):

@@ -145,8 +145,8 @@ def backoff(attempt: int, base: float) -> float:
     return random.uniform(0.0, min(RETRY_BACKOFF_CAP, base * 2 ** (attempt - 1)))
 
 
-def _model_spec(model: ModelRef, signature: bool) -> tfs.ModelSpec:
-    spec = tfs.ModelSpec(name=model.name, signature_name=SIGNATURE if signature else "")
+def _model_spec(model: ModelRef, signature: str = "") -> tfs.ModelSpec:
+    spec = tfs.ModelSpec(name=model.name, signature_name=signature)
     if model.version is not None:
         spec.version.value = model.version
     elif model.label is not None:
@@ -154,14 +154,16 @@ def _model_spec(model: ModelRef, signature: bool) -> tfs.ModelSpec:
     return spec
 
 
-def request_envelope(model: ModelRef, output_filter: Sequence[str]) -> bytes:
+def request_envelope(
+    model: ModelRef, output_filter: Sequence[str], signature: str = SIGNATURE
+) -> bytes:
     """A serialized PredictRequest without inputs: model spec, signature and output filter.
 
     gateway.upstream.wire appends the input tensor to it (protobuf fields may come in any
     order).
     """
     request = tfs.PredictRequest(
-        model_spec=_model_spec(model, signature=True), output_filter=list(output_filter)
+        model_spec=_model_spec(model, signature), output_filter=list(output_filter)
     )
     return request.SerializeToString()
 
@@ -259,6 +261,9 @@ class TFServingClient:
             response_deserializer=tfs.GetModelStatusResponse.FromString,
         )
         self.signatures = SignatureCache(self._fetch_signature, settings.upstream_timeout)
+        # The signature each model is called with, where the model config names one other
+        # than serving_default (set by the app from the model registry).
+        self.signature_names: dict[str, str] = {}
 
     async def close(self) -> None:
         await self._channel.close()
@@ -326,7 +331,7 @@ class TFServingClient:
         self, model: ModelRef, timeout: float, metadata: Metadata = ()
     ) -> Signature:
         request = tfs.GetModelMetadataRequest(
-            model_spec=_model_spec(model, signature=False), metadata_field=["signature_def"]
+            model_spec=_model_spec(model), metadata_field=["signature_def"]
         )
         try:
             response = await self._call(
@@ -334,7 +339,9 @@ class TFServingClient:
             )
         except grpc.RpcError as e:
             raise self._error(e, model) from None
-        return signature_from_metadata(model, response)
+        return signature_from_metadata(
+            model, response, self.signature_names.get(model.name, SIGNATURE)
+        )
 
     async def predict(
         self, model: ModelRef, request: bytes, timeout: float, metadata: Metadata = ()
@@ -379,7 +386,7 @@ class TFServingClient:
         """TF Serving's status of a model's versions (all, or the one named by version or
         label); GatewayError (NOT_FOUND for an unknown model) otherwise. Retried like the
         other calls: it only reads."""
-        request = tfs.GetModelStatusRequest(model_spec=_model_spec(model, signature=False))
+        request = tfs.GetModelStatusRequest(model_spec=_model_spec(model))
         try:
             response: tfs.GetModelStatusResponse = await self._call(
                 "GetModelStatus", self._status, request, timeout

@@ -37,12 +37,14 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Signature:
-    """The `serving_default` signature of one model version."""
+    """The signature of one model version the gateway calls (`serving_default` unless the
+    model config names another)."""
 
     model: str
     version: int
     inputs: Mapping[str, TensorSpec]
     outputs: Mapping[str, TensorSpec]
+    name: str = SIGNATURE
 
     def describe(self) -> str:
         """Inputs and outputs for error messages: `inputs {...} and outputs {...}`."""
@@ -53,8 +55,10 @@ def _describe(specs: Mapping[str, TensorSpec]) -> str:
     return "{" + ", ".join(f"{key}: {specs[key].describe()}" for key in sorted(specs)) + "}"
 
 
-def signature_from_metadata(model: ModelRef, response: tfs.GetModelMetadataResponse) -> Signature:
-    """The serving_default signature from a GetModelMetadata response (BAD_MODEL if none)."""
+def signature_from_metadata(
+    model: ModelRef, response: tfs.GetModelMetadataResponse, name: str = SIGNATURE
+) -> Signature:
+    """Signature `name` from a GetModelMetadata response (BAD_MODEL if there is none)."""
     version = response.model_spec.version.value
     packed = response.metadata.get("signature_def")
     if packed is None or not packed.type_url.endswith("/" + SIGNATURE_DEF_MAP_TYPE):
@@ -62,17 +66,19 @@ def signature_from_metadata(model: ModelRef, response: tfs.GetModelMetadataRespo
             f"TF Serving returned no signature_def metadata for {model.describe()}"
         )
     sig_map = tfs.SignatureDefMap.FromString(packed.value)
-    if SIGNATURE not in sig_map.signature_def:
+    if name not in sig_map.signature_def:
+        names = sorted(k for k in sig_map.signature_def if not k.startswith("__"))
         raise errors.bad_model(
-            f"model '{model.name}' version {version} has no '{SIGNATURE}' signature "
-            f"(it has {sorted(sig_map.signature_def)})"
+            f"model '{model.name}' version {version} has no '{name}' signature (it has "
+            f"{names}); set signature = '<name>' for it in the model config"
         )
-    sig = sig_map.signature_def[SIGNATURE]
+    sig = sig_map.signature_def[name]
     return Signature(
         model.name,
         version,
         {k: TensorSpec(v.dtype, shape_of(v.tensor_shape)) for k, v in sig.inputs.items()},
         {k: TensorSpec(v.dtype, shape_of(v.tensor_shape)) for k, v in sig.outputs.items()},
+        name,
     )
 
 

@@ -115,3 +115,44 @@ def test_a_string_model_gets_a_smaller_jpeg_over_max_side_and_the_original_under
     b64 = InputPlan("s", InputMode.ENCODED, base64url=True)
     (sent,) = parsed(build_input(small, b64, b"", LIMITS).request)["s"]
     assert base64.urlsafe_b64decode(sent) == small
+
+
+def test_tf_example_wraps_the_image_under_its_key_as_tensorflow_parses_it():
+    small = jpeg(64, 48)
+    plan = plan_input(
+        sig(tfs.DT_STRING, (1,), "inputs"),
+        InputPrep(string_encoding="tf_example", tf_example_key="image/encoded"),
+    )
+    built = build_input(small, plan, b"", LIMITS)
+    (serialized,) = parsed(built.request)["inputs"]
+    features = tf.io.parse_single_example(
+        serialized, {"image/encoded": tf.io.FixedLenFeature([], tf.string)}
+    )
+    assert features["image/encoded"].numpy() == small
+    assert built.sent == (64, 48)
+
+
+def test_bgr_reverses_the_channels_before_the_mean_of_the_models_order():
+    pixels = np.zeros((4, 6, 3), np.uint8)
+    pixels[..., 0], pixels[..., 1], pixels[..., 2] = 200, 100, 50
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")
+    prep = InputPrep(channel_order="BGR", mean=(10.0, 20.0, 30.0), dtype="float32")
+    plan = plan_input(sig(tfs.DT_FLOAT, (-1, 4, 6, 3)), prep)
+    assert not plan.plain_pixels and plan.describe()["channel_order"] == "BGR"
+    (values,) = parsed(build_input(png.getvalue(), plan, b"", LIMITS).request).values()
+    assert values[0, 0, 0].tolist() == [40.0, 80.0, 170.0]
+
+
+def test_several_inputs_need_input_name():
+    two = Signature(
+        "m",
+        1,
+        {"a": TensorSpec(tfs.DT_UINT8, (1, -1, -1, 3)), "b": TensorSpec(tfs.DT_INT32, ())},
+        {},
+    )
+    with pytest.raises(GatewayError, match=r"set input\.name"):
+        plan_input(two, InputPrep())
+    assert plan_input(two, InputPrep(name="a")).key == "a"
+    with pytest.raises(GatewayError, match=r"input\.name = 'c'"):
+        plan_input(two, InputPrep(name="c"))

@@ -267,8 +267,11 @@ def test_a_signature_without_classifier_outputs_names_what_it_has():
     model = FakeModel(
         "odd",
         {"input_tensor": (tf.uint8, [1, -1, -1, 3])},
-        {"embedding": (tf.float32, [-1, 128])},
-        lambda inputs: {"embedding": np.zeros((1, 128), np.float32)},
+        {"embedding": (tf.float32, [-1, 128]), "pooled": (tf.float32, [-1, 128])},
+        lambda inputs: {
+            "embedding": np.zeros((1, 128), np.float32),
+            "pooled": np.zeros((1, 128), np.float32),
+        },
     )
 
     async def scenario() -> GatewayError:
@@ -280,7 +283,7 @@ def test_a_signature_without_classifier_outputs_names_what_it_has():
     error = run(scenario())
     assert error.kind is Kind.BAD_MODEL
     assert "embedding: DT_FLOAT [-1,128]" in error.message
-    assert "'probabilities' or 'scores'" in error.message
+    assert "outputs.probabilities = '<output>'" in error.message
 
 
 def test_probabilities_that_do_not_sum_to_one_are_a_bad_model(tmp_path):

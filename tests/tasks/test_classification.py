@@ -98,11 +98,15 @@ def test_unusable_outputs_say_what_is_wrong(outputs, message):
     assert message in str(info.value)
 
 
-def test_a_signature_without_classifier_outputs_is_a_bad_model():
+def test_a_signature_without_classifier_outputs_is_a_bad_model_naming_the_keys():
+    spec = TensorSpec(tfs.DT_FLOAT, (-1, 128))
     with pytest.raises(GatewayError) as info:
-        TASK.output_plan(signature(embedding=TensorSpec(tfs.DT_FLOAT, (-1, 128))), CONFIG)
+        TASK.output_plan(signature(embedding=spec, pooled=spec), CONFIG)
     assert info.value.kind is Kind.BAD_MODEL
-    assert "outputs {embedding: DT_FLOAT [-1,128]}" in info.value.message
+    assert "outputs {embedding: DT_FLOAT [-1,128], pooled: DT_FLOAT [-1,128]}" in (
+        info.value.message
+    )
+    assert "outputs.probabilities = '<output>', outputs.logits = '<output>'" in (info.value.message)
 
 
 def test_options_take_the_model_default_and_refuse_out_of_range_values():
