@@ -42,14 +42,14 @@ from bench import load, photos, recipe, results
 from bench import upstream as bench_upstream
 from gateway.core.domain import ModelRef
 from gateway.core.inputs import InputMode, InputPlan, build_input
-from gateway.imaging import images
+from gateway.imaging.header import ImageLimits
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import PREDICT, request_envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.md"
-LIMITS = images.ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=50_000_000)
+LIMITS = ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=50_000_000)
 MODES = {"string": ("encoded", InputMode.ENCODED), "pixel": ("pixels", InputMode.PIXELS)}
 
 

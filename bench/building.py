@@ -31,13 +31,13 @@ from PIL import Image
 from bench import upstream
 from gateway.core.domain import ModelRef
 from gateway.core.inputs import InputMode, InputPlan, build_input
-from gateway.imaging import images
+from gateway.imaging.header import ImageLimits
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection import BOXES, CLASSES, NUM_DETECTIONS, REQUIRED_OUTPUTS, SCORES
 from gateway.upstream.client import request_envelope
 from gateway.upstream.tensors import Output
 
-LIMITS = images.ImageLimits(max_bytes=256 * 1024 * 1024, max_pixels=100_000_000)
+LIMITS = ImageLimits(max_bytes=256 * 1024 * 1024, max_pixels=100_000_000)
 
 
 @dataclass(frozen=True)

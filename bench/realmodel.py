@@ -50,7 +50,7 @@ from bench import load, photos, results
 from bench.__main__ import RESULTS, ROOT, _serving, _stop, free_port, load_average, machine
 from gateway.core.domain import ModelRef
 from gateway.core.inputs import InputMode, InputPlan, build_input
-from gateway.imaging import images
+from gateway.imaging.header import ImageLimits
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.upstream.client import PREDICT, request_envelope
@@ -60,7 +60,7 @@ INPUTS = {"pixel": ("images", InputMode.PIXELS), "string": ("image_bytes", Input
 CLASSIFY = "/classification.v1.ClassificationService/Classify"
 SIDE = 224
 MAX_SIDE = 1024
-LIMITS = images.ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=50_000_000)
+LIMITS = ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=50_000_000)
 
 
 def export(repo: Path) -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from enum import Enum
 
-from gateway.imaging.images import ImageError, ImageTooLarge
-
 
 class Kind(Enum):
     """What kind of failure (see `code` for its canonical status name)."""
@@ -111,13 +109,3 @@ def bad_model(message: str) -> GatewayError:
 
 def overloaded(message: str) -> GatewayError:
     return GatewayError(Kind.OVERLOADED, message)
-
-
-def from_image_error(error: ImageError) -> GatewayError:
-    """Bad or oversized images are the request's fault.
-
-    Over-limit images are TOO_LARGE (INVALID_ARGUMENT in gRPC, 413 in HTTP), not
-    RESOURCE_EXHAUSTED: the same image will never pass, so clients and meshes must not retry.
-    """
-    kind = Kind.TOO_LARGE if isinstance(error, ImageTooLarge) else Kind.INVALID_INPUT
-    return GatewayError(kind, str(error))

@@ -32,7 +32,10 @@ from typing import NamedTuple
 import numpy as np
 
 from gateway import errors
-from gateway.imaging import images, resize
+from gateway.imaging import resize
+from gateway.imaging.decode import decode_image, encode_png
+from gateway.imaging.header import ImageInfo, ImageLimits, inspect_image, model_can_decode
+from gateway.imaging.orientation import orient_box
 from gateway.models import InputPrep
 from gateway.proto.tfswire.v1 import example_pb2
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
@@ -232,22 +235,22 @@ def _dtype_word(dtype: int) -> str:
 
 
 def forward_encoded(
-    data: bytes, plan: InputPlan, envelope: bytes, limits: images.ImageLimits
+    data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimits
 ) -> ModelInput | None:
     """For a string [N] model: the request carrying the caller's bytes untouched, or None
     when they must be transcoded or scaled down first (build_input does that).
 
     Reads the header only (well under a millisecond), so it may run on the event loop.
-    Raises images.ImageError like build_input.
+    Raises ImageError (gateway.imaging.errors) like build_input.
     """
-    info = images.inspect_image(data, limits)
-    if not images.model_can_decode(info):
+    info = inspect_image(data, limits)
+    if not model_can_decode(info):
         return None
     if plan.max_side is not None and max(info.width, info.height) > plan.max_side:
         return None
     transform = None
     if info.orientation != 1:
-        transform = partial(images.orient_box, orientation=info.orientation)
+        transform = partial(orient_box, orientation=info.orientation)
     request = string_request(envelope, plan.key, _encoded_value(data, plan))
     sent = (info.stored_width, info.stored_height)
     return ModelInput(request, info.width, info.height, transform, sent)
@@ -264,12 +267,10 @@ def _encoded_value(data: bytes, plan: InputPlan) -> bytes:
     return data
 
 
-def build_input(
-    data: bytes, plan: InputPlan, envelope: bytes, limits: images.ImageLimits
-) -> ModelInput:
+def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimits) -> ModelInput:
     """The request for `data`: `envelope` (a PredictRequest without inputs) plus the image
-    as input `plan.key`. Raises images.ImageError for an empty, undecodable or oversized
-    image."""
+    as input `plan.key`. Raises ImageError (gateway.imaging.errors) for an empty,
+    undecodable or oversized image."""
     if plan.mode is InputMode.ENCODED:
         forwarded = forward_encoded(data, plan, envelope, limits)
         if forwarded is not None:
@@ -277,11 +278,11 @@ def build_input(
         if plan.max_side is not None:
             info, pixels = resize.decode_within(data, limits, plan.max_side)
         else:
-            info, pixels = images.decode_image(data, limits)
+            info, pixels = decode_image(data, limits)
         # A scaled-down photo goes as JPEG (a tenth of a PNG's size); a transcoded original
         # as lossless PNG, so the model sees its exact pixels.
         scaled = pixels.shape[:2] != (info.height, info.width)
-        encoded = resize.encode_jpeg(pixels) if scaled else images.encode_png(pixels)
+        encoded = resize.encode_jpeg(pixels) if scaled else encode_png(pixels)
         request = string_request(envelope, plan.key, _encoded_value(encoded, plan))
         sent = (pixels.shape[1], pixels.shape[0])
         return ModelInput(request, info.width, info.height, None, sent)
@@ -294,7 +295,7 @@ def build_input(
     elif plan.max_side is not None:
         info, pixels = resize.decode_within(data, limits, plan.max_side)
     else:
-        info, pixels = images.decode_image(data, limits)
+        info, pixels = decode_image(data, limits)
     height, width = pixels.shape[:2]
     shape = (1, height, width, 3) if plan.layout == "NHWC" else (1, 3, height, width)
     size = height * width * 3 * dtype.itemsize
@@ -323,11 +324,11 @@ def _normalise(pixels: np.ndarray, out: np.ndarray, plan: InputPlan) -> None:
 
 
 def _decode_into_request(
-    data: bytes, plan: InputPlan, envelope: bytes, limits: images.ImageLimits
+    data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimits
 ) -> ModelInput:
     buffers: list[RequestBuffer] = []
 
-    def into_request(info: images.ImageInfo) -> np.ndarray:
+    def into_request(info: ImageInfo) -> np.ndarray:
         shape = (info.height, info.width, 3)
         buffer = predict_request(
             envelope, plan.key, tfs.DT_UINT8, (1, *shape), info.height * info.width * 3
@@ -336,6 +337,6 @@ def _decode_into_request(
         buffers[:] = [buffer]
         return np.frombuffer(buffer.payload, dtype=np.uint8).reshape(shape)
 
-    info, _ = images.decode_image(data, limits, into=into_request)
+    info, _ = decode_image(data, limits, into=into_request)
     (buffer,) = buffers
     return ModelInput(buffer.data, info.width, info.height, None, (info.width, info.height))

@@ -29,7 +29,7 @@ from gateway.core.inputs import (
     plan_input,
 )
 from gateway.errors import GatewayError, Kind
-from gateway.imaging import images
+from gateway.imaging.header import ImageLimits
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import BAD_OUTPUTS, Frame, OutputError, OutputPlan, Task, TaskRegistry
@@ -102,7 +102,7 @@ class Pipeline:
         client.signature_names.update(registry.signature_names())
         self._executor = executor
         self._limit = ConcurrencyLimit(settings.max_concurrent_requests)
-        self._image_limits = images.ImageLimits(settings.max_image_bytes, settings.max_pixels)
+        self._image_limits = ImageLimits(settings.max_image_bytes, settings.max_pixels)
         self._plans: dict[tuple[str, int, str], Plan] = {}
 
     @property
@@ -226,8 +226,6 @@ class Pipeline:
             return await loop.run_in_executor(
                 self._executor, build_input, image, plan, envelope, self._image_limits
             )
-        except images.ImageError as e:
-            raise errors.from_image_error(e) from None
         finally:
             timings["decode"] += time.perf_counter() - started
 

@@ -1,11 +1,11 @@
 """A JPEG header read without Pillow, for the common case only: string-mode requests read
-every image's header on the event loop, and Pillow's parser costs about 35 µs a header
-(most of a string-mode request's own work) where this takes a few.
+every image's header on the event loop, where Pillow's parser would be most of a
+string-mode request's own work.
 
 `read(data)` walks the marker segments up to the start of scan and returns (width, height,
 components, orientation), or None whenever the file is anything but plain: then Pillow reads
-it as before (gateway.imaging.images), so damaged or unusual files get Pillow's answer and
-error text. What is accepted gives what Pillow gives (tests/imaging/test_jpeghead.py compares
+it (gateway.imaging.header), so damaged or unusual files get Pillow's answer and error
+text. What is accepted gives what Pillow gives (tests/imaging/test_jpeghead.py compares
 the two over generated and damaged files):
 
 - one SOFn segment, 8-bit samples, 1 or 3 components (Pillow's "L" and "RGB");

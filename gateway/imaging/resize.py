@@ -1,7 +1,7 @@
 """Images at the size the model uses: a fixed size from the signature, or a longest side.
 
 JPEGs at least twice the target are decoded smaller by libjpeg-turbo's DCT scaling (1/2,
-1/4, 1/8; gateway.imaging.images), which is several times faster than a full decode, then
+1/4, 1/8; gateway.imaging.decode), which is several times faster than a full decode, then
 resized by libvips (pyvips; its wheel bundles the library) with an antialiased bilinear
 filter: the triangle filter widened by the scale factor, as Pillow's BILINEAR and TF's resize
 with antialias=True do. libvips' resampling is vectorised and runs on the machine's cores:
@@ -27,14 +27,9 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from gateway.imaging.images import (
-    ImageInfo,
-    ImageLimits,
-    decode_image,
-    decode_stored,
-    inspect_image,
-    oriented_view,
-)
+from gateway.imaging.decode import decode_image, decode_stored
+from gateway.imaging.header import ImageInfo, ImageLimits, inspect_image
+from gateway.imaging.orientation import oriented_view
 
 # Quality of the JPEG sent to string-input models in place of a larger original: high enough
 # that the model sees what a direct decode of the original at that size would show.

@@ -14,7 +14,7 @@ from tensorflow_serving.apis import predict_pb2
 
 from gateway.core.inputs import InputMode, InputPlan, build_input, plan_input
 from gateway.errors import GatewayError, Kind
-from gateway.imaging.images import ImageLimits
+from gateway.imaging.header import ImageLimits
 from gateway.models import InputPrep
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.signatures import Signature, TensorSpec

@@ -20,14 +20,17 @@ from PIL import Image, ImageOps
 
 from gateway.core.domain import ModelRef
 from gateway.core.inputs import InputMode, InputPlan, build_input
-from gateway.imaging import images
+from gateway.imaging import decode
+from gateway.imaging.decode import decode_image
+from gateway.imaging.errors import CorruptImage
+from gateway.imaging.header import ImageInfo, ImageLimits
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import request_envelope
 from gateway.upstream.tensors import image_tensor, string_tensor, to_array
 from gateway.upstream.wire import predict_request
 
-LIMITS = images.ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=10_000_000)
+LIMITS = ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=10_000_000)
 JPEG_TOLERANCE = 2
 
 
@@ -86,7 +89,7 @@ def test_every_jpeg_variant_decodes_to_pillows_pixels(
     make, fast = VARIANTS[name]
     data = make()
     calls = _count_fast_decodes(monkeypatch)
-    info, pixels = images.decode_image(data, LIMITS)
+    info, pixels = decode_image(data, LIMITS)
     expected = pillow_pixels(data)
     assert pixels.shape == expected.shape == (131, 203, 3)
     assert np.abs(pixels.astype(int) - expected.astype(int)).max() <= JPEG_TOLERANCE
@@ -101,18 +104,18 @@ def test_exif_orientation_on_the_fast_path_matches_exif_transpose(
 ) -> None:
     with Image.open(io.BytesIO(VARIANTS[name][0]())) as source:
         data = jpeg(source, quality=90, exif=with_orientation(orientation))
-    info, pixels = images.decode_image(data, LIMITS)
+    info, pixels = decode_image(data, LIMITS)
     expected = pillow_pixels(data)
     assert (info.width, info.height) == (expected.shape[1], expected.shape[0])
     assert np.abs(pixels.astype(int) - expected.astype(int)).max() <= JPEG_TOLERANCE
 
     written = {}
 
-    def into(shown: images.ImageInfo) -> np.ndarray:
+    def into(shown: ImageInfo) -> np.ndarray:
         written["array"] = np.zeros((shown.height, shown.width, 3), np.uint8)
         return written["array"]
 
-    _, same = images.decode_image(data, LIMITS, into=into)
+    _, same = decode_image(data, LIMITS, into=into)
     assert same is written["array"]
     np.testing.assert_array_equal(same, pixels)
 
@@ -122,8 +125,8 @@ def test_exif_orientation_on_the_fast_path_matches_exif_transpose(
 def test_truncated_jpeg_is_still_refused_as_corrupt(name: str, cut: float) -> None:
     data = VARIANTS[name][0]()
     truncated = data[: int(len(data) * cut)]
-    with pytest.raises(images.CorruptImage, match="truncated or damaged"):
-        images.decode_image(truncated, LIMITS)
+    with pytest.raises(CorruptImage, match="truncated or damaged"):
+        decode_image(truncated, LIMITS)
 
 
 def test_jpeg_with_a_libjpeg_warning_is_decoded_as_pillow_decodes_it() -> None:
@@ -135,7 +138,7 @@ def test_jpeg_with_a_libjpeg_warning_is_decoded_as_pillow_decodes_it() -> None:
     damaged = data[:scan] + b"\x00\x01\x02" + data[scan:]
     with pytest.raises(ValueError):
         simplejpeg.decode_jpeg(damaged, strict=True)
-    _, pixels = images.decode_image(damaged, LIMITS)
+    _, pixels = decode_image(damaged, LIMITS)
     np.testing.assert_array_equal(pixels, pillow_pixels(damaged))
     # The same through the request builder, whose buffer the failed fast decode already took.
     envelope = request_envelope(ModelRef("detector"), REQUIRED_OUTPUTS)
@@ -153,7 +156,7 @@ def _count_fast_decodes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(images.simplejpeg, "decode_jpeg", counting)
+    monkeypatch.setattr(decode.simplejpeg, "decode_jpeg", counting)
     return calls
 
 
@@ -181,7 +184,7 @@ def test_pixel_request_bytes_parse_as_the_protobuf_request(
     data = VARIANTS[name][0]()
     built = build_input(data, InputPlan("input_tensor", mode), ENVELOPES[envelope], LIMITS)
     parsed = tfs.PredictRequest.FromString(built.request)
-    pixels = images.decode_image(data, LIMITS)[1]
+    pixels = decode_image(data, LIMITS)[1]
     if mode is InputMode.FLOAT_PIXELS:
         pixels = pixels.astype(np.float32)
     expected = _reference_request(ENVELOPES[envelope], "input_tensor", image_tensor(pixels))

@@ -14,21 +14,16 @@ import numpy as np
 import pytest
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
-from gateway.imaging.images import (
+from gateway.imaging.decode import decode_image, decode_stored, encode_png
+from gateway.imaging.errors import (
     CorruptImage,
     EmptyImage,
     ImageError,
-    ImageInfo,
-    ImageLimits,
     ImageTooLarge,
     UnsupportedImage,
-    decode_image,
-    decode_stored,
-    encode_png,
-    inspect_image,
-    model_can_decode,
-    orient_box,
 )
+from gateway.imaging.header import ImageInfo, ImageLimits, inspect_image, model_can_decode
+from gateway.imaging.orientation import orient_box
 
 LIMITS = ImageLimits(max_bytes=20 * 2**20, max_pixels=50_000_000)
 PILLOW_DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gateway.imaging import images, jpeghead
-from gateway.imaging.images import ImageError, ImageInfo, ImageLimits, ImageTooLarge
+from gateway.imaging import jpeghead
+from gateway.imaging.errors import ImageError, ImageTooLarge
+from gateway.imaging.header import ImageInfo, ImageLimits, inspect_image, open_image
 
 LIMITS = ImageLimits(max_bytes=64 * 1024 * 1024, max_pixels=50_000_000)
 XMP = (
@@ -84,7 +85,7 @@ SAMPLES = _samples()
 def pillow_info(data: bytes) -> ImageInfo | type[BaseException]:
     """Pillow's reading (the gateway's path before the fast read), or the error it raised."""
     try:
-        image, info = images._open(data, LIMITS)
+        image, info = open_image(data, LIMITS)
     except ImageError as e:
         return type(e)
     image.close()
@@ -105,7 +106,7 @@ def agree(data: bytes) -> None:
         assert pillow_info(data) in (fast, ImageTooLarge)
     # inspect_image (fast read first) gives what Pillow gives, error or info.
     try:
-        got: ImageInfo | type[BaseException] = images.inspect_image(data, LIMITS)
+        got: ImageInfo | type[BaseException] = inspect_image(data, LIMITS)
     except ImageError as e:
         got = type(e)
     assert got == pillow_info(data)

@@ -1,7 +1,7 @@
 """The resize (libvips, after orientation-free decoding) gives the pixels of the
 straightforward path within a few levels.
 
-The reference: decode with images.decode_image(min_size=...) (libjpeg-turbo, DCT-scaled,
+The reference: decode with decode_image(min_size=...) (libjpeg-turbo, DCT-scaled,
 oriented, or Pillow for other formats), then Image.fromarray and one Pillow BILINEAR resize
 (antialiased, as libvips' linear kernel). The images are real: noise, shading and
 hard-edged shapes encoded by Pillow (and the benchmark's 12 MP photo). The two libraries
@@ -28,8 +28,10 @@ import pyvips
 import simplejpeg
 from PIL import ExifTags, Image, ImageDraw
 
-from gateway.imaging import images, resize
-from gateway.imaging.images import ImageLimits, decode_image, decode_stored, inspect_image
+from gateway.imaging import resize
+from gateway.imaging.decode import decode_image, decode_stored
+from gateway.imaging.errors import CorruptImage, EmptyImage, ImageTooLarge
+from gateway.imaging.header import ImageLimits, inspect_image
 from gateway.imaging.resize import decode_to_size, decode_within, fit_within
 from tests.imaging.test_images import EXIF_TRANSPOSE as TRANSPOSE  # Pillow's, independent of ours
 
@@ -144,7 +146,7 @@ def assert_close(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def test_the_reference_decodes_dct_scaled_jpegs_as_libjpeg_turbo_and_pillow_orient_them() -> None:
-    # Independent of images.py: simplejpeg at 1/2 scale, then Pillow's transpose.
+    # Independent of gateway.imaging.decode: simplejpeg at 1/2 scale, then Pillow's transpose.
     data = jpeg(3000, 2000, orientation=6)
     stored = simplejpeg.decode_jpeg(data, colorspace="RGB", min_width=1500, min_height=1000)
     assert stored.shape == (1000, 1500, 3)
@@ -375,9 +377,9 @@ def test_decoded_pixels_are_read_only() -> None:
 
 def test_errors_are_the_decoders() -> None:
     data = jpeg(640, 480)
-    with pytest.raises(images.CorruptImage):
+    with pytest.raises(CorruptImage):
         decode_within(data[: len(data) // 2], LIMITS, 100)
-    with pytest.raises(images.ImageTooLarge):
+    with pytest.raises(ImageTooLarge):
         decode_to_size(data, ImageLimits(max_bytes=100, max_pixels=10**6), (100, 100))
-    with pytest.raises(images.EmptyImage):
+    with pytest.raises(EmptyImage):
         decode_within(b"", LIMITS, 100)

@@ -19,7 +19,8 @@ from hypothesis.extra import numpy as hnp
 
 from gateway.core.domain import ModelRef
 from gateway.core.inputs import InputMode, InputPlan, ModelInput, build_input
-from gateway.imaging.images import ImageError, ImageLimits
+from gateway.imaging.errors import ImageError
+from gateway.imaging.header import ImageLimits
 from gateway.labels import Labels
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection import REQUIRED_OUTPUTS, OutputError, map_detections
