@@ -40,9 +40,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import load, photos, recipe, results
 from bench import upstream as bench_upstream
-from gateway.core.domain import ModelRef
 from gateway.core.inputs import InputMode, InputPlan, build_input
 from gateway.imaging.header import ImageLimits
+from gateway.modelref import ModelRef
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import PREDICT, request_envelope

@@ -51,8 +51,8 @@ from bench.__main__ import (
     rss_mib,
     upstream,
 )
-from gateway.core.domain import ModelRef
 from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.modelref import ModelRef
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import PREDICT, request_envelope

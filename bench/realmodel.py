@@ -48,9 +48,9 @@ import grpc
 
 from bench import load, photos, results
 from bench.__main__ import RESULTS, ROOT, _serving, _stop, free_port, load_average, machine
-from gateway.core.domain import ModelRef
 from gateway.core.inputs import InputMode, InputPlan, build_input
 from gateway.imaging.header import ImageLimits
+from gateway.modelref import ModelRef
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.upstream.client import PREDICT, request_envelope

@@ -25,6 +25,7 @@ from gateway.frontends import api
 from gateway.frontends.grpc import jobs as grpc_jobs
 from gateway.frontends.grpc import server as grpc_door
 from gateway.imaging import resize
+from gateway.jobs.local import BatchLane, LocalExecutor
 from gateway.jobs.service import Executor, JobService
 from gateway.jobs.store import JobStore
 from gateway.labels import Labels
@@ -177,8 +178,6 @@ def build_jobs(
             from gateway.jobs.kube import KubernetesExecutor  # imports the kubernetes client
 
             return KubernetesExecutor(service, settings)
-        from gateway.jobs.local import BatchLane, LocalExecutor
-
         local = LocalExecutor(service, settings)
         lane = BatchLane(pipeline, settings.batch_yield_threshold)
         lane_server, port = grpc_jobs.build_lane(settings, lane, bindings)

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from gateway import errors, logs, metrics, tracing
 from gateway.config import Settings
-from gateway.core.domain import ModelRef, Outcome, Request
+from gateway.core.domain import Outcome, Request
 from gateway.core.inputs import (
     InputMode,
     InputPlan,
@@ -30,6 +30,7 @@ from gateway.core.inputs import (
 )
 from gateway.errors import GatewayError, Kind
 from gateway.imaging.header import ImageLimits
+from gateway.modelref import ModelRef
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import BAD_OUTPUTS, Frame, OutputError, OutputPlan, Task, TaskRegistry

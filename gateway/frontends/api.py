@@ -21,18 +21,12 @@ from typing import Any
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
-from gateway.core.domain import (
-    Classes,
-    ClassifyOptions,
-    Detections,
-    DetectOptions,
-    ModelRef,
-    Outcome,
-    Request,
-)
+from gateway.core.domain import Outcome, Request
+from gateway.modelref import ModelRef
 from gateway.models import CLASSIFICATION, DETECTION
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.tasks.types import Classes, ClassifyOptions, Detections, DetectOptions
 
 # Caller headers (gRPC metadata, HTTP headers) passed on to TF Serving, so traces connect
 # through the gateway.

@@ -24,7 +24,6 @@ from gateway.batch import job as batch_job
 from gateway.batch import runner, sources, storage
 from gateway.batch.output import Output
 from gateway.config import Settings
-from gateway.core.domain import ModelRef
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError
 from gateway.jobs import progress
@@ -41,6 +40,7 @@ from gateway.jobs.store import (
     JobStore,
     new_id,
 )
+from gateway.modelref import ModelRef
 from gateway.upstream.client import TFServingClient
 
 log = logging.getLogger("gateway.jobs")

@@ -24,11 +24,11 @@ import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.core.domain import Classes, ClassifyOptions, ScoredClass
 from gateway.models import CLASSIFICATION, DEFAULT_TOP_K, ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import Frame, OutputError, OutputPlan
 from gateway.tasks.decoders import scores as score_forms
+from gateway.tasks.types import Classes, ClassifyOptions, ScoredClass
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor, as_array
 

@@ -23,13 +23,13 @@ import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.core.domain import Box, Detection, Detections, DetectOptions, NormalizedBox
 from gateway.labels import Labels
 from gateway.models import DETECTION, ModelConfig, OutputMapping
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import BoxTransform, Frame, OutputError, OutputPlan
 from gateway.tasks.decoders import boxes as box_forms
 from gateway.tasks.decoders import yolo
+from gateway.tasks.types import Box, Detection, Detections, DetectOptions, NormalizedBox
 from gateway.upstream.signatures import Signature, TensorSpec
 from gateway.upstream.tensors import Tensor, as_array, head
 

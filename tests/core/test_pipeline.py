@@ -20,11 +20,13 @@ from PIL import Image
 
 from gateway.app import built_in_tasks
 from gateway.config import Settings
-from gateway.core.domain import ClassifyOptions, DetectOptions, ModelRef, Outcome, Request
+from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
+from gateway.modelref import ModelRef
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.tasks.detection import DetectionTask
+from gateway.tasks.types import ClassifyOptions, DetectOptions
 from gateway.upstream.client import TFServingClient
 from tests.support.fakeserving import FakeModel, FakeServing
 

@@ -12,7 +12,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway import tracing
-from gateway.core.domain import DetectOptions, ModelRef, Request
+from gateway.core.domain import Request
+from gateway.modelref import ModelRef
+from gateway.tasks.types import DetectOptions
 from tests.core.test_pipeline import classifier_models, pipeline_for, png, solid
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

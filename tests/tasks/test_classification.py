@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from gateway.config import Settings
-from gateway.core.domain import ClassifyOptions
 from gateway.errors import GatewayError, Kind
 from gateway.labels import Labels
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.classification import ClassificationSettings, ClassificationTask
+from gateway.tasks.types import ClassifyOptions
 from gateway.upstream.signatures import Signature, TensorSpec
 
 TASK = ClassificationTask()

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.core.domain import Box
 from gateway.labels import Labels, LabelsError
 from gateway.tasks.detection import OutputError, map_detections
+from gateway.tasks.types import Box
 
 LABELS = Labels.parse_label_map(
     """

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from gateway.config import Settings
-from gateway.core.domain import ClassifyOptions, DetectOptions
 from gateway.errors import GatewayError, Kind
 from gateway.labels import Labels
 from gateway.models import CLASSIFICATION, DETECTION, ModelConfig, OutputMapping
@@ -15,6 +14,7 @@ from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import Frame
 from gateway.tasks.classification import ClassificationTask
 from gateway.tasks.detection import DetectionTask
+from gateway.tasks.types import ClassifyOptions, DetectOptions
 from gateway.upstream.signatures import Signature, TensorSpec
 
 F = tfs.DT_FLOAT

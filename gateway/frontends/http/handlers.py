@@ -24,7 +24,6 @@ from google.rpc import code_pb2
 
 from gateway import errors, logs, metrics
 from gateway.config import Settings
-from gateway.core.domain import ModelRef
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.api import TRACE_HEADERS, Binding, Bindings
@@ -42,6 +41,7 @@ from gateway.frontends.http.status import (
     not_found,
     unsupported_media_type,
 )
+from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.readiness import Readiness
 

@@ -1,0 +1,68 @@
+"""The built-in tasks' plain types: the options a caller gives and the results the tasks
+return (gateway.tasks.detection, gateway.tasks.classification); the bindings
+(gateway.frontends.api) convert them to and from the public API's messages.
+
+NamedTuples for the values made several times per image (a NamedTuple costs a fraction of
+a frozen dataclass to make).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Box(NamedTuple):
+    """Pixel box of the displayed image; min inclusive, max exclusive."""
+
+    x_min: int
+    y_min: int
+    x_max: int
+    y_max: int
+
+
+class NormalizedBox(NamedTuple):
+    """Box as fractions of the displayed image's width (x) and height (y)."""
+
+    x_min: float
+    y_min: float
+    x_max: float
+    y_max: float
+
+
+class Detection(NamedTuple):
+    class_id: int
+    label: str
+    score: float
+    box: Box
+    normalized: NormalizedBox
+
+
+class DetectOptions(NamedTuple):
+    """Detection options as the caller gave them; 0 means the model's default."""
+
+    min_score: float = 0.0
+    max_detections: int = 0
+
+
+@dataclass(frozen=True)
+class Detections:
+    detections: list[Detection]
+
+
+class ClassifyOptions(NamedTuple):
+    """Classification options as the caller gave them; 0 means the model's default."""
+
+    top_k: int = 0
+    min_score: float = 0.0
+
+
+class ScoredClass(NamedTuple):
+    class_id: int  # index in the model's labels; -1 for a label the model named that is not
+    label: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Classes:
+    classes: list[ScoredClass]
