@@ -83,6 +83,34 @@ class Settings:
     # Time in-flight requests get to finish after SIGTERM (pods get 30 s by default).
     shutdown_grace: float = 20.0
     log_level: str = "INFO"
+    # --- what one gRPC connection may hold (docs/security.md) ---
+    # Calls open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). gRPC
+    # clients queue calls beyond it; a client that ignores the setting gets the extra streams
+    # refused (REFUSED_STREAM). 100 is HTTP/2's recommended minimum and above the 64 requests
+    # the gateway works on at once, so a well-behaved client never waits on it, while one
+    # connection cannot make the server keep unbounded per-stream state.
+    grpc_max_concurrent_streams: int = 100
+    # Shortest time between a client's keepalive pings; after more than two sooner (gRPC's
+    # ping strikes; the server sending headers or data forgives them) the connection is closed
+    # with GOAWAY ENHANCE_YOUR_CALM "too_many_pings". 10 s is the floor grpc-go and grpc-java
+    # put on their clients' keepalive time, so no client within its library's limits is cut,
+    # and a ping flood ends at its third ping. Idle connections may be pinged at this rate too,
+    # so clients can keep them open through load balancers' idle timeouts.
+    grpc_min_ping_interval: float = 10.0
+    # Age at which a connection is asked to go away (GOAWAY, with gRPC's +-10 % jitter); the
+    # client reconnects for its next call. Long-lived connections then spread over replicas
+    # added since, and none is held forever. 30 min costs a client one reconnect (and TLS
+    # handshake) per half hour. 0: connections live as long as the client keeps them.
+    grpc_max_connection_age: float = 1800.0
+    # Time the calls in flight on a connection past its age get to finish; then the connection
+    # is closed and they end with UNAVAILABLE (the batch runner, like any streaming client,
+    # reopens its stream). 5 min covers any unary call (30 s upstream timeout) many times.
+    grpc_max_connection_age_grace: float = 300.0
+    # Largest metadata (headers) one call may send, advertised as HTTP/2
+    # SETTINGS_MAX_HEADER_LIST_SIZE; larger calls are refused with RESOURCE_EXHAUSTED. 16 KiB
+    # is gRPC's own hard limit: room for a mesh's x-forwarded-client-cert with the client
+    # certificate, a bearer token and trace headers.
+    grpc_max_metadata_bytes: int = 16 * 1024
     # Retries towards TF Serving (see README "Reliability"): attempts per call including the
     # first, on UNAVAILABLE (connection or a server shutting down), never on TF Serving's
     # queue-full UNAVAILABLE, always within the caller's deadline. 3 attempts ride out a pod restart
@@ -178,6 +206,7 @@ class Settings:
             "max_image_bytes",
             "max_pixels",
             "max_concurrent_requests",
+            "grpc_max_concurrent_streams",
             "stream_window",
             "decode_threads",
             "workers",
@@ -200,6 +229,18 @@ class Settings:
             )
         if self.http_header_timeout <= 0 or self.http_body_timeout <= 0:
             raise ValueError("http-header-timeout and http-body-timeout must be positive")
+        for name in (
+            "grpc_min_ping_interval",
+            "grpc_max_connection_age",
+            "grpc_max_connection_age_grace",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 0")
+        if self.grpc_max_metadata_bytes < 1024:
+            raise ValueError(
+                "grpc-max-metadata-bytes must be at least 1024 (a call's own headers take "
+                "about 300 bytes)"
+            )
         if self.upstream_timeout <= 0 or self.health_interval <= 0:
             raise ValueError("upstream-timeout and health-interval must be positive")
         if self.upstream_max_attempts < 1:
@@ -264,6 +305,11 @@ _HELP = {
     "health_interval": "seconds between TF Serving model status checks",
     "shutdown_grace": "seconds in-flight requests get after SIGTERM",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "grpc_max_concurrent_streams": "gRPC calls open at once on one connection",
+    "grpc_min_ping_interval": "seconds a gRPC client must leave between keepalive pings",
+    "grpc_max_connection_age": "seconds before a gRPC connection is asked to reconnect (0: never)",
+    "grpc_max_connection_age_grace": "seconds calls on such a connection get before it closes",
+    "grpc_max_metadata_bytes": "largest metadata (headers) of one gRPC call, in bytes",
     "upstream_max_attempts": "attempts per TF Serving call, retries included (1: no retries)",
     "upstream_retry_backoff": "seconds before the first retry (doubles, jittered, max 1 s)",
     "upstream_retry_budget": "retries allowed per call made, after a reserve of 10",

@@ -76,11 +76,28 @@ def add_reflection(server: grpc.aio.Server, service_names: tuple[str, ...]) -> N
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
-    return [
+    options = [
         ("grpc.max_receive_message_length", settings.server_max_receive_bytes),
         # Results are small; unlimited send like gRPC's default, stated for clarity.
         ("grpc.max_send_message_length", -1),
+        # What one connection may hold (Settings explains each value).
+        ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(settings.grpc_min_ping_interval)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # The same soft and hard limit: every call over it is refused, none below it.
+        ("grpc.max_metadata_size", settings.grpc_max_metadata_bytes),
+        ("grpc.absolute_max_metadata_size", settings.grpc_max_metadata_bytes),
     ]
+    if settings.grpc_max_connection_age:
+        options += [
+            ("grpc.max_connection_age_ms", _ms(settings.grpc_max_connection_age)),
+            ("grpc.max_connection_age_grace_ms", _ms(settings.grpc_max_connection_age_grace)),
+        ]
+    return options
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 @dataclass
