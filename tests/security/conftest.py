@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from serving import scenes
-from tests.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer, run_local_server
 
 
 @pytest.fixture(scope="session")

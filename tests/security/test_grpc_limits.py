@@ -20,10 +20,10 @@ from hyperframe.frame import PingFrame
 from gateway.config import parse_settings
 from gateway.frontends.grpc.server import server_options
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from tests.gateway.gatewayproc import GatewayProcess, run_gateway
-from tests.localserver import LocalServer
 from tests.security import h2raw
 from tests.security.h2raw import RawConnection
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer
 
 WATCH = "/grpc.health.v1.Health/Watch"
 CHECK = "/grpc.health.v1.Health/Check"
