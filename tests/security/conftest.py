@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
 from tests.support.localserver import LocalServer, run_local_server
 
@@ -25,3 +26,8 @@ def tfs(model_repo: Path) -> Iterator[LocalServer]:
 def scene_png() -> bytes:
     scene = scenes.generate_scene(np.random.default_rng(7), 160, 120, 2)
     return scenes.encode(scene.pixels, "PNG")
+
+
+@pytest.fixture(scope="session")
+def request_small(scene_png: bytes) -> pb.DetectRequest:
+    return pb.DetectRequest(image=scene_png)
