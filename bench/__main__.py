@@ -409,7 +409,7 @@ def building_section(all_photos: dict[str, bytes], scale: Scale) -> tuple[list[s
         "",
         "Reading a PredictResponse (4 outputs, 100 detections, `float_val` as TF Serving sends "
         f"by default): recipe `np.array(float_val)` of every output {parse['recipe']:.0f} µs; "
-        "gateway, as the detection task reads it (each output checked as an `Output`, then "
+        "gateway, as the detection task reads it (each output checked as an `OutputTensor`, then "
         f"only the rows below num_detections, 5 of 100) {parse['gateway']:.0f} µs.",
     ]
     return lines, facts

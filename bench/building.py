@@ -35,7 +35,7 @@ from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection import BOXES, CLASSES, NUM_DETECTIONS, REQUIRED_OUTPUTS, SCORES
 from gateway.upstream.client import request_envelope
-from gateway.upstream.tensors import Output
+from gateway.upstream.tensors import OutputTensor
 
 LIMITS = ImageLimits(max_bytes=256 * 1024 * 1024, max_pixels=100_000_000)
 
@@ -163,7 +163,7 @@ def run(
     def gateway_parse() -> object:
         # What the detection task reads: every output checked, the used rows as numbers.
         result = tfs.PredictResponse.FromString(response)
-        outputs = {k: Output(v) for k, v in result.outputs.items()}
+        outputs = {k: OutputTensor(v) for k, v in result.outputs.items()}
         found = int(outputs[NUM_DETECTIONS].head(1)[0])
         rows = [outputs[k].head(found) for k in (SCORES, CLASSES)]
         return [outputs[BOXES].head(4 * found), *rows]
@@ -189,7 +189,8 @@ def table(rows: list[Row], parse_us: dict[str, float]) -> list[str]:
         "",
         "Reading a PredictResponse (4 outputs, 100 detections, `float_val` as TF Serving sends "
         f"by default): recipe `np.array(float_val)` {parse_us['recipe']:.0f} µs, gateway "
-        f"(`Output` per tensor, then the rows the detector found) {parse_us['gateway']:.0f} µs "
+        "(`OutputTensor` per tensor, then the rows the detector found) "
+        f"{parse_us['gateway']:.0f} µs "
         f"({parse_us['recipe'] / parse_us['gateway']:.1f}x).",
     ]
     return lines

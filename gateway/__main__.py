@@ -22,10 +22,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(supervise(settings, args))
     try:
         asyncio.run(serve(settings))
-    except (LabelsError, ModelConfigError) as e:
-        sys.exit(f"gateway: {e}")
-    except (OSError, RuntimeError) as e:  # grpc raises RuntimeError when it cannot bind
-        sys.exit(f"gateway: cannot start: {e}")
+    except (LabelsError, ModelConfigError) as exc:
+        sys.exit(f"gateway: {exc}")
+    except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
+        sys.exit(f"gateway: cannot start: {exc}")
 
 
 if __name__ == "__main__":

@@ -269,7 +269,7 @@ def env_name(field_name: str) -> str:
 
 def _parse_label_maps(text: str) -> dict[str, Path]:
     maps: dict[str, Path] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
         name, sep, path = part.partition("=")
         if not sep or not name or not path:
             raise argparse.ArgumentTypeError(
@@ -372,30 +372,32 @@ def parse_settings(
         "TensorFlow Serving. "
         "Each flag can also be set with the environment variable shown.",
     )
-    for f in fields(Settings):
-        default = getattr(defaults, f.name)
-        convert = _converter(f.name, default)
-        env = env_name(f.name)
+    for setting in fields(Settings):
+        default = getattr(defaults, setting.name)
+        convert = _converter(setting.name, default)
+        env = env_name(setting.name)
         value = default
         if env in environ:
             try:
                 value = convert(environ[env])
-            except (ValueError, argparse.ArgumentTypeError) as e:
-                parser.error(f"{env}={environ[env]!r}: {e}")
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                parser.error(f"{env}={environ[env]!r}: {exc}")
         shown = (
-            ",".join(f"{k}={v}" for k, v in default.items()) if f.name == "label_maps" else default
+            ",".join(f"{name}={path}" for name, path in default.items())
+            if setting.name == "label_maps"
+            else default
         )
         parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            dest=f.name,
+            "--" + setting.name.replace("_", "-"),
+            dest=setting.name,
             type=convert,
             default=value,
-            help=f"{_HELP[f.name]} [{env}; default {shown}]",
+            help=f"{_HELP[setting.name]} [{env}; default {shown}]",
         )
     args = parser.parse_args(argv)
     settings = Settings(**vars(args))
     try:
         settings.validate()
-    except ValueError as e:
-        parser.error(str(e))
+    except ValueError as exc:
+        parser.error(str(exc))
     return settings

@@ -48,8 +48,8 @@ class Labels:
         message = tfs.StringIntLabelMap()
         try:
             text_format.Parse(text, message, allow_unknown_field=True)
-        except text_format.ParseError as e:
-            raise LabelsError(f"{source}: not an OD API label map: {e}") from None
+        except text_format.ParseError as exc:
+            raise LabelsError(f"{source}: not an OD API label map: {exc}") from None
         names: dict[int, str] = {}
         for item in message.item:
             if item.id < 0:
@@ -84,7 +84,7 @@ class Labels:
 def _read(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise LabelsError(f"cannot read {what} {path}: {e.strerror}") from None
+    except OSError as exc:
+        raise LabelsError(f"cannot read {what} {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise LabelsError(f"{what} {path} is not UTF-8 text") from None

@@ -107,7 +107,7 @@ class RequestLog:
     logger or the ones above it: how `setup` leaves it). Then the line goes straight to
     that handler's stream, formatted by the same JsonFormatter: the same bytes, under the
     handler's lock, before the answer is sent, without building a LogRecord and passing it
-    through the logger hierarchy, which saved about 13-19 µs of CPU per image under load
+    through the logger hierarchy, a measurable part of an image's CPU under load
     (bench/results.md); a LogRecord is still made whenever anyone else listens (a second
     handler, pytest's caplog, a filter).
     """

@@ -8,9 +8,9 @@ requests at concurrency 1 (bench/results.md, "Allocator" note):
   core), and memory freed in one arena is not reused by the others; the decode threads each
   grew one, and RSS climbed from 60 to about 155 MiB. M_ARENA_MAX=2 keeps them few.
 - the mmap and trim thresholds: by default glibc serves blocks above 128 KiB with mmap and
-  raises that threshold as large blocks are freed; a low fixed threshold (256 KiB, used
-  before) kept RSS near 80 MiB but made every request map, fault in and unmap its buffers
-  (a 640x480 pixel request's 0.9 MB ones: about 1.3 ms of its 4-5 ms in the gateway). A
+  raises that threshold as large blocks are freed; a low fixed threshold (256 KiB) keeps RSS
+  near 80 MiB but makes every request map, fault in and unmap its buffers (a 640x480 pixel
+  request's 0.9 MB ones: a large part of its time in the gateway). A
   fixed 32 MiB M_MMAP_THRESHOLD keeps request-sized buffers on the heap (12 MP decode
   buffers are still mapped and returned), and M_TRIM_THRESHOLD=64 MiB keeps up to 64 MiB of
   freed heap for the next requests instead of returning it at once; over 20,000 hostile

@@ -1,14 +1,13 @@
 """Prometheus metrics, served on their own HTTP port (GATEWAY_METRICS_PORT).
 
-Per image the gateway counts the request by method and code, observes its stage latencies
-and counts it in and out of flight. In one process these are plain numbers kept by
-`RequestMetrics` and turned into metric families when Prometheus scrapes (a custom
-collector, prometheus_client's documented way to export numbers an application keeps
-itself): updating them costs an image a few dict and list operations, where six
-prometheus_client updates, each behind its own lock, cost it about 10 µs of CPU under load
-(bench/results.md). With --workers (PROMETHEUS_MULTIPROC_DIR set), prometheus_client's own
-metrics are used, because only they write the files the supervisor adds up. Both export the
-same names, labels, buckets and help text.
+Per image the gateway counts the request by method and code, observes its stage latencies and
+counts it in and out of flight. In one process these are plain numbers kept by `RequestMetrics`
+and turned into metric families when Prometheus scrapes (a custom collector, prometheus_client's
+documented way to export numbers an application keeps itself): updating them costs an image a
+few dict and list operations, where six prometheus_client updates would each take a lock
+(bench/results.md has what that costs). With --workers (PROMETHEUS_MULTIPROC_DIR set),
+prometheus_client's own metrics are used, because only they write the files the supervisor adds
+up. Both export the same names, labels, buckets and help text.
 """
 
 from __future__ import annotations

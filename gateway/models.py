@@ -36,7 +36,7 @@ classification `probabilities`, or `logits` (+ `logits_activation` softmax | sig
 image_info), `image_info`, `class_offset`; raw heads `decoder = "yolo"` with `nms_iou` and
 `max_candidates`.
 
-Without the file every model is a detection model with the flags' defaults, as before.
+Without the file every model is a detection model with the flags' defaults.
 Unknown keys and impossible combinations are refused at startup, naming the key.
 """
 

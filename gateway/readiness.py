@@ -68,7 +68,7 @@ class WorkerGroup:
             path.unlink(missing_ok=True)
 
     def all_ready(self) -> bool:
-        return all(self._path(i).exists() for i in range(self.count))
+        return all(self._path(index).exists() for index in range(self.count))
 
 
 class Readiness:

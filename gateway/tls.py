@@ -19,10 +19,10 @@ from gateway.config import Settings
 def read_pem(path: str, setting: str) -> bytes:
     """A certificate or key file named by a setting; OSError naming the setting otherwise."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise OSError(f"cannot read {setting} {path!r}: {e.strerror or e}") from None
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise OSError(f"cannot read {setting} {path!r}: {exc.strerror or exc}") from None
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:

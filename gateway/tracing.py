@@ -25,8 +25,8 @@ _tracer: Any = None
 
 def setup(environ: Mapping[str, str] = os.environ) -> bool:
     """Turns spans on when the environment asks for an exporter; True when on."""
-    names = [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").lower().split(",")]
-    names = [n for n in names if n and n != "none"]
+    names = [name.strip() for name in environ.get("OTEL_TRACES_EXPORTER", "").lower().split(",")]
+    names = [name for name in names if name and name != "none"]
     if not names or environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     try:
@@ -87,4 +87,5 @@ def _span(name: str, trace: Trace, **attributes: Any) -> Iterator[Trace]:
                 current.set_attribute(key, value)
         outgoing: dict[str, str] = {}
         propagate.inject(outgoing)
-        yield tuple((k, v) for k, v in trace if k not in outgoing) + tuple(outgoing.items())
+        kept = tuple((key, value) for key, value in trace if key not in outgoing)
+        yield kept + tuple(outgoing.items())

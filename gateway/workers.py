@@ -75,7 +75,9 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
                 workers[-1].send_signal(signal.SIGTERM)
         log.info(
             "workers started",
-            extra={"fields": {"workers": [w.pid for w in workers], "port": settings.port}},
+            extra={
+                "fields": {"workers": [worker.pid for worker in workers], "port": settings.port}
+            },
         )
         metrics.serve_multiprocess(settings.metrics_port, settings.host, directory)
         failed = _wait(workers, lambda: stopping)
@@ -86,7 +88,7 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
             )
             stop(signal.SIGTERM, None)
         deadline = time.monotonic() + settings.shutdown_grace + EXIT_MARGIN_SECONDS
-        codes = [_reap(w, deadline) for w in workers]
+        codes = [_reap(worker, deadline) for worker in workers]
         if failed is not None:
             return 1
         return 0 if all(code == 0 for code in codes) else 1

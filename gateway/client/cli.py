@@ -56,7 +56,7 @@ def add_option_arguments(parser: argparse.ArgumentParser, bindings: Bindings) ->
         for name in binding.options:
             having.setdefault(name, []).append(binding.verb)
     for name, verbs in having.items():
-        binding = next(b for b in bindings if name in b.options)
+        binding = next(each for each in bindings if name in each.options)
         field = binding.request_type.DESCRIPTOR.fields_by_name[name]
         floating = field.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE)
         text = binding.options[name]
@@ -131,17 +131,17 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
                     image = path.read_bytes()
                     try:
                         result = client.call(image, **fields)
-                    except grpc.RpcError as e:
+                    except grpc.RpcError as exc:
                         failed += 1
-                        error = {"code": e.code().name, "message": e.details()}
+                        error = {"code": exc.code().name, "message": exc.details()}
                         print(json.dumps({"image": str(path), "error": error}))
                         continue
                     failed += report(index, path, image, result)
-        except grpc.RpcError as e:
-            print(json.dumps({"error": {"code": e.code().name, "message": e.details()}}))
+        except grpc.RpcError as exc:
+            print(json.dumps({"error": {"code": exc.code().name, "message": exc.details()}}))
             return 1
-        except OSError as e:
-            print(f"cannot read image: {e}", file=sys.stderr)
+        except OSError as exc:
+            print(f"cannot read image: {exc}", file=sys.stderr)
             return 2
     return 1 if failed else 0
 
@@ -156,20 +156,20 @@ def _main_http(
     for index, path in enumerate(args.images):
         try:
             image = path.read_bytes()
-        except OSError as e:
-            print(f"cannot read image: {e}", file=sys.stderr)
+        except OSError as exc:
+            print(f"cannot read image: {exc}", file=sys.stderr)
             return 2
         try:
             result = client.call(image, **fields)
-        except HttpCallError as e:
+        except HttpCallError as exc:
             failed += 1
-            error = {"code": e.code, "message": e.message, "http_status": e.status}
+            error = {"code": exc.code, "message": exc.message, "http_status": exc.status}
             print(json.dumps({"image": str(path), "error": error}))
             continue
-        except (OSError, ValueError) as e:  # connection refused, bad URL
+        except (OSError, ValueError) as exc:  # connection refused, bad URL
             print(
                 json.dumps(
-                    {"image": str(path), "error": {"code": "UNAVAILABLE", "message": str(e)}}
+                    {"image": str(path), "error": {"code": "UNAVAILABLE", "message": str(exc)}}
                 )
             )
             return 1

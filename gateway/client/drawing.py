@@ -22,24 +22,28 @@ def draw(image: bytes, result: dict[str, Any], out: Path) -> None:
     font = ImageFont.load_default(size)
     line = max(2, picture.width // 320)
 
-    def label(text: str, x: int, y: int) -> None:
+    def label(text: str, left_x: int, top_y: int) -> None:
         left, top, right, bottom = canvas.textbbox((0, 0), text, font=font)
         height = bottom - top + 4
-        top_y = y - height if y - height >= 0 else y
-        canvas.rectangle((x, top_y, x + right - left + 6, top_y + height), fill=DRAW_COLOUR)
-        canvas.text((x + 3, top_y + 2 - top), text, fill="white", font=font)
+        above = top_y - height if top_y - height >= 0 else top_y
+        canvas.rectangle(
+            (left_x, above, left_x + right - left + 6, above + height), fill=DRAW_COLOUR
+        )
+        canvas.text((left_x + 3, above + 2 - top), text, fill="white", font=font)
 
-    for d in result.get("detections", []):
-        box = d["box"]
+    detections = result.get("detections", [])
+    for detection in detections:
+        box = detection["box"]
         canvas.rectangle(
             (box["x_min"], box["y_min"], box["x_max"] - 1, box["y_max"] - 1),
             outline=DRAW_COLOUR,
             width=line,
         )
-    for d in result.get("detections", []):
-        label(f"{d['label']} {d['score']:.2f}", d["box"]["x_min"], d["box"]["y_min"])
-    for rank, c in enumerate(result.get("classes", [])):
-        label(f"{c['label']} {c['score']:.3f}", 0, rank * (size + 8))
+    for detection in detections:
+        box = detection["box"]
+        label(f"{detection['label']} {detection['score']:.2f}", box["x_min"], box["y_min"])
+    for rank, scored in enumerate(result.get("classes", [])):
+        label(f"{scored['label']} {scored['score']:.3f}", 0, rank * (size + 8))
     out.parent.mkdir(parents=True, exist_ok=True)
     picture.save(out)
 

@@ -49,7 +49,7 @@ class HttpClient:
         **options: Any,
     ) -> Any:
         """One image; raises HttpCallError with the gateway's error code and message."""
-        query = urllib.parse.urlencode({k: v for k, v in options.items() if v})
+        query = urllib.parse.urlencode({name: value for name, value in options.items() if value})
         url = self.url + self.path(model, version, label) + (f"?{query}" if query else "")
         request = urllib.request.Request(
             url,
@@ -59,8 +59,8 @@ class HttpClient:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body = response.read()
-        except urllib.error.HTTPError as e:
-            raise HttpCallError.from_response(e.code, e.read()) from None
+        except urllib.error.HTTPError as exc:
+            raise HttpCallError.from_response(exc.code, exc.read()) from None
         return json_format.Parse(body, self._binding.result_type(), ignore_unknown_fields=True)
 
 

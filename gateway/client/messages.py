@@ -67,8 +67,10 @@ def result_dict(result: Any) -> dict[str, Any]:
         code = _CODE_NAMES.get(error.code, grpc.StatusCode.UNKNOWN.name)
         return {"request_id": result.request_id, "error": {"code": code, "message": error.message}}
     fields = result.DESCRIPTOR.fields_by_name
-    names = [n for n in _LEADING if n in fields]
-    names += [f.name for f in result.DESCRIPTOR.fields if f.name not in (*_LEADING, "error")]
+    names = [name for name in _LEADING if name in fields]
+    names += [
+        field.name for field in result.DESCRIPTOR.fields if field.name not in (*_LEADING, "error")
+    ]
     return {name: _value(result, fields[name]) for name in names}
 
 
@@ -85,13 +87,13 @@ def classification_to_dict(result: cpb.ClassificationResult) -> dict[str, Any]:
 def _value(message: Message, field: FieldDescriptor) -> Any:
     value = getattr(message, field.name)
     if field.is_repeated:
-        return [_single(message, field, v) for v in value]
+        return [_single(message, field, item) for item in value]
     return _single(message, field, value)
 
 
 def _single(message: Message, field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return {f.name: _value(value, f) for f in value.DESCRIPTOR.fields}
+        return {inner.name: _value(value, inner) for inner in value.DESCRIPTOR.fields}
     if field.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
         return round(value, 5 if message.DESCRIPTOR.name.startswith("Normalized") else 4)
     return value

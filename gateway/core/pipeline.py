@@ -128,8 +128,8 @@ class Pipeline:
             finally:
                 self._limit.release()
             return outcome
-        except GatewayError as e:
-            code = e.code
+        except GatewayError as exc:
+            code = exc.code
             raise
         except asyncio.CancelledError:
             code = Kind.CANCELLED.code
@@ -259,8 +259,8 @@ class Pipeline:
             except StaleSignature:
                 if attempt == 2:
                     raise
-            except UnreadableOutput as e:
-                BAD_OUTPUTS.report(e.model, e.version, e.problem)
+            except UnreadableOutput as exc:
+                BAD_OUTPUTS.report(exc.model, exc.version, exc.problem)
                 raise
             finally:
                 timings["upstream"] += time.perf_counter() - started
@@ -269,10 +269,10 @@ class Pipeline:
         )
         try:
             result = task.map(prediction.outputs, plan.outputs, frame, options, config)
-        except OutputError as e:
-            BAD_OUTPUTS.report(model.name, prediction.version, str(e))
+        except OutputError as exc:
+            BAD_OUTPUTS.report(model.name, prediction.version, str(exc))
             raise errors.bad_model(
-                f"model '{model.name}' version {prediction.version} gave unusable outputs: {e}"
+                f"model '{model.name}' version {prediction.version} gave unusable outputs: {exc}"
             ) from None
         return Outcome(
             result=result,

@@ -81,8 +81,8 @@ class Bindings:
 
     def __init__(self, bindings: Iterable[Binding]) -> None:
         self._all = tuple(bindings)
-        self._by_task = {b.task: b for b in self._all}
-        self._by_verb = {b.verb: b for b in self._all}
+        self._by_task = {binding.task: binding for binding in self._all}
+        self._by_verb = {binding.verb: binding for binding in self._all}
         if len(self._by_task) != len(self._all) or len(self._by_verb) != len(self._all):
             raise ValueError("two bindings share a task or a verb")
 
@@ -141,15 +141,15 @@ def to_detection_result(outcome: Outcome) -> pb.DetectionResult:
         model=served_model(outcome),
         request_id=outcome.request_id,
     )
-    # Fields set in place on messages added to the list: about half the time of building
-    # each message from keyword arguments and copying it in.
+    # Fields set in place on messages added to the list: cheaper than building each message
+    # from keyword arguments and copying it in.
     add = result.detections.add
-    for d in outcome.result.detections:
-        message = add(class_id=d.class_id, label=d.label, score=d.score)
+    for found in outcome.result.detections:
+        message = add(class_id=found.class_id, label=found.label, score=found.score)
         box = message.box
-        box.x_min, box.y_min, box.x_max, box.y_max = d.box
+        box.x_min, box.y_min, box.x_max, box.y_max = found.box
         normalized = message.normalized_box
-        normalized.x_min, normalized.y_min, normalized.x_max, normalized.y_max = d.normalized
+        normalized.x_min, normalized.y_min, normalized.x_max, normalized.y_max = found.normalized
     return result
 
 
@@ -187,8 +187,8 @@ def to_classification_result(outcome: Outcome) -> cpb.ClassificationResult:
     assert isinstance(outcome.result, Classes)
     return cpb.ClassificationResult(
         classes=[
-            cpb.ScoredClass(class_id=c.class_id, label=c.label, score=c.score)
-            for c in outcome.result.classes
+            cpb.ScoredClass(class_id=scored.class_id, label=scored.label, score=scored.score)
+            for scored in outcome.result.classes
         ],
         image_width=outcome.image_width,
         image_height=outcome.image_height,

@@ -129,7 +129,7 @@ def _decode_jpeg(
         stored = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
     except ValueError:
         # Truncated or damaged data, or a variant simplejpeg refuses: Pillow tolerates some
-        # of these exactly as before (it ignores libjpeg warnings) and reports the rest.
+        # of these (it ignores libjpeg warnings) and reports the rest.
         return None
     shown = oriented_view(stored, info.orientation)
     if into is None:

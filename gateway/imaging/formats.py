@@ -127,11 +127,11 @@ def translated_errors(fmt: str, data: bytes = b"") -> Iterator[None]:
         yield
     except (ImageError, MemoryError):
         raise
-    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
-        detail = str(e) or type(e).__name__
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
+        detail = str(exc) or type(exc).__name__
         if fmt == "PNG" and pngmeta.is_metadata_guard(detail):
-            raise CorruptImage(pngmeta.metadata_message(data, detail)) from e
-        raise CorruptImage(corrupt_message(fmt, detail)) from e
+            raise CorruptImage(pngmeta.metadata_message(data, detail)) from exc
+        raise CorruptImage(corrupt_message(fmt, detail)) from exc
 
 
 def corrupt_message(fmt: str, detail: str) -> str:

@@ -1,17 +1,16 @@
 """Images at the size the model uses: a fixed size from the signature, or a longest side.
 
-JPEGs at least twice the target are decoded smaller by libjpeg-turbo's DCT scaling (1/2,
-1/4, 1/8; gateway.imaging.decode), which is several times faster than a full decode, then
-resized by libvips (pyvips; its wheel bundles the library) with an antialiased bilinear
-filter: the triangle filter widened by the scale factor, as Pillow's BILINEAR and TF's resize
-with antialias=True do. libvips' resampling is vectorised and runs on the machine's cores:
-the 12 MP photo's 2016x1512 half-scale decode resized to 1024x768 takes 3.4 ms, against 19 ms
-for Pillow on one core. Its pixels differ from Pillow's by 0.1-0.7 levels on average
-(tests/imaging/test_resize.py; most of it at the edges, where libvips repeats the edge pixels and
-Pillow narrows the filter). Enlarging (a fixed-size model fed a smaller image) stays with
-Pillow: libvips places the pixels of an enlarged image differently, and the cost follows
-the small input. Boxes come back from models as fractions of the image, so results map back
-to the original image's pixels unchanged.
+JPEGs at least twice the target are decoded smaller by libjpeg-turbo's DCT scaling (1/2, 1/4,
+1/8; gateway.imaging.decode), which is several times faster than a full decode, then resized by
+libvips (pyvips; its wheel bundles the library) with an antialiased bilinear filter: the
+triangle filter widened by the scale factor, as Pillow's BILINEAR and TF's resize with
+antialias=True do. libvips' resampling is vectorised and runs on the machine's cores, several
+times faster than Pillow on one core (bench/results.md). Its pixels differ from Pillow's by
+0.1-0.7 levels on average (tests/imaging/test_resize.py; most of it at the edges, where libvips
+repeats the edge pixels and Pillow narrows the filter). Enlarging (a fixed-size model fed a
+smaller image) stays with Pillow: libvips places the pixels of an enlarged image differently,
+and the cost follows the small input. Boxes come back from models as fractions of the image, so
+results map back to the original image's pixels unchanged.
 
 The EXIF orientation is applied to the small result instead of the large decoded image.
 libvips only resamples pixels the gateway has decoded: its file loaders are blocked, so no
@@ -77,9 +76,8 @@ def decode_within(data: bytes, limits: ImageLimits, max_side: int) -> tuple[Imag
 
 def encode_jpeg(pixels: np.ndarray, quality: int = JPEG_QUALITY) -> bytes:
     """uint8 [h, w, 3] RGB pixels as a baseline JPEG with 4:2:0 chroma, as cameras save
-    photos (libjpeg-turbo). simplejpeg's default, 4:4:4, is half as large again and takes
-    about 1.8 times as long to encode and 1.5 times as long for the model to decode (a
-    12 MP photo scaled to 1024x768: 2.9 against 1.6 ms, and 2.4 against 1.6 ms in TF)."""
+    photos (libjpeg-turbo). simplejpeg's default, 4:4:4, is larger and slower both to encode
+    and for the model to decode."""
     return bytes(
         simplejpeg.encode_jpeg(
             np.ascontiguousarray(pixels), quality=quality, colorsubsampling="420"

@@ -79,8 +79,8 @@ class Task(Protocol):
         config: ModelConfig,
     ) -> Any:
         """The result for one image (the task's own plain type); OutputError when the outputs
-        are unusable. `outputs` are TF Serving's (gateway.upstream.tensors.Output, decoded on
-        demand) or arrays."""
+        are unusable. `outputs` are TF Serving's (gateway.upstream.tensors.OutputTensor,
+        decoded on demand) or arrays."""
         ...
 
     def summary(self, result: Any) -> dict[str, object]:

@@ -30,7 +30,7 @@ from gateway.upstream.signatures import (
     SignatureCache,
     signature_from_metadata,
 )
-from gateway.upstream.tensors import Output, TensorDecodeError
+from gateway.upstream.tensors import OutputTensor, TensorDecodeError
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
@@ -70,7 +70,7 @@ Metadata = tuple[tuple[str, str], ...]
 
 class Prediction(NamedTuple):
     version: int
-    outputs: dict[str, Output]  # checked; decoded when a task reads them
+    outputs: dict[str, OutputTensor]  # checked; decoded when a task reads them
 
 
 def channel_options(settings: Settings) -> list[tuple[str, object]]:
@@ -172,28 +172,28 @@ def from_upstream(error: grpc.RpcError, *, target: str, model: ModelRef) -> Gate
     """Translates a TF Serving (or transport) status, keeping TF Serving's own text."""
     code = error.code()
     details = error.details() or ""
-    C = grpc.StatusCode
-    if code == C.NOT_FOUND:
+    Code = grpc.StatusCode
+    if code == Code.NOT_FOUND:
         return GatewayError(
             Kind.NOT_FOUND,
             f"{model.describe()} is not available on TF Serving ({details}); "
             "check the request's model against the models TF Serving loads",
         )
-    if code == C.INVALID_ARGUMENT and "version label" in details:
+    if code == Code.INVALID_ARGUMENT and "version label" in details:
         return GatewayError(
             Kind.INVALID_INPUT,
             f"{model.describe()}: {details}; use a label from the TF Serving model config",
         )
     rejected = {
-        C.INVALID_ARGUMENT: Kind.INVALID_INPUT,
-        C.FAILED_PRECONDITION: Kind.BAD_MODEL,
-        C.OUT_OF_RANGE: Kind.OUT_OF_RANGE,
+        Code.INVALID_ARGUMENT: Kind.INVALID_INPUT,
+        Code.FAILED_PRECONDITION: Kind.BAD_MODEL,
+        Code.OUT_OF_RANGE: Kind.OUT_OF_RANGE,
     }
     if code in rejected:
         return GatewayError(
             rejected[code], f"TF Serving rejected the request for {model.describe()}: {details}"
         )
-    if code == C.RESOURCE_EXHAUSTED:
+    if code == Code.RESOURCE_EXHAUSTED:
         # grpcio prefixes its own transport messages ("CLIENT: Sent message larger ...").
         if "Sent message larger than max" in details:
             return GatewayError(
@@ -210,18 +210,18 @@ def from_upstream(error: grpc.RpcError, *, target: str, model: ModelRef) -> Gate
         return GatewayError(
             Kind.OVERLOADED, f"TF Serving is out of capacity: {details or 'no details'}"
         )
-    if code == C.UNAVAILABLE:
+    if code == Code.UNAVAILABLE:
         return GatewayError(
             Kind.UNAVAILABLE,
             f"TF Serving at {target} is unavailable: {details}; retry with backoff",
         )
-    if code == C.DEADLINE_EXCEEDED:
+    if code == Code.DEADLINE_EXCEEDED:
         return GatewayError(
             Kind.DEADLINE,
             f"TF Serving did not answer in time for {model.describe()} ({details}); "
             "raise the call's deadline or GATEWAY_UPSTREAM_TIMEOUT",
         )
-    if code == C.CANCELLED:
+    if code == Code.CANCELLED:
         return GatewayError(Kind.CANCELLED, f"the call to TF Serving was cancelled: {details}")
     return GatewayError(
         Kind.INTERNAL, f"TF Serving failed on {model.describe()}: {code.name} {details}"
@@ -268,8 +268,8 @@ class TFServingClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    def _error(self, e: grpc.RpcError, model: ModelRef) -> GatewayError:
-        return from_upstream(e, target=self.target, model=model)
+    def _error(self, exc: grpc.RpcError, model: ModelRef) -> GatewayError:
+        return from_upstream(exc, target=self.target, model=model)
 
     async def _call(
         self,
@@ -285,8 +285,8 @@ class TFServingClient:
         self._budget.deposit()
         try:
             return await method(request, timeout=timeout, metadata=metadata or None)
-        except grpc.RpcError as e:
-            return await self._retry(rpc, method, request, started + timeout, metadata, e)
+        except grpc.RpcError as exc:
+            return await self._retry(rpc, method, request, started + timeout, metadata, exc)
 
     async def _retry(
         self,
@@ -317,8 +317,8 @@ class TFServingClient:
                     timeout=max(deadline - time.monotonic(), 0.001),
                     metadata=metadata or None,
                 )
-            except grpc.RpcError as e:
-                error = e
+            except grpc.RpcError as exc:
+                error = exc
 
     async def signature(
         self, model: ModelRef, timeout: float, metadata: Metadata = ()
@@ -337,8 +337,8 @@ class TFServingClient:
             response = await self._call(
                 "GetModelMetadata", self._metadata, request, timeout, metadata
             )
-        except grpc.RpcError as e:
-            raise self._error(e, model) from None
+        except grpc.RpcError as exc:
+            raise self._error(exc, model) from None
         return signature_from_metadata(
             model, response, self.signature_names.get(model.name, SIGNATURE)
         )
@@ -352,10 +352,10 @@ class TFServingClient:
             # Predict is retried: inference has no side effects in TF Serving, so a repeat
             # costs compute only, and the budget bounds that (README "Reliability").
             response = await self._call("Predict", self._predict, request, timeout, metadata)
-        except grpc.RpcError as e:
-            error = self._error(e, model)
-            if e.code() == grpc.StatusCode.INVALID_ARGUMENT and "Expects arg[" in (
-                e.details() or ""
+        except grpc.RpcError as exc:
+            error = self._error(exc, model)
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "Expects arg[" in (
+                exc.details() or ""
             ):
                 # The served version changed to one with another input dtype: the caller
                 # refreshes the signature and tries once more.
@@ -366,9 +366,9 @@ class TFServingClient:
         self.signatures.observe(model, version)
         try:
             tensors = response.outputs  # (keys then lookups: faster than the map's items())
-            outputs = {key: Output(tensors[key]) for key in tensors}
-        except TensorDecodeError as e:
-            raise UnreadableOutput(model.name, version, str(e)) from None
+            outputs = {key: OutputTensor(tensors[key]) for key in tensors}
+        except TensorDecodeError as exc:
+            raise UnreadableOutput(model.name, version, str(exc)) from None
         return Prediction(version, outputs)
 
     async def model_available(self, name: str, timeout: float) -> bool:
@@ -379,7 +379,8 @@ class TFServingClient:
         except grpc.RpcError:
             return False
         return any(
-            s.state == tfs.ModelVersionStatus.AVAILABLE for s in response.model_version_status
+            status.state == tfs.ModelVersionStatus.AVAILABLE
+            for status in response.model_version_status
         )
 
     async def model_status(self, model: ModelRef, timeout: float) -> tfs.GetModelStatusResponse:
@@ -391,6 +392,6 @@ class TFServingClient:
             response: tfs.GetModelStatusResponse = await self._call(
                 "GetModelStatus", self._status, request, timeout
             )
-        except grpc.RpcError as e:
-            raise self._error(e, model) from None
+        except grpc.RpcError as exc:
+            raise self._error(exc, model) from None
         return response

@@ -67,7 +67,7 @@ def signature_from_metadata(
         )
     sig_map = tfs.SignatureDefMap.FromString(packed.value)
     if name not in sig_map.signature_def:
-        names = sorted(k for k in sig_map.signature_def if not k.startswith("__"))
+        names = sorted(key for key in sig_map.signature_def if not key.startswith("__"))
         raise errors.bad_model(
             f"model '{model.name}' version {version} has no '{name}' signature (it has "
             f"{names}); set signature = '<name>' for it in the model config"
@@ -76,8 +76,14 @@ def signature_from_metadata(
     return Signature(
         model.name,
         version,
-        {k: TensorSpec(v.dtype, shape_of(v.tensor_shape)) for k, v in sig.inputs.items()},
-        {k: TensorSpec(v.dtype, shape_of(v.tensor_shape)) for k, v in sig.outputs.items()},
+        {
+            key: TensorSpec(info.dtype, shape_of(info.tensor_shape))
+            for key, info in sig.inputs.items()
+        },
+        {
+            key: TensorSpec(info.dtype, shape_of(info.tensor_shape))
+            for key, info in sig.outputs.items()
+        },
         name,
     )
 

@@ -1,11 +1,11 @@
 """TensorProto <-> numpy conversion for the TF Serving hop (no TensorFlow needed).
 
-Inputs are written as `tensor_content` (raw bytes: 1.5x smaller than `int_val` varints for
-images and ~1000x faster to build; the request bytes themselves come from
-gateway.upstream.wire). Outputs are read from `tensor_content` when TF Serving
-sends it (`--enable_serialization_as_tensor_content`) and from the typed field otherwise,
-following TensorFlow's own rules (tensor.cc FromProto), through `Output`: checked when the
-response arrives, decoded only as far as a task reads it.
+Inputs are written as `tensor_content` (raw bytes: smaller than `int_val` varints for images and
+far faster to build; the request bytes themselves come from gateway.upstream.wire). Outputs are
+read from `tensor_content` when TF Serving sends it (`--enable_serialization_as_tensor_content`)
+and from the typed field otherwise, following TensorFlow's own rules (tensor.cc FromProto),
+through `OutputTensor`: checked when the response arrives, decoded only as far as a task reads
+it.
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ def shape_of(proto: tfs.TensorShapeProto) -> tuple[int, ...] | None:
     """Dimensions of a shape (-1 for unknown ones), or None for an unknown rank."""
     if proto.unknown_rank:
         return None
-    return tuple(int(d.size) for d in proto.dim)
+    return tuple(int(dim.size) for dim in proto.dim)
 
 
 def _shape_proto(shape: Sequence[int]) -> tfs.TensorShapeProto:
-    return tfs.TensorShapeProto(dim=[tfs.TensorShapeProto.Dim(size=int(n)) for n in shape])
+    return tfs.TensorShapeProto(dim=[tfs.TensorShapeProto.Dim(size=int(size)) for size in shape])
 
 
 _IMAGE_DTYPES = {np.dtype(np.uint8): tfs.DT_UINT8, np.dtype(np.float32): tfs.DT_FLOAT}
@@ -107,7 +107,7 @@ def _layout(proto: tfs.TensorProto) -> tuple[np.dtype, tuple[int, ...], int]:
     tensor_shape = proto.tensor_shape
     if tensor_shape.unknown_rank:
         raise TensorDecodeError("tensor has no fully defined shape: None")
-    shape = tuple([d.size for d in tensor_shape.dim])
+    shape = tuple([dim.size for dim in tensor_shape.dim])
     if shape and min(shape) < 0:
         raise TensorDecodeError(f"tensor has no fully defined shape: {shape}")
     number = proto.dtype
@@ -121,7 +121,7 @@ def _layout(proto: tfs.TensorProto) -> tuple[np.dtype, tuple[int, ...], int]:
     return dtype, shape, math.prod(shape)
 
 
-class Output:
+class OutputTensor:
     """One output tensor of a PredictResponse, checked at once and decoded when asked.
 
     The dtype and shape are read, and everything that could make the tensor undecodable is
@@ -187,11 +187,11 @@ def to_array(proto: tfs.TensorProto) -> np.ndarray:
     """Decodes a TensorProto into an array of its full shape (no per-element Python:
     np.frombuffer for tensor_content, one C-level conversion for the typed field);
     TensorDecodeError when it cannot be decoded."""
-    return Output(proto).array()
+    return OutputTensor(proto).array()
 
 
 def _decode(proto: tfs.TensorProto, shape: tuple[int, ...]) -> np.ndarray:
-    """The values of a tensor Output has checked."""
+    """The values of a tensor OutputTensor has checked."""
     dtype_number = proto.dtype
     if dtype_number == tfs.DT_STRING:
         return _string_array(proto, shape)
@@ -218,24 +218,24 @@ def _decode(proto: tfs.TensorProto, shape: tuple[int, ...]) -> np.ndarray:
     return flat.reshape(shape)
 
 
-Tensor = np.ndarray | Output
+Tensor = np.ndarray | OutputTensor
 
 
 def as_array(tensor: Tensor) -> np.ndarray:
     """An output (or an array, as tests and other callers pass) as an array."""
-    return tensor.array() if isinstance(tensor, Output) else tensor
+    return tensor.array() if isinstance(tensor, OutputTensor) else tensor
 
 
 def head(tensor: Tensor, count: int) -> list[Any]:
     """The first `count` values of an output (or an array) as Python numbers."""
-    if isinstance(tensor, Output):
+    if isinstance(tensor, OutputTensor):
         return tensor.head(count)
     flat: list[Any] = tensor.reshape(-1)[:count].tolist()
     return flat
 
 
 def _string_array(proto: tfs.TensorProto, shape: tuple[int, ...]) -> np.ndarray:
-    """A string tensor (of as many values as its shape needs: Output checks) as an object
+    """A string tensor (of as many values as its shape needs: OutputTensor checks) as an object
     array of bytes (e.g. a classifier's `label` output)."""
     array = np.empty(math.prod(shape), dtype=object)
     array[:] = list(proto.string_val)

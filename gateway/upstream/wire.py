@@ -25,7 +25,7 @@ _SHAPE_DIM, _DIM_SIZE = 2, 1
 
 
 # One-byte varints (tags, dtypes, short keys), made once.
-_SMALL_VARINTS = tuple(bytes((n,)) for n in range(0x80))
+_SMALL_VARINTS = tuple(bytes((value,)) for value in range(0x80))
 
 
 def _varint(value: int) -> bytes:
@@ -55,7 +55,7 @@ def _delimited(number: int, payload: bytes) -> bytes:
 
 def _shape_bytes(shape: Sequence[int]) -> bytes:
     return b"".join(
-        _delimited(_SHAPE_DIM, _tag(_DIM_SIZE, _VARINT) + _varint(int(n))) for n in shape
+        _delimited(_SHAPE_DIM, _tag(_DIM_SIZE, _VARINT) + _varint(int(size))) for size in shape
     )
 
 

@@ -25,7 +25,7 @@ from tensorflow_serving.apis import (
 
 from gateway.proto.tfswire.v1 import tfserving_pb2 as ours
 from gateway.upstream.tensors import (
-    Output,
+    OutputTensor,
     TensorDecodeError,
     image_tensor,
     string_tensor,
@@ -251,7 +251,7 @@ def test_to_array_repeats_the_last_typed_value_like_tensorflow() -> None:
 @pytest.mark.parametrize("dtype", list(_TYPED_FIELD))
 @pytest.mark.parametrize("given", ["all", "some", "none", "content"])
 def test_output_head_reads_the_first_values_as_tensorflow_does(dtype, given: str) -> None:
-    """Output.head (a detector's few used rows) gives what TensorFlow decodes, value for value
+    """OutputTensor.head (a detector's few used rows) gives what TensorFlow decodes, value for value
     and as Python numbers, whether the values are all there, repeat the last one given (TF's
     rule for typed fields), are absent (zeros) or come as tensor_content."""
     values = (np.random.default_rng(4).random((1, 5, 4)) * 100).astype(dtype)
@@ -268,7 +268,7 @@ def test_output_head_reads_the_first_values_as_tensorflow_does(dtype, given: str
             typed = typed[:12]  # TensorFlow repeats the last value given
         getattr(proto, _TYPED_FIELD[dtype]).extend([] if given == "none" else typed)
     expected = tf.make_ndarray(proto).ravel().tolist()
-    output = Output(ours.TensorProto.FromString(proto.SerializeToString()))
+    output = OutputTensor(ours.TensorProto.FromString(proto.SerializeToString()))
     for count in (0, 1, 7, 20):
         head = output.head(count)
         assert head == expected[:count]
@@ -277,7 +277,7 @@ def test_output_head_reads_the_first_values_as_tensorflow_does(dtype, given: str
 
 
 def test_an_undecodable_output_fails_when_the_response_is_read() -> None:
-    """Output checks everything to_array would refuse at once, so a bad tensor fails where the
+    """OutputTensor checks everything to_array would refuse at once, so a bad tensor fails where the
     response is read (UnreadableOutput), not later in a task."""
     short = ours.TensorProto(dtype=ours.DT_FLOAT, tensor_content=b"\x00" * 8)
     short.tensor_shape.dim.add(size=3)
@@ -292,4 +292,4 @@ def test_an_undecodable_output_fails_when_the_response_is_read() -> None:
         (ours.TensorProto(dtype=ours.DT_VARIANT), "unsupported tensor dtype DT_VARIANT"),
     ):
         with pytest.raises(TensorDecodeError, match=re.escape(message)):
-            Output(proto)
+            OutputTensor(proto)

@@ -129,8 +129,8 @@ async def _unary(
                 task, to_request(request, request_id, method, context.time_remaining(), trace)
             )
             return _converted(to_result, outcome)
-        except GatewayError as e:
-            await context.abort(STATUS[e.kind], e.message)
+        except GatewayError as exc:
+            await context.abort(STATUS[exc.kind], exc.message)
             raise  # unreachable: abort raises
     finally:
         drain.leave()
@@ -177,9 +177,9 @@ async def _stream(
     async def answer(request_id: str, work: asyncio.Task[Outcome]) -> ResultT:
         try:
             return _converted(to_result, await work)
-        except GatewayError as e:
-            if e.kind.per_item:
-                return error_result(e, request_id)
+        except GatewayError as exc:
+            if exc.kind.per_item:
+                return error_result(exc, request_id)
             raise
         finally:
             in_flight.discard(work)
@@ -205,8 +205,8 @@ async def _stream(
             yield await answer(*item)
             # gRPC asks for the next result once it has taken this one: read one more frame.
             window.release()
-    except GatewayError as e:
-        await context.abort(STATUS[e.kind], e.message)
+    except GatewayError as exc:
+        await context.abort(STATUS[exc.kind], exc.message)
     finally:
         reader.cancel()
         for work in in_flight:

@@ -59,7 +59,7 @@ ApiRequest = Any
 RawMetadata = list[tuple[bytes, bytes]]
 
 _MODEL_KEYS = ("name", "version", "label")
-_F = FieldDescriptor
+Field = FieldDescriptor
 
 
 class BodyFormat:
@@ -94,9 +94,9 @@ class Decoded:
 def option_names(message: ApiRequest) -> tuple[str, ...]:
     """The request message's scalar options (min_score, max_detections / top_k, request_id)."""
     return tuple(
-        f.name
-        for f in message.DESCRIPTOR.fields
-        if f.name not in ("image", "model") and f.type != _F.TYPE_MESSAGE
+        field.name
+        for field in message.DESCRIPTOR.fields
+        if field.name not in ("image", "model") and field.type != Field.TYPE_MESSAGE
     )
 
 
@@ -106,8 +106,8 @@ def option_names(message: ApiRequest) -> tuple[str, ...]:
 def decode_json(body: bytes, message: ApiRequest) -> Decoded:
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise errors.invalid_input(f"the body is not valid JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise errors.invalid_input(f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise errors.invalid_input(
             f"the JSON body must be an object with an 'image' field, got {_json_type(data)}"
@@ -131,8 +131,8 @@ def decode_json(body: bytes, message: ApiRequest) -> Decoded:
         )
     try:
         json_format.ParseDict(data, message)
-    except json_format.ParseError as e:
-        raise errors.invalid_input(f"invalid JSON request: {e}") from None
+    except json_format.ParseError as exc:
+        raise errors.invalid_input(f"invalid JSON request: {exc}") from None
     message.image = _base64(image)
     return Decoded(message)
 
@@ -143,8 +143,8 @@ def _base64(text: str) -> bytes:
     value += "=" * (-len(value) % 4)
     try:
         return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise errors.invalid_input(f"image is not valid base64: {e}") from None
+    except (binascii.Error, ValueError) as exc:
+        raise errors.invalid_input(f"image is not valid base64: {exc}") from None
 
 
 def _json_type(value: object) -> str:
@@ -158,7 +158,7 @@ def _json_type(value: object) -> str:
 def decode_msgpack(body: bytes, message: ApiRequest) -> Decoded:
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(body), 1))
     unpacker.feed(body)
-    fields = {f.name: f for f in message.DESCRIPTOR.fields}
+    fields = {field.name: field for field in message.DESCRIPTOR.fields}
     metadata: RawMetadata = []
     seen_image = False
     try:
@@ -183,9 +183,9 @@ def decode_msgpack(body: bytes, message: ApiRequest) -> Decoded:
                 f"the MessagePack body has {len(body) - unpacker.tell()} bytes after its map; "
                 "send one map"
             )
-    except (ValueError, msgpack.OutOfData) as e:
+    except (ValueError, msgpack.OutOfData) as exc:
         raise errors.invalid_input(
-            f"the body is not valid MessagePack: {e or 'truncated'}"
+            f"the body is not valid MessagePack: {exc or 'truncated'}"
         ) from None
     if not seen_image:
         raise errors.invalid_input(
@@ -197,7 +197,7 @@ def decode_msgpack(body: bytes, message: ApiRequest) -> Decoded:
 def _set_field(message: Any, field: FieldDescriptor, value: Any) -> None:
     """One MessagePack value into a message field, with the checks JSON parsing does."""
     name = field.name
-    if field.type == _F.TYPE_BYTES:
+    if field.type == Field.TYPE_BYTES:
         if isinstance(value, str):
             raise errors.invalid_input(
                 f"{name} is a MessagePack str; send the image bytes as bin (e.g. Python bytes "
@@ -206,11 +206,11 @@ def _set_field(message: Any, field: FieldDescriptor, value: Any) -> None:
         if not isinstance(value, bytes):
             raise errors.invalid_input(f"{name} must be bin (bytes), got {_msgpack_type(value)}")
         setattr(message, name, value)
-    elif field.type == _F.TYPE_MESSAGE:
+    elif field.type == Field.TYPE_MESSAGE:
         if not isinstance(value, dict):
             raise errors.invalid_input(f"{name} must be a map, got {_msgpack_type(value)}")
         sub = getattr(message, name)
-        sub_fields = {f.name: f for f in sub.DESCRIPTOR.fields}
+        sub_fields = {field.name: field for field in sub.DESCRIPTOR.fields}
         for sub_key, sub_value in value.items():
             if sub_key not in sub_fields:
                 raise errors.invalid_input(
@@ -222,21 +222,21 @@ def _set_field(message: Any, field: FieldDescriptor, value: Any) -> None:
 
 
 def _set_scalar(message: Any, field: FieldDescriptor, value: Any, where: str) -> None:
-    if field.type == _F.TYPE_STRING:
+    if field.type == Field.TYPE_STRING:
         ok = isinstance(value, str)
-    elif field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
+    elif field.type in (Field.TYPE_FLOAT, Field.TYPE_DOUBLE):
         ok = isinstance(value, int | float) and not isinstance(value, bool)
     else:
         ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok:
-        wanted = {_F.TYPE_STRING: "a string", _F.TYPE_FLOAT: "a number"}.get(
+        wanted = {Field.TYPE_STRING: "a string", Field.TYPE_FLOAT: "a number"}.get(
             field.type, "an integer"
         )
         raise errors.invalid_input(f"{where} must be {wanted}, got {_msgpack_type(value)}")
     try:
         setattr(message, field.name, value)
-    except (ValueError, TypeError) as e:
-        raise errors.invalid_input(f"{where}: {e}") from None
+    except (ValueError, TypeError) as exc:
+        raise errors.invalid_input(f"{where}: {exc}") from None
 
 
 def _msgpack_type(value: object) -> str:
@@ -297,7 +297,8 @@ def apply_query(
 ) -> None:
     """Options given as text (query string or form fields): the message's scalar options,
     and `model`, `version`, `label` when the path does not name the model."""
-    options = {f.name: f for f in message.DESCRIPTOR.fields if f.name in option_names(message)}
+    names = option_names(message)
+    options = {field.name: field for field in message.DESCRIPTOR.fields if field.name in names}
     model_keys = {"model": "name", "version": "version", "label": "label"} if allow_model else {}
     for key, text in params.items():
         if key in options:
@@ -312,10 +313,10 @@ def apply_query(
 
 
 def _parse_text(field: FieldDescriptor, text: str, key: str, source: str) -> Any:
-    if field.type == _F.TYPE_STRING:
+    if field.type == Field.TYPE_STRING:
         return text
     try:
-        if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
+        if field.type in (Field.TYPE_FLOAT, Field.TYPE_DOUBLE):
             value = float(text)
             if math.isfinite(value):
                 return value
@@ -323,7 +324,7 @@ def _parse_text(field: FieldDescriptor, text: str, key: str, source: str) -> Any
             return int(text)
     except ValueError:
         pass
-    wanted = "a number" if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE) else "an integer"
+    wanted = "a number" if field.type in (Field.TYPE_FLOAT, Field.TYPE_DOUBLE) else "an integer"
     raise errors.invalid_input(f"{source} {key} must be {wanted}, got {text!r}")
 
 

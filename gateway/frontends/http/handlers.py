@@ -69,8 +69,8 @@ class Handlers:
     async def errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
-        except web.HTTPMethodNotAllowed as e:
-            allowed = ", ".join(sorted(e.allowed_methods))
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
             error = method_not_allowed(
                 f"{request.method} is not allowed on {request.path}; use {allowed}"
             )
@@ -85,9 +85,9 @@ class Handlers:
                     "routes"
                 ),
             )
-        except web.HTTPException as e:
+        except web.HTTPException as exc:
             # aiohttp's own refusals (e.g. a bad Expect header): its status, as JSON.
-            return _http_error(request, HttpError(e.status, "INVALID_ARGUMENT", e.reason))
+            return _http_error(request, HttpError(exc.status, "INVALID_ARGUMENT", exc.reason))
         except Exception:
             # A bug in the door (the pipeline turns its own into INTERNAL): logged with its
             # traceback, answered without details, as the pipeline does.
@@ -142,12 +142,12 @@ class Handlers:
         as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
         try:
             decoded = await self._request_message(binding, request, body_format, path_model)
-        except (GatewayError, HttpError) as e:
+        except (GatewayError, HttpError) as exc:
             # Refused before the pipeline: counted and logged here, like the pipeline does.
             request_id = header_id or new_request_id()
-            status = e.status if isinstance(e, HttpError) else STATUS[e.kind]
-            self._record_rejection(method, e.code, request_id, started, status)
-            response = error_response(status, e.code, e.message, request_id, as_msgpack)
+            status = exc.status if isinstance(exc, HttpError) else STATUS[exc.kind]
+            self._record_rejection(method, exc.code, request_id, started, status)
+            response = error_response(status, exc.code, exc.message, request_id, as_msgpack)
             if status in (408, 413):
                 response.force_close()  # the rest of the body is not read
             return response
@@ -157,8 +157,8 @@ class Handlers:
             outcome = await self._pipeline.run(
                 binding.task, binding.to_request(message, request_id, method, None, trace)
             )
-        except GatewayError as e:
-            return error_response(STATUS[e.kind], e.code, e.message, request_id, as_msgpack)
+        except GatewayError as exc:
+            return error_response(STATUS[exc.kind], exc.code, exc.message, request_id, as_msgpack)
         return result_response(binding.to_result(outcome), request_id, as_msgpack, decoded.metadata)
 
     async def _request_message(
@@ -220,9 +220,13 @@ class Handlers:
         try:
             model = PathModel(match["model"], match.get("version"), match.get("label")).ref()
             status = await self._pipeline.model_status(model)
-        except GatewayError as e:
-            return error_response(STATUS[e.kind], e.code, e.message, "", as_msgpack)
-        body = {"model_version_status": [_version_status(s) for s in status.model_version_status]}
+        except GatewayError as exc:
+            return error_response(STATUS[exc.kind], exc.code, exc.message, "", as_msgpack)
+        body = {
+            "model_version_status": [
+                _version_status(version) for version in status.model_version_status
+            ]
+        }
         return web.Response(
             body=json.dumps(body, separators=(",", ":")).encode(), content_type=bodies.JSON
         )

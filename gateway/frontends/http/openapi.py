@@ -16,7 +16,7 @@ from gateway.frontends.api import Binding, Bindings
 from gateway.frontends.http import bodies
 from gateway.models import ModelRegistry
 
-_F = FieldDescriptor
+Field = FieldDescriptor
 
 _ERROR = {
     "description": "error",
@@ -76,7 +76,8 @@ def _parameters(
     binding: Binding, names: tuple[str, ...], model_in_query: bool
 ) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = [
-        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in names
     ]
     fields = binding.request_type.DESCRIPTOR.fields_by_name
     options = [
@@ -90,8 +91,14 @@ def _parameters(
             ("label", "string", "model version label"),
         ]
     params += [
-        {"name": n, "in": "query", "required": False, "schema": {"type": t}, "description": d}
-        for n, t, d in options
+        {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "schema": {"type": kind},
+            "description": text,
+        }
+        for name, kind, text in options
     ]
     params.append(
         {
@@ -137,8 +144,8 @@ def _status(names: tuple[str, ...]) -> dict[str, Any]:
         "get": {
             "summary": "TF Serving's status of the model's versions (as its REST API)",
             "parameters": [
-                {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
-                for n in names
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                for name in names
             ],
             "responses": {
                 "200": {
@@ -156,16 +163,16 @@ def _status(names: tuple[str, ...]) -> dict[str, Any]:
 
 def _scalar(field: Any) -> dict[str, Any]:
     """The proto3 JSON schema of a scalar field."""
-    if field.type in (_F.TYPE_INT64, _F.TYPE_UINT64, _F.TYPE_SINT64, _F.TYPE_FIXED64,
-                      _F.TYPE_SFIXED64):  # fmt: skip
+    if field.type in (Field.TYPE_INT64, Field.TYPE_UINT64, Field.TYPE_SINT64, Field.TYPE_FIXED64,
+                      Field.TYPE_SFIXED64):  # fmt: skip
         return {"type": "string", "description": "int64 (a decimal string in proto3 JSON)"}
-    if field.type in (_F.TYPE_FLOAT, _F.TYPE_DOUBLE):
+    if field.type in (Field.TYPE_FLOAT, Field.TYPE_DOUBLE):
         return {"type": "number"}
-    if field.type == _F.TYPE_BOOL:
+    if field.type == Field.TYPE_BOOL:
         return {"type": "boolean"}
-    if field.type == _F.TYPE_BYTES:
+    if field.type == Field.TYPE_BYTES:
         return {"type": "string", "contentEncoding": "base64"}
-    if field.type in (_F.TYPE_STRING, _F.TYPE_ENUM):
+    if field.type in (Field.TYPE_STRING, Field.TYPE_ENUM):
         return {"type": "string"}
     return {"type": "integer"}
 
@@ -195,9 +202,9 @@ def _add_schema(descriptor: Any, schemas: dict[str, Any]) -> str:
     schema: dict[str, Any] = {"type": "object", "properties": {}}
     schemas[name] = schema
     for field in descriptor.fields:
-        if field.type == _F.TYPE_MESSAGE:
+        if field.type == Field.TYPE_MESSAGE:
             value = {"$ref": f"#/components/schemas/{_add_schema(field.message_type, schemas)}"}
-        elif field.name == "image" and field.type == _F.TYPE_BYTES:
+        elif field.name == "image" and field.type == Field.TYPE_BYTES:
             value = _IMAGE
         else:
             value = _scalar(field)
@@ -299,8 +306,8 @@ def document(registry: ModelRegistry, bindings: Bindings) -> dict[str, Any]:
             "responses": {"200": {"description": "HTML", "content": {"text/html": {}}}},
         }
     }
-    tasks = ", ".join(b.task for b in bindings).capitalize()
-    services = ", ".join(b.service_name for b in bindings)
+    tasks = ", ".join(binding.task for binding in bindings).capitalize()
+    services = ", ".join(binding.service_name for binding in bindings)
     return {
         "openapi": "3.1.0",
         "info": {

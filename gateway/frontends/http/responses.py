@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from gateway.frontends.http.bodies import JSON, MSGPACK, MSGPACK_TYPES, RawMetadata
 
 REQUEST_ID = "x-request-id"
-_F = FieldDescriptor
+Field = FieldDescriptor
 
 
 def wants_msgpack(request: web.Request, body_is_msgpack: bool) -> bool:
@@ -92,9 +92,9 @@ def _native(message: Message) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
-        if field.type == _F.TYPE_MESSAGE:
+        if field.type == Field.TYPE_MESSAGE:
             if field.is_repeated:
-                out[field.name] = [_native(v) for v in value]
+                out[field.name] = [_native(item) for item in value]
             elif message.HasField(field.name):
                 out[field.name] = _native(value)
         elif field.is_repeated:
@@ -122,9 +122,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"b64": base64.b64encode(value).decode()}
     if isinstance(value, dict):
-        return {_json_key(k): _jsonable(v) for k, v in value.items()}
+        return {_json_key(key): _jsonable(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(item) for item in value]
     if isinstance(value, msgpack.ExtType):
         return {"ext": value.code, "b64": base64.b64encode(value.data).decode()}
     if isinstance(value, float) and not math.isfinite(value):
