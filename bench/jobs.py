@@ -44,7 +44,8 @@ def gateway(upstream: str, store: Path) -> Iterator[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--host=127.0.0.1", f"--port={port}",
          f"--upstream={upstream}", "--model=pixels", "--metrics-port=0",
-         f"--job-store={store}", f"--batch-max-running={JOBS}"],
+         f"--job-store={store}", f"--batch-max-running={JOBS}",
+         f"--batch-allowed-input-uris={store.parent}"],
         cwd=ROOT, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     target = f"127.0.0.1:{port}"

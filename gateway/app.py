@@ -16,16 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import grpc
-
 from gateway import memory, metrics, tracing
+from gateway.batch.in_process import Lane
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends import api
-from gateway.frontends.grpc import jobs as grpc_jobs
 from gateway.frontends.grpc import server as grpc_door
 from gateway.imaging import resize
-from gateway.jobs.local import BatchLane, LocalExecutor
+from gateway.jobs.local import LocalExecutor
 from gateway.jobs.service import Executor, JobService
 from gateway.jobs.store import JobStore
 from gateway.labels import Labels
@@ -86,7 +84,7 @@ async def serve(
     resize.use_threads(settings.decode_threads)
     client = TFServingClient(settings)
     pipeline = Pipeline(settings, client, registry, executor, tasks)
-    jobs, lane = build_jobs(settings, pipeline, client, bindings)
+    jobs = build_jobs(settings, pipeline, client, bindings)
     grpc = grpc_door.build(settings, pipeline, bindings, jobs)
     await grpc.statuses.start()
     readiness = Readiness(
@@ -101,8 +99,6 @@ async def serve(
         http = HttpDoor(settings, pipeline, bindings, readiness)
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
-    if lane is not None:
-        await lane.start()
     await jobs.start()
     http_port = await http.start() if http is not None else 0
     readiness_task = asyncio.create_task(readiness.run())
@@ -157,8 +153,6 @@ async def serve(
     await asyncio.gather(*stops)
     # Running batch jobs stop where they are (their state stays RUNNING) and resume on start.
     await jobs.close()
-    if lane is not None:
-        await lane.stop(1.0)
     await client.close()
     executor.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
@@ -166,26 +160,18 @@ async def serve(
 
 def build_jobs(
     settings: Settings, pipeline: Pipeline, client: TFServingClient, bindings: api.Bindings
-) -> tuple[JobService, grpc.aio.Server | None]:
-    """Batch jobs over the API and their executor; with the local executor also the batch
-    lane's loopback server (not started)."""
+) -> JobService:
+    """Batch jobs over the API and their executor (the local one runs them on `pipeline`)."""
     store = JobStore(settings.job_store)
-    lane_server: grpc.aio.Server | None = None
 
     def executor(service: JobService) -> Executor:
-        nonlocal lane_server
         if settings.batch_executor == "kubernetes":
             from gateway.jobs.kube import KubernetesExecutor  # imports the kubernetes client
 
             return KubernetesExecutor(service, settings)
-        local = LocalExecutor(service, settings)
-        lane = BatchLane(pipeline, settings.batch_yield_threshold)
-        lane_server, port = grpc_jobs.build_lane(settings, lane, bindings)
-        local.target = f"127.0.0.1:{port}"
-        return local
+        return LocalExecutor(service, settings, Lane(pipeline, settings.batch_yield_threshold))
 
-    jobs = JobService(settings, store, pipeline, client, executor)
-    return jobs, lane_server
+    return JobService(settings, store, pipeline, client, bindings, executor)
 
 
 def _tls_mode(tls: object, mutual: object) -> str:

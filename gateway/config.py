@@ -146,12 +146,38 @@ class Settings:
     job_store: str = "/tmp/detection-gateway-jobs"
     # Output prefixes a caller may name (comma-separated); the job store is always allowed.
     batch_allowed_uris: str = ""
-    # Unfinished jobs at once, in total and per caller (the client certificate's identity or
-    # the mesh's x-forwarded-client-cert URI; "anonymous" without either).
+    # Input prefixes a job created through the API may read (comma-separated, with their
+    # scheme: s3://bucket/data, /srv/datasets); anything else, other schemes such as http://
+    # included, is PERMISSION_DENIED. Uploads are always allowed. The command-line runner is
+    # not limited.
+    batch_allowed_input_uris: str = ""
+    # Who is calling is the mTLS client certificate's identity (URI SAN such as a SPIFFE ID,
+    # else the subject CN). x-forwarded-client-cert counts only when this is true: set it
+    # only behind a proxy that overwrites the header (Istio's sidecar does); otherwise any
+    # client could name itself. No certificate and no trusted header: "anonymous".
+    trust_xfcc: bool = False
+    # Identities (comma-separated) that see and manage every caller's operations.
+    batch_admins: str = ""
+    # Unfinished jobs at once, in total and per caller.
     batch_max_jobs: int = 32
     batch_max_jobs_per_caller: int = 8
-    # Largest upload (all UploadImages calls of one upload_id together).
+    # Largest upload (all UploadImages calls of one upload_id together), all of one caller's
+    # stored uploads, and one caller's uploads not used by a job yet.
     batch_max_upload_bytes: int = 1024 * MIB
+    batch_max_upload_bytes_per_caller: int = 2048 * MIB
+    batch_max_uploads_per_caller: int = 16
+    # Everything the gateway writes to its job store (uploads, results kept there); past it,
+    # uploads and new jobs are refused until operations are deleted or expire. Size the
+    # store's volume from it (k8s/ does).
+    job_store_max_bytes: int = 4096 * MIB
+    # Seconds an upload no job uses is kept (since its last image), and a finished operation
+    # with the results kept in the store (7 days; DeleteOperation frees them sooner).
+    upload_ttl: float = 86400.0
+    operation_ttl: float = 604800.0
+    # A job runs in one gateway process at a time under a lease in the job store, renewed
+    # while it runs; when its holder dies, another replica takes the job over this long
+    # after the last renewal.
+    job_lease_seconds: float = 30.0
     # local executor: jobs running at once, images in flight over all of them, and the
     # number of online images in flight at which batch images are refused (retried later;
     # 0 pauses batch work: jobs are accepted and wait).
@@ -213,6 +239,9 @@ class Settings:
             "batch_max_jobs",
             "batch_max_jobs_per_caller",
             "batch_max_upload_bytes",
+            "batch_max_upload_bytes_per_caller",
+            "batch_max_uploads_per_caller",
+            "job_store_max_bytes",
             "batch_max_running",
             "batch_concurrency",
             "batch_parallelism",
@@ -261,6 +290,8 @@ class Settings:
             raise ValueError("batch-yield-threshold must be >= 0 (0 pauses local batch work)")
         if self.batch_checkpoint_seconds <= 0:
             raise ValueError("batch-checkpoint-seconds must be positive")
+        if self.upload_ttl <= 0 or self.operation_ttl <= 0 or self.job_lease_seconds <= 0:
+            raise ValueError("upload-ttl, operation-ttl and job-lease-seconds must be positive")
 
 
 def env_name(field_name: str) -> str:
@@ -325,9 +356,18 @@ _HELP = {
     "batch_executor": "where batch jobs run: local (in this process) or kubernetes (Jobs)",
     "job_store": "batch job records, uploads and default outputs (directory or fsspec URI)",
     "batch_allowed_uris": "comma-separated output prefixes callers may name (job store always)",
+    "batch_allowed_input_uris": "comma-separated input prefixes API jobs may read (uploads always)",
+    "trust_xfcc": "take the caller from x-forwarded-client-cert (only behind a proxy that sets it)",
+    "batch_admins": "comma-separated caller identities that see and manage every operation",
     "batch_max_jobs": "unfinished batch jobs at once, all callers",
     "batch_max_jobs_per_caller": "unfinished batch jobs at once per caller",
     "batch_max_upload_bytes": "largest UploadImages upload, in bytes",
+    "batch_max_upload_bytes_per_caller": "bytes of all uploads one caller keeps in the store",
+    "batch_max_uploads_per_caller": "uploads one caller keeps that no job uses yet",
+    "job_store_max_bytes": "bytes the gateway may keep in its job store (uploads, results)",
+    "upload_ttl": "seconds an upload no job uses is kept after its last image",
+    "operation_ttl": "seconds a finished operation and its stored results are kept",
+    "job_lease_seconds": "seconds after its last renewal that another replica takes a job over",
     "batch_max_running": "local executor: batch jobs running at once (others wait, QUEUED)",
     "batch_concurrency": "local executor: batch images in flight over all running jobs",
     "batch_yield_threshold": "local executor: online images in flight that pause batch images",

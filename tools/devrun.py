@@ -123,6 +123,8 @@ def main() -> None:
         f"--metrics-port={args.metrics_port}",
         f"--http-port={args.http_port}",
         "--health-interval=2",
+        # Batch jobs through the API may read the sample images (and uploads).
+        f"--batch-allowed-input-uris={(args.models / 'samples').resolve()}",
     ]
     env = {**os.environ, "TFS_LOCAL_BIND_HOST": "127.0.0.1"}
     print(

@@ -1,9 +1,12 @@
 """Batch jobs: every image of a dataset through the gateway, results as JSON Lines.
 
-Modules, in data-flow order: sources (what INPUT holds: images, manifests, TFRecords via
-tfrecord; output files and shards) -> runner (gRPC streams to the gateway, retries) ->
-job (order, checkpoints, markers, summary) -> output (OUTPUT's layout) over storage
-(fsspec, atomic writes). The command line is __main__ (`detection-batch`).
+Modules, in data-flow order: spec (the job: JobSpec) -> sources (what INPUT holds: images,
+manifests, TFRecords via tfrecord; output files and shards; access: where a job started
+through the API may read) -> shard (answers back in input order, checkpoints) over a
+transport (transport: the shared rules; over_grpc: streams to a gateway; in_process: the
+pipeline of this process) -> job (job.json, markers, summary) -> output (OUTPUT's layout,
+the one reader of committed parts) over storage (fsspec, atomic writes); status reads a
+job's progress back. The command line is __main__ (`detection-batch`).
 
 Exactly once, resumable. Every output file is written whole, once, atomically (temporary
 name + rename on a local disk, one PUT on an object store), so it exists only when complete.
@@ -21,10 +24,10 @@ So a restart redoes at most the last few seconds of answers, and each input item
 on exactly one line, at its position. The finished file is the concatenation of the chain,
 written only once the input has been read to its end and every line is answered.
 
-Arguments: `_batch/job.json` records what shapes the results (input, format, task, model,
-version or label, score/detection/top-k options, shard count) and a SHA-256 of the input
-listing (keys and sizes). A run with other values, or over a changed input, is refused;
-the gateway address, TLS, concurrency and timeouts may change between restarts.
+Arguments: `_batch/job.json` holds the JobSpec (input, task, model, options, shards) and a
+SHA-256 of the input listing (keys and sizes). A run with other values, or over a changed
+input, is refused; the gateway address, TLS, concurrency and timeouts may change between
+restarts.
 
 Shards: shard I of N takes the I-th contiguous block of the sorted input files (images,
 or whole manifest / TFRecord files) and writes only its own output files and

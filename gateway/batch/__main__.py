@@ -13,8 +13,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gateway.batch import job, runner, sources, storage
+from gateway.batch import job, sources, storage
+from gateway.batch.access import Guard
 from gateway.batch.output import Output
+from gateway.batch.over_grpc import GrpcTransport, Knobs
+from gateway.batch.shard import RunSettings
+from gateway.batch.spec import FORMATS, JobSpec
+from gateway.batch.transport import Deliver, StopJob
+from gateway.client.cli import add_option_arguments, add_tls_arguments, tls_from_args
+from gateway.errors import GatewayError
+from gateway.frontends.api import BUILT_IN, Bindings
+from gateway.modelref import ModelRef
 
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in Indexed Jobs
 SHARD_COUNT_ENV = "BATCH_SHARD_COUNT"  # set it to the Job's completions
@@ -28,7 +37,7 @@ def _env_int(name: str, default: int) -> int:
         raise SystemExit(f"detection-batch: error: {name}={value!r} is not a number") from None
 
 
-def run_parser() -> argparse.ArgumentParser:
+def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="detection-batch",
         description="Run every image of a dataset through the gateway and write JSON Lines "
@@ -43,10 +52,10 @@ def run_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("output", metavar="OUTPUT", help="output prefix (local or fsspec URL)")
     parser.add_argument("--target", required=True, help="gateway host:port")
-    parser.add_argument("--task", choices=(runner.DETECT, runner.CLASSIFY), default=runner.DETECT)
+    parser.add_argument("--task", choices=bindings.verbs, default=bindings.verbs[0])
     parser.add_argument(
         "--format",
-        choices=("auto", *sources.FORMATS),
+        choices=FORMATS,
         default="auto",
         help="dataset format (auto: from the file names)",
     )
@@ -54,18 +63,7 @@ def run_parser() -> argparse.ArgumentParser:
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--version", type=int, help="model version")
     choice.add_argument("--label", help="model version label, e.g. stable")
-    parser.add_argument(
-        "--min-score", type=float, default=0.0, help="minimum score, 0 = the gateway's default"
-    )
-    parser.add_argument(
-        "--max-detections",
-        type=int,
-        default=0,
-        help="detections per image (detect), 0 = the gateway's default",
-    )
-    parser.add_argument(
-        "--top-k", type=int, default=0, help="classes per image (classify), 0 = the model's default"
-    )
+    add_option_arguments(parser, bindings)
     parser.add_argument("--concurrency", type=int, default=64, help="images in flight")
     parser.add_argument(
         "--stream-window",
@@ -113,47 +111,54 @@ def run_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds between JSON progress lines (without a terminal)",
     )
-    tls = parser.add_argument_group("TLS to the gateway")
-    tls.add_argument("--tls", action="store_true", help="use TLS (implied by the files below)")
-    tls.add_argument("--ca-file", default="", help="PEM CA bundle (default: system roots)")
-    tls.add_argument("--cert-file", default="", help="PEM client certificate chain (mTLS)")
-    tls.add_argument("--key-file", default="", help="PEM private key of --cert-file")
-    tls.add_argument("--server-name", default="", help="name expected in the certificate")
+    parser.add_argument(
+        "--allowed-input-uris",
+        default=None,
+        help="comma-separated prefixes the job may read, manifest lines included (default: "
+        "anything this process can read; the gateway's kubernetes executor sets it)",
+    )
+    add_tls_arguments(parser)
     return parser  # fmt: skip
 
 
-def _run(argv: Sequence[str]) -> int:
-    parser = run_parser()
+def _run(argv: Sequence[str], bindings: Bindings) -> int:
+    parser = run_parser(bindings)
     a = parser.parse_args(argv)
     shard_index = a.shard_index if a.shard_index is not None else _env_int(SHARD_INDEX_ENV, 0)
     shard_count = a.shard_count if a.shard_count is not None else _env_int(SHARD_COUNT_ENV, 1)
     if shard_count < 1 or not 0 <= shard_index < shard_count:
         parser.error(f"shard index {shard_index} must be in [0, shard count {shard_count})")
-    if not 0.0 <= a.min_score <= 1.0:
-        parser.error(f"--min-score must be in [0, 1], got {a.min_score}")
-    if a.max_detections < 0 or a.top_k < 0 or (a.version is not None and a.version < 1):
-        parser.error("--max-detections and --top-k must be >= 0, --version >= 1")
     if a.concurrency < 1 or a.stream_window < 1 or a.connections < 1:
         parser.error("--concurrency, --stream-window and --connections must be at least 1")
     if bool(a.cert_file) != bool(a.key_file):
         parser.error("--cert-file and --key-file go together")
-    args = job.JobArgs(
-        input=a.input, output=a.output, format=a.format, task=a.task, model=a.model,
-        version=a.version, label=a.label, min_score=a.min_score,
-        max_detections=a.max_detections, top_k=a.top_k, shard_count=shard_count,
+    binding = bindings.for_verb(a.task)
+    spec = JobSpec(
+        input=a.input, output=a.output, format=a.format, task=binding.task,
+        model=ModelRef(a.model, a.version, a.label),
+        options={name: getattr(a, name) for name in binding.options}, shards=shard_count,
     )  # fmt: skip
-    options = runner.Options(
-        target=a.target, task=a.task, model=a.model, version=a.version, label=a.label,
-        min_score=a.min_score, max_detections=a.max_detections, top_k=a.top_k,
-        concurrency=a.concurrency, stream_window=a.stream_window, connections=a.connections,
-        timeout=a.timeout, give_up_after=a.give_up_after,
-        tls=runner.Tls(a.tls, a.ca_file, a.cert_file, a.key_file, a.server_name),
+    try:
+        spec.check()
+    except GatewayError as e:
+        parser.error(e.message)
+    knobs = Knobs(
+        target=a.target, concurrency=a.concurrency, stream_window=a.stream_window,
+        connections=a.connections, timeout=a.timeout, give_up_after=a.give_up_after,
+        tls=tls_from_args(a),
     )  # fmt: skip
-    settings = job.RunSettings(
+    settings = RunSettings(
         shard_index=shard_index, checkpoint_seconds=a.checkpoint_seconds,
         log_interval=a.log_interval,
     )  # fmt: skip
-    summary = asyncio.run(job.run_shard(args, options, settings))
+
+    def connect(deliver: Deliver) -> GrpcTransport:
+        return GrpcTransport(spec, binding, knobs, deliver)
+
+    guard = None
+    if a.allowed_input_uris is not None:
+        guard = Guard.of(p.strip() for p in a.allowed_input_uris.split(",") if p.strip())
+    summary = asyncio.run(job.run_shard(spec, connect, knobs.concurrency, settings, guard))
     print(json.dumps(summary), flush=True)
     return 0
 
@@ -170,16 +175,16 @@ def _finalize(argv: Sequence[str]) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "finalize":
             return _finalize(argv[1:])
-        return _run(argv)
-    except (job.JobError, sources.DatasetError, storage.StorageError) as e:
+        return _run(argv, bindings)
+    except (job.JobError, sources.DatasetError, storage.StorageError, GatewayError) as e:
         print(f"detection-batch: error: {e}", file=sys.stderr)
         return 2
-    except (runner.FatalError, sources.ReadError) as e:
+    except (StopJob, sources.ReadError) as e:
         print(f"detection-batch: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -28,6 +28,7 @@ from gateway.batch.storage import Location
 
 STATE = "_batch"
 _PART = re.compile(r"^(\d{12})-(\d{12})\.jsonl$")
+_HEADER_READ = 64 * 1024  # a part's header line is read alone when it fits in this
 
 
 @dataclass
@@ -85,34 +86,14 @@ class Output:
     def resume_point(self, unit: str) -> tuple[int, list[str], Counts]:
         """Lines of `unit` already committed: (next index, part paths in order, counts).
 
-        The parts that chain from line 0 count; a part that does not fit the chain (left by
-        a duplicate process that cut its parts elsewhere) or whose line count is wrong is
-        deleted.
+        Parts off the chain (left by a duplicate process that cut its parts elsewhere) and
+        temporaries are deleted.
         """
         directory = self.parts_dir(unit)
         storage.remove_temporaries(self.fs, directory)
-        spans: dict[int, list[tuple[int, str]]] = {}
-        for path in storage.listing(self.fs, directory):
-            match = _PART.match(posixpath.basename(path))
-            if match:
-                start, end = int(match.group(1)), int(match.group(2))
-                spans.setdefault(start, []).append((end, path))
-        chain: list[str] = []
-        counts = Counts()
-        position = 0
-        used: set[str] = set()
-        while position in spans:
-            end, path = max(spans[position])
-            header, lines = _read_part(self.fs, path)
-            if header is None or lines != end - position:
-                break
-            counts.add(header)
-            chain.append(path)
-            used.add(path)
-            position = end
-        stray = [p for group in spans.values() for _, p in group if p not in used]
-        storage.delete(self.fs, stray)
-        return position, chain, counts
+        found = committed(self.fs, directory)
+        storage.delete(self.fs, found.stray)
+        return found.lines, [path for _, path in found.parts], found.counts
 
     def commit_part(self, unit: str, start: int, lines: list[bytes], counts: Counts) -> str:
         name = f"{start:012d}-{start + len(lines):012d}.jsonl"
@@ -166,16 +147,57 @@ class Output:
         storage.remove_empty_dir(self.fs, directory)
 
 
-def _read_part(fs: Any, path: str) -> tuple[Counts | None, int]:
-    data = storage.read_bytes(fs, path)
-    newline = data.find(b"\n")
-    if newline < 0 or not data.endswith(b"\n"):
-        return None, -1
+@dataclass
+class Committed:
+    """The committed lines of one unfinished output file."""
+
+    lines: int  # lines [0, lines) are committed
+    parts: list[tuple[int, str]]  # (first line, path) of the chain, in order
+    counts: Counts
+    stray: list[str]  # parts off the chain
+
+
+def read_header(fs: Any, path: str) -> Counts | None:
+    """A part's header (the counts of its lines); None when the part is gone or damaged."""
     try:
-        header = Counts.from_json(json.loads(data[:newline]))
-    except ValueError:
-        return None, -1
-    return header, data.count(b"\n") - 1
+        head = fs.cat_file(path, start=0, end=_HEADER_READ)
+        newline = head.find(b"\n")
+        if newline < 0:
+            head = fs.cat_file(path)
+            newline = head.find(b"\n")
+        return Counts.from_json(json.loads(head[:newline])) if newline >= 0 else None
+    except FileNotFoundError:
+        return None
+    except (ValueError, AttributeError):
+        return None
+
+
+def committed(fs: Any, directory: str) -> Committed:
+    """The parts in `directory` that chain from line 0: from each start, the longest part
+    whose header counts as many lines as its name spans. The one reader of the part layout,
+    for resuming a run and for showing a job's progress."""
+    spans: dict[int, list[tuple[int, str]]] = {}
+    for path in storage.listing(fs, directory):
+        match = _PART.match(posixpath.basename(path))
+        if match:
+            start, end = int(match.group(1)), int(match.group(2))
+            spans.setdefault(start, []).append((end, path))
+    chain: list[tuple[int, str]] = []
+    counts = Counts()
+    position = 0
+    while position in spans:
+        for end, path in sorted(spans[position], reverse=True):
+            header = read_header(fs, path) if end > position else None
+            if header is not None and header.total == end - position:
+                break
+        else:
+            break
+        counts.add(header)
+        chain.append((position, path))
+        position = end
+    used = {path for _, path in chain}
+    stray = [p for group in spans.values() for _, p in group if p not in used]
+    return Committed(position, chain, counts, stray)
 
 
 def now() -> float:

@@ -24,7 +24,9 @@ from typing import Any
 import fsspec
 
 from gateway.batch import storage, tfrecord
+from gateway.batch.access import Guard, fs_place
 from gateway.batch.storage import Location, StorageError
+from gateway.errors import GatewayError, Kind
 
 IMAGES, MANIFEST, TFRECORD = "images", "manifest", "tfrecord"
 FORMATS = (IMAGES, MANIFEST, TFRECORD)
@@ -54,6 +56,7 @@ class Dataset:
     location: Location  # the root: INPUT itself, or the directory a glob or file is in
     format: str
     files: tuple[InputFile, ...]
+    guard: Guard | None = None  # where items may be read from (jobs started by the API)
 
     def fingerprint(self) -> list[list[object]]:
         """What a resumed run must find again: every file's key and size."""
@@ -78,7 +81,7 @@ class Item:
     metadata: dict[str, Any] = field(default_factory=dict)
     data: bytes | None = None
     load: Callable[[], bytes] | None = None
-    error: tuple[str, str] | None = None  # (google.rpc code name, message)
+    error: GatewayError | None = None
     # How much of the unit's input is read once this item is (0..1], for progress estimates.
     position: float = 0.0
 
@@ -99,8 +102,12 @@ def is_manifest(name: str) -> bool:
     return _strip_compression(posixpath.basename(name)).lower().endswith(_MANIFEST_SUFFIXES)
 
 
-def discover(url: str, form: str = "auto") -> Dataset:
-    """The dataset at `url`; raises DatasetError for a missing, empty or mixed one."""
+def discover(url: str, form: str = "auto", guard: Guard | None = None) -> Dataset:
+    """The dataset at `url`; raises DatasetError for a missing, empty or mixed one. With a
+    guard, `url` and every file found must be where it allows (GatewayError
+    PERMISSION_DENIED, checked before anything is read)."""
+    if guard is not None:
+        guard.check_url(url, "input_uri")
     try:
         location = storage.resolve(url)
     except StorageError as e:
@@ -125,6 +132,9 @@ def discover(url: str, form: str = "auto") -> Dataset:
         InputFile(p, posixpath.relpath(p, root), int(info.get("size") or 0))
         for p, info in sorted(entries.items())
     )
+    if guard is not None:
+        for f in files:
+            guard.check_file(fs, f.path, "input file")
     if not files:
         raise DatasetError(f"INPUT {url} is empty: no files to read")
     if form == "auto":
@@ -136,7 +146,7 @@ def discover(url: str, form: str = "auto") -> Dataset:
             form = IMAGES
     elif form not in FORMATS:
         raise DatasetError(f"--format must be one of auto, {', '.join(FORMATS)}; got {form!r}")
-    return Dataset(Location(fs, root), form, files)
+    return Dataset(Location(fs, root), form, files, guard)
 
 
 def has_glob(path: str) -> bool:
@@ -178,7 +188,9 @@ def items(dataset: Dataset, unit: Unit, start: int = 0) -> Iterator[Item]:
         yield from _tfrecord_items(dataset, unit.files[0], start)
 
 
-def _loader(fs: Any, path: str) -> Callable[[], bytes]:
+def _loader(guard: Guard | None, fs: Any, path: str, what: str) -> Callable[[], bytes]:
+    if guard is not None:
+        return guard.loader(fs, path, what)
     return lambda: storage.read_bytes(fs, path)
 
 
@@ -187,9 +199,8 @@ def _image_items(dataset: Dataset, unit: Unit, start: int) -> Iterator[Item]:
     for index in range(start, len(unit.files)):
         f = unit.files[index]
         url = dataset.location.url(f.path)
-        yield Item(
-            index, f.key, url, load=_loader(fs, f.path), position=(index + 1) / len(unit.files)
-        )
+        load = _loader(dataset.guard, fs, f.path, "input file")
+        yield Item(index, f.key, url, load=load, position=(index + 1) / len(unit.files))
 
 
 def _open(dataset: Dataset, f: InputFile) -> Any:
@@ -207,9 +218,14 @@ def _manifest_items(dataset: Dataset, f: InputFile, start: int) -> Iterator[Item
     if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line
     base = posixpath.dirname(f.path)
+    guard = dataset.guard
+    if guard is not None:  # the manifest's own directory is allowed too
+        guard = guard.with_places([fs_place(dataset.location.fs, base)])
     filesystems: dict[str, Any] = {}
     for number in range(start, len(lines)):
-        item = _manifest_item(dataset, lines[number], number, base, manifest_url, filesystems)
+        item = _manifest_item(
+            dataset, lines[number], number, base, manifest_url, filesystems, guard
+        )
         item.position = (number + 1) / len(lines)
         yield item
 
@@ -221,15 +237,17 @@ def _manifest_item(
     base: str,
     manifest_url: str,
     filesystems: dict[str, Any],
+    guard: Guard | None,
 ) -> Item:
     source = f"{manifest_url}:{number + 1}"  # line numbers as editors show them
     try:
         entry = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        return Item(number, number, source, error=("INVALID_ARGUMENT", f"line {number + 1}: {e}"))
+        return Item(number, number, source, error=invalid(f"line {number + 1}: {e}"))
     if not isinstance(entry, dict):
-        message = f"line {number + 1} is not a JSON object"
-        return Item(number, number, source, error=("INVALID_ARGUMENT", message))
+        return Item(
+            number, number, source, error=invalid(f"line {number + 1} is not a JSON object")
+        )
     item_id = entry.pop("id", number)
     image = entry.pop("image", None)
     image_bytes = entry.pop("image_bytes", None)
@@ -238,11 +256,13 @@ def _manifest_item(
         try:
             item.data = base64.b64decode(image_bytes, validate=True)
         except (binascii.Error, ValueError) as e:
-            message = f"line {number + 1}: image_bytes is not base64 ({e})"
-            item.error = ("INVALID_ARGUMENT", message)
+            item.error = invalid(f"line {number + 1}: image_bytes is not base64 ({e})")
     elif isinstance(image, str) and image and image_bytes is None:
         if "://" in image:
             protocol = image.split("://", 1)[0]
+            if guard is not None and not _same_scheme(dataset.location.fs, protocol):
+                item.error = guard.denied(f"line {number + 1}: image {image}")
+                return item
             if protocol not in filesystems:
                 filesystems[protocol] = fsspec.core.url_to_fs(image)[0]
             fs, path = filesystems[protocol], fsspec.core.strip_protocol(image)
@@ -250,14 +270,25 @@ def _manifest_item(
         else:
             fs, path = dataset.location.fs, posixpath.normpath(posixpath.join(base, image))
             item.source = dataset.location.url(path)
-        item.load = _loader(fs, path)
+        if guard is not None and not guard.allows(fs_place(fs, path)):
+            item.error = guard.denied(f"line {number + 1}: image {image}")
+            return item
+        item.load = _loader(guard, fs, path, f"line {number + 1}: image")
     else:
-        message = (
+        item.error = invalid(
             f"line {number + 1} needs exactly one of 'image' (a path or URI, relative to the "
             "manifest) and 'image_bytes' (base64), as a non-empty string"
         )
-        item.error = ("INVALID_ARGUMENT", message)
     return item
+
+
+def invalid(message: str) -> GatewayError:
+    return GatewayError(Kind.INVALID_INPUT, message)
+
+
+def _same_scheme(fs: Any, protocol: str) -> bool:
+    own = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return protocol.lower() in own
 
 
 def _tfrecord_items(dataset: Dataset, f: InputFile, start: int) -> Iterator[Item]:
@@ -279,11 +310,11 @@ def _tfrecord_items(dataset: Dataset, f: InputFile, start: int) -> Iterator[Item
 def _tfrecord_item(record: tfrecord.Record, source: str) -> Item:
     index = record.index
     if record.error is not None:
-        return Item(index, index, source, error=("DATA_LOSS", record.error))
+        return Item(index, index, source, error=GatewayError(Kind.DATA_LOSS, record.error))
     assert record.data is not None
     try:
         example = tfrecord.parse_example(record.data)
     except tfrecord.ExampleError as e:
-        return Item(index, index, source, error=("INVALID_ARGUMENT", str(e)))
+        return Item(index, index, source, error=invalid(str(e)))
     item_id = example.source_id if example.source_id is not None else index
     return Item(index, item_id, source, example.metadata, data=example.image)

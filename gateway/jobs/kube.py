@@ -28,11 +28,15 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from gateway.batch import job as batch_job
-from gateway.batch import storage
+from gateway.batch import status, storage
 from gateway.batch.output import Output
+from gateway.batch.status import OutputStatus
 from gateway.config import Settings
-from gateway.jobs import progress
-from gateway.jobs.store import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
+from gateway.errors import GatewayError, Kind
+from gateway.frontends.api import Binding
+from gateway.jobs.admission import input_guard
+from gateway.jobs.records import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
+from gateway.jobs.views import end
 
 if TYPE_CHECKING:
     from gateway.jobs.service import JobService
@@ -42,7 +46,6 @@ log = logging.getLogger("gateway.jobs")
 OPERATION_LABEL = "detection.gateway/operation"
 APP = "detection-batch"
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-CANCELLED_CODE, FAILED_PRECONDITION_CODE, ABORTED_CODE = 1, 9, 10
 RUNNER_CONCURRENCY = 64  # as k8s/jobs/batch: per pod, against the gateway Service
 
 
@@ -61,27 +64,31 @@ def job_name(job_id: str) -> str:
     return f"{APP}-{job_id}"
 
 
-def runner_args(job: Job, target: str) -> list[str]:
+def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
     """The runner's command-line arguments (gateway.batch.__main__) for the job."""
-    p = job.params
-    model = p["model"]
+    spec = job.spec
+    model = spec.model
     args = [
-        job.input_url,
-        job.output_url,
-        f"--target={target}",
-        f"--task={p['task']}",
+        spec.input,
+        spec.output,
+        f"--target={settings.batch_runner_target}",
+        f"--task={binding.verb}",
         f"--concurrency={RUNNER_CONCURRENCY}",
-        f"--shard-count={job.shards}",
+        f"--shard-count={spec.shards}",
     ]
-    if model["name"]:
-        args.append(f"--model={model['name']}")
-    if model["version"] is not None:
-        args.append(f"--version={model['version']}")
-    if model["label"] is not None:
-        args.append(f"--label={model['label']}")
-    for key in ("min_score", "max_detections", "top_k"):
-        if p[key]:
-            args.append(f"--{key.replace('_', '-')}={p[key]}")
+    if spec.format != "auto":
+        args.append(f"--format={spec.format}")
+    if model.name:
+        args.append(f"--model={model.name}")
+    if model.version is not None:
+        args.append(f"--version={model.version}")
+    if model.label is not None:
+        args.append(f"--label={model.label}")
+    for key, value in spec.options.items():
+        if value:
+            args.append(f"--{key.replace('_', '-')}={value}")
+    # The pods read only where a job started through the API may read.
+    args.append(f"--allowed-input-uris={','.join(input_guard(settings, job).urls())}")
     return args
 
 
@@ -90,7 +97,7 @@ def _pair(text: str) -> tuple[str, str]:
     return request.strip(), (limit or request).strip()
 
 
-def job_manifest(job: Job, settings: Settings, namespace: str) -> dict[str, Any]:
+def job_manifest(job: Job, settings: Settings, namespace: str, binding: Binding) -> dict[str, Any]:
     """The Indexed Job for `job`: k8s/jobs/batch/job.yaml with this job's values."""
     cpu, memory = _pair(settings.batch_cpu), _pair(settings.batch_memory)
     labels = {"app": APP, OPERATION_LABEL: job.id, "app.kubernetes.io/part-of": "detection"}
@@ -137,7 +144,7 @@ def job_manifest(job: Job, settings: Settings, namespace: str) -> dict[str, Any]
                             "image": settings.batch_image,
                             "imagePullPolicy": "IfNotPresent",
                             "command": ["detection-batch"],
-                            "args": runner_args(job, settings.batch_runner_target),
+                            "args": runner_args(job, settings, binding),
                             "envFrom": [
                                 {
                                     "secretRef": {
@@ -191,7 +198,8 @@ class KubernetesExecutor:
                 await self.submit(job)
 
     async def submit(self, job: Job) -> None:
-        manifest = job_manifest(job, self._settings, self.namespace)
+        binding = job.spec.binding(self._service.bindings)
+        manifest = job_manifest(job, self._settings, self.namespace, binding)
         try:
             await asyncio.to_thread(self._batch.create_namespaced_job, self.namespace, manifest)
         except ApiException as e:
@@ -222,7 +230,7 @@ class KubernetesExecutor:
 
     async def cancel(self, job: Job) -> None:
         await self._delete_job(job)
-        await self._end(job, CANCELLED, CANCELLED_CODE, "cancelled by the caller")
+        await self._end(job, CANCELLED, GatewayError(Kind.CANCELLED, "cancelled by the caller"))
 
     async def delete(self, job: Job) -> None:
         await self._delete_job(job)
@@ -237,9 +245,9 @@ class KubernetesExecutor:
         if job.cancel_requested:
             await self.cancel(job)
             return await self._reload(job)
-        found = await asyncio.to_thread(progress.read, job.output_url, job.units, job.shards)
+        found = await asyncio.to_thread(status.read, job.spec.output, job.units, job.shards)
         try:
-            status = (
+            kube_status = (
                 await asyncio.to_thread(
                     self._batch.read_namespaced_job, job_name(job.id), self.namespace
                 )
@@ -247,34 +255,36 @@ class KubernetesExecutor:
         except ApiException as e:
             if e.status != 404:
                 raise
-            status = None
+            kube_status = None
         if all(found.shards_done):
-            out = Output(storage.resolve(job.output_url))
+            out = Output(storage.resolve(job.spec.output))
             await asyncio.to_thread(batch_job.finalize_if_complete, out)
-            await self._end(job, SUCCEEDED, None, "", found)
+            await self._end(job, SUCCEEDED, None, found)
             return await self._reload(job)
-        if status is None:
+        if kube_status is None:
             if job.kube_job:
                 message = f"the Kubernetes Job {job_name(job.id)} was deleted outside the API"
-                await self._end(job, FAILED, ABORTED_CODE, message, found)
+                await self._end(job, FAILED, GatewayError(Kind.ABORTED, message), found)
                 return await self._reload(job)
             return job
-        for condition in status.conditions or ():
+        for condition in kube_status.conditions or ():
             if condition.type == "Failed" and condition.status == "True":
-                failed = status.failed_indexes
+                failed = kube_status.failed_indexes
                 failed = f"; failed shards: {failed}" if failed else ""
                 message = (
                     f"Kubernetes Job {job_name(job.id)} failed ({condition.reason}: "
                     f"{condition.message or 'no message'}){failed}; shards that finished keep "
                     "their results"
                 )
-                await self._end(job, FAILED, FAILED_PRECONDITION_CODE, message, found)
+                await self._end(job, FAILED, GatewayError(Kind.PRECONDITION, message), found)
                 return await self._reload(job)
-        started = status.start_time is not None or (status.active or 0) > 0
+        started = kube_status.start_time is not None or (kube_status.active or 0) > 0
         if job.state == QUEUED and (started or found.processed > 0):
             job.state = RUNNING
             job.start_time = (
-                status.start_time.timestamp() if status.start_time is not None else time.time()
+                kube_status.start_time.timestamp()
+                if kube_status.start_time is not None
+                else time.time()
             )
             await self._service.save(job)
         return job
@@ -284,31 +294,16 @@ class KubernetesExecutor:
         return fresh or job
 
     async def _end(
-        self,
-        job: Job,
-        state: str,
-        code: int | None,
-        message: str,
-        found: progress.Progress | None = None,
+        self, job: Job, state: str, error: GatewayError | None, found: OutputStatus | None = None
     ) -> None:
-        from gateway.jobs.service import freeze
-
         if found is None:
-            found = await asyncio.to_thread(progress.read, job.output_url, job.units, job.shards)
-        freeze(job, found)
-        job.state = state
-        job.end_time = time.time()
-        job.error = None if code is None else {"code": code, "message": message}
-        if state == SUCCEEDED:
-            job.result = {
-                "files": [name for _, name in job.units],
-                "codes": job.final["codes"] if job.final else {},
-                "total": found.processed,
-            }
+            found = await asyncio.to_thread(status.read, job.spec.output, job.units, job.shards)
+        end(job, state, error, found)
         await self._service.save(job)
+        message = error.message if error is not None else None
         log.info(
             "batch job ended",
-            extra={"fields": {"operation": job.name, "state": state, "error": message or None}},
+            extra={"fields": {"operation": job.name, "state": state, "error": message}},
         )
 
 

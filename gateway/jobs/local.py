@@ -1,10 +1,9 @@
 """The `local` executor: batch jobs run inside the gateway process.
 
-Each job runs the batch runner (gateway.batch.job.run_shard, shard after shard) against the
-gateway's *batch lane*: a second gRPC server on a loopback port with the same servicers over
-a `BatchLane`, which refuses a batch image (RESOURCE_EXHAUSTED, which the runner retries
-with backoff) whenever online images are in flight at or above
-`--batch-yield-threshold`. So online calls keep priority, and jobs run with their own budget:
+Each job runs the batch runner (gateway.batch.job.run_shard, shard after shard) with the
+in-process transport: images go straight to this process's pipeline through one Lane, which
+starts a batch image only while fewer than `--batch-yield-threshold` online images are in
+flight. So online calls keep priority, and jobs run with their own budget:
 `--batch-max-running` jobs at once, `--batch-concurrency` images in flight over all of them.
 
 The runner's checkpoints make every image land exactly once in the output, whatever stops
@@ -19,28 +18,28 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gateway import errors
 from gateway.batch import job as batch_job
-from gateway.batch import runner, sources, storage
+from gateway.batch import sources, status, storage
+from gateway.batch.in_process import InProcessTransport, Lane
 from gateway.batch.output import Output
+from gateway.batch.shard import RunSettings
+from gateway.batch.transport import RETRY, Deliver, StopJob
 from gateway.config import Settings
-from gateway.core.domain import Outcome, Request
-from gateway.core.pipeline import Pipeline
-from gateway.jobs import progress
-from gateway.jobs.store import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job
+from gateway.errors import GatewayError, Kind
+from gateway.jobs.admission import input_guard
+from gateway.jobs.records import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job
+from gateway.jobs.views import end
 
 if TYPE_CHECKING:
     from gateway.jobs.service import JobService
 
 log = logging.getLogger("gateway.jobs")
 
-# google.rpc.Code numbers for Operation.error
-CANCELLED_CODE, NOT_FOUND_CODE, FAILED_PRECONDITION_CODE, INTERNAL_CODE = 1, 5, 9, 13
-INVALID_ARGUMENT_CODE = 3
-MONITOR_SECONDS = 1.0
+MONITOR_SECONDS = 1.0  # how often a running job looks for a cancel made elsewhere
+READ_ATTEMPTS = 5  # a dataset file that cannot be read this many times in a row fails the job
+CANCELLED_BY_CALLER = GatewayError(Kind.CANCELLED, "cancelled by the caller")
 
 
 def job_concurrency(settings: Settings) -> int:
@@ -48,49 +47,13 @@ def job_concurrency(settings: Settings) -> int:
     return max(1, settings.batch_concurrency // settings.batch_max_running)
 
 
-class BatchLane:
-    """The pipeline as batch jobs see it: the same work, refused first when the gateway is
-    busy with online requests."""
-
-    def __init__(self, pipeline: Pipeline, yield_threshold: int) -> None:
-        self._pipeline = pipeline
-        # The servicers hold results until a stream's window is full or the stream ends, so
-        # the lane's window is the runner's: one stream per job, all its images in flight.
-        self.settings = replace(pipeline.settings, stream_window=job_concurrency(pipeline.settings))
-        self.yield_threshold = yield_threshold
-        self.in_flight = 0
-        self.refused = 0
-
-    async def run(self, task_name: str, request: Request) -> Outcome:
-        online = self._pipeline.in_flight - self.in_flight
-        if online >= self.yield_threshold:
-            self.refused += 1
-            raise errors.overloaded(
-                f"batch work yields to {online} online images in flight; retried later"
-            )
-        self.in_flight += 1
-        try:
-            return await self._pipeline.run(task_name, request)
-        finally:
-            self.in_flight -= 1
-
-
-class Stop(Exception):
-    """The job ends with this error (google.rpc code, message)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, service: JobService, settings: Settings) -> None:
+    def __init__(self, service: JobService, settings: Settings, lane: Lane) -> None:
         self._service = service
         self._settings = settings
-        self.target = ""  # the batch lane's host:port, set by the composition root
+        self._lane = lane
         self._slots = asyncio.Semaphore(settings.batch_max_running)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancelling: set[str] = set()
@@ -98,7 +61,7 @@ class LocalExecutor:
     async def start(self, jobs: list[Job]) -> None:
         for job in jobs:
             if job.cancel_requested:
-                await self._end(job, CANCELLED, CANCELLED_CODE, "cancelled by the caller")
+                await self._end(job, CANCELLED, CANCELLED_BY_CALLER)
             else:
                 log.info("resuming batch job", extra={"fields": {"operation": job.name}})
                 await self.submit(job)
@@ -111,7 +74,7 @@ class LocalExecutor:
     async def cancel(self, job: Job) -> None:
         task = self._tasks.get(job.id)
         if task is None:
-            await self._end(job, CANCELLED, CANCELLED_CODE, "cancelled by the caller")
+            await self._end(job, CANCELLED, CANCELLED_BY_CALLER)
             return
         self._cancelling.add(job.id)
         task.cancel()
@@ -138,27 +101,18 @@ class LocalExecutor:
 
     # --- one job -------------------------------------------------------------------------
 
-    async def _end(self, job: Job, state: str, code: int | None, message: str) -> None:
-        fresh = await asyncio.to_thread(self._service.store.load, job.id)
+    async def _end(self, job: Job, state: str, error: GatewayError | None) -> None:
+        store = self._service.store
+        fresh = await asyncio.to_thread(store.load, job.id)
         if fresh is None or fresh.done:
             return  # deleted, or ended by another process (a cancel through it) meanwhile
-        found = await asyncio.to_thread(progress.read, fresh.output_url, fresh.units, fresh.shards)
-        from gateway.jobs.service import freeze
-
-        freeze(fresh, found)
-        fresh.state = state
-        fresh.end_time = time.time()
-        fresh.error = None if code is None else {"code": code, "message": message}
-        if state == SUCCEEDED:
-            fresh.result = {
-                "files": [name for _, name in fresh.units],
-                "codes": fresh.final["codes"] if fresh.final else {},
-                "total": found.processed,
-            }
+        found = await asyncio.to_thread(status.read, fresh.spec.output, fresh.units, fresh.shards)
+        end(fresh, state, error, found)
         await self._service.save(fresh)
+        message = error.message if error is not None else None
         log.info(
             "batch job ended",
-            extra={"fields": {"operation": fresh.name, "state": state, "error": message or None}},
+            extra={"fields": {"operation": fresh.name, "state": state, "error": message}},
         )
 
     async def _run(self, job_id: str) -> None:
@@ -169,7 +123,7 @@ class LocalExecutor:
             job = await asyncio.to_thread(self._service.store.load, job_id)
             if job_id in self._cancelling and job is not None:
                 self._cancelling.discard(job_id)
-                await self._end(job, CANCELLED, CANCELLED_CODE, "cancelled by the caller")
+                await self._end(job, CANCELLED, CANCELLED_BY_CALLER)
                 return
             raise  # the gateway is stopping: the job keeps its state and resumes on restart
 
@@ -184,49 +138,35 @@ class LocalExecutor:
             for shard in range(job.shards):
                 await self._shard(job, shard)
             await self._check_missing(job)
-            out = Output(storage.resolve(job.output_url))
+            out = Output(storage.resolve(job.spec.output))
             await asyncio.to_thread(batch_job.finalize, out)
-        except Stop as e:
-            await self._end(job, FAILED, e.code, e.message)
+        except GatewayError as e:
+            await self._end(job, FAILED, e)
             return
         except Exception as e:
             log.exception("batch job failed", extra={"fields": {"operation": job.name}})
-            await self._end(job, FAILED, INTERNAL_CODE, f"internal error: {e}")
+            await self._end(job, FAILED, GatewayError(Kind.INTERNAL, f"internal error: {e}"))
             return
-        await self._end(job, SUCCEEDED, None, "")
-
-    def _options(self, job: Job) -> runner.Options:
-        s = self._settings
-        concurrency = job_concurrency(s)
-        model = job.params["model"]
-        return runner.Options(
-            target=self.target,
-            task=job.params["task"],
-            model=model["name"],
-            version=model["version"],
-            label=model["label"],
-            min_score=job.params["min_score"],
-            max_detections=job.params["max_detections"],
-            top_k=job.params["top_k"],
-            concurrency=concurrency,
-            stream_window=concurrency,
-            connections=1,
-            timeout=max(60.0, 2 * s.upstream_timeout),
-            give_up_after=600.0,
-        )
+        await self._end(job, SUCCEEDED, None)
 
     async def _shard(self, job: Job, shard: int) -> None:
-        from gateway.jobs.service import job_args
-
-        args = job_args(job.params, job.input_url, job.output_url)
-        settings = batch_job.RunSettings(
-            shard_index=shard,
-            checkpoint_seconds=self._settings.batch_checkpoint_seconds,
-            log_interval=3600.0,
+        s = self._settings
+        concurrency = job_concurrency(s)
+        settings = RunSettings(
+            shard_index=shard, checkpoint_seconds=s.batch_checkpoint_seconds, log_interval=3600.0
         )
+
+        binding = job.spec.binding(self._service.bindings)
+
+        def connect(deliver: Deliver) -> InProcessTransport:
+            return InProcessTransport(job.spec, binding, self._lane, concurrency, deliver)
+
+        guard = input_guard(s, job)
         failures = 0
         while True:
-            work = asyncio.create_task(batch_job.run_shard(args, self._options(job), settings))
+            work = asyncio.create_task(
+                batch_job.run_shard(job.spec, connect, concurrency, settings, guard)
+            )
             try:
                 while not work.done():
                     await asyncio.wait({work}, timeout=MONITOR_SECONDS)
@@ -234,19 +174,19 @@ class LocalExecutor:
                     await self._check_missing(job)
                 work.result()
                 return
-            except runner.FatalError as e:
-                if "refused the job" in str(e):
-                    raise Stop(FAILED_PRECONDITION_CODE, str(e)) from None
+            except StopJob as e:
+                if e.kind not in RETRY:
+                    raise GatewayError(e.kind, e.message) from None
                 failures += 1  # the gateway's own upstream is down: try again, resumable
-                log.warning("batch shard retried", extra={"fields": {"error": str(e)}})
+                log.warning("batch shard retried", extra={"fields": {"error": e.message}})
                 await asyncio.sleep(random.uniform(0, min(30.0, 2.0**failures)))
             except sources.ReadError as e:
                 failures += 1
-                if failures > 5:
-                    raise Stop(NOT_FOUND_CODE, str(e)) from None
+                if failures >= READ_ATTEMPTS:
+                    raise GatewayError(Kind.NOT_FOUND, str(e)) from None
                 await asyncio.sleep(random.uniform(0, 2.0**failures))
             except (batch_job.JobError, sources.DatasetError, storage.StorageError) as e:
-                raise Stop(FAILED_PRECONDITION_CODE, str(e)) from None
+                raise GatewayError(Kind.PRECONDITION, str(e)) from None
             finally:
                 if not work.done():
                     work.cancel()
@@ -263,16 +203,15 @@ class LocalExecutor:
 
     async def _check_missing(self, job: Job) -> None:
         """Fails the job at its first input that could not be read (it vanished)."""
-        found = await asyncio.to_thread(progress.read, job.output_url, job.units, job.shards)
+        output = job.spec.output
+        found = await asyncio.to_thread(status.read, output, job.units, job.shards)
         if found.codes.get("NOT_FOUND", 0) == 0:
             return
-        line: dict[str, Any] | None = await asyncio.to_thread(
-            progress.first_line_with, job.output_url, found, "NOT_FOUND"
-        )
+        line = await asyncio.to_thread(status.first_line_with, output, found, "NOT_FOUND")
         if line is None:
             return
-        raise Stop(
-            NOT_FOUND_CODE,
+        raise GatewayError(
+            Kind.NOT_FOUND,
             f"input {line.get('source')} is missing (it vanished during the run or never "
             f"existed): {line['error'].get('message')}; the job stopped at its first missing "
             "input",

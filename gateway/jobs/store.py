@@ -1,13 +1,15 @@
-"""The job store: job records and uploads under one fsspec URI (`--job-store`).
+"""The job store: job records and uploads under one fsspec URI (`--job-store`), shared by
+every replica.
 
 Layout:
 
-    <store>/operations/<id>.json      one job record (JSON), replaced atomically
-    <store>/uploads/<upload id>/<name> images uploaded with UploadImages
+    <store>/operations/<id>.json       one job record (JSON), replaced atomically
+    <store>/uploads/<upload id>.json   an upload's owner and times
+    <store>/uploads/<upload id>/<name> its images
     <store>/jobs/<id>/output/          a job's results when the caller named no output
 
 Nothing is written until the first job or upload (a gateway without jobs writes no files).
-A record is created with create-if-absent (a hard link on a local disk, a conditional PUT
+Records are created with create-if-absent (a hard link on a local disk, a conditional PUT
 on S3), so two replicas given the same request_id make one job.
 """
 
@@ -19,69 +21,21 @@ import os
 import posixpath
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
 from gateway.batch import storage
-
-QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLING, CANCELLED = (
-    "QUEUED",
-    "RUNNING",
-    "SUCCEEDED",
-    "FAILED",
-    "CANCELLING",
-    "CANCELLED",
-)
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
-STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLING, CANCELLED)
+from gateway.jobs.records import Job, valid_id
 
 
 @dataclass
-class Job:
-    """One batch job as stored. `params` are the caller's fields, normalised."""
-
+class Upload:
     id: str
-    caller: str
-    request_id: str
-    fingerprint: str
-    executor: str
-    params: dict[str, Any]
-    input_url: str  # what the runner reads
-    output_url: str  # where it writes
-    default_output: bool  # output_url is the job's own area in the store
-    units: list[list[Any]]  # [shard, result file] in input order
-    total: int | None  # images, when known at creation (a directory of images)
-    state: str = QUEUED
-    error: dict[str, Any] | None = None  # {"code": google.rpc.Code number, "message": ...}
-    result: dict[str, Any] | None = None  # {"files": [...], "codes": {...}, "total": n}
-    final: dict[str, Any] | None = None  # counts frozen when the job ended
-    create_time: float = field(default_factory=time.time)
-    start_time: float | None = None
-    update_time: float = field(default_factory=time.time)
-    end_time: float | None = None
-    cancel_requested: bool = False
-    kube_job: str = ""  # the Indexed Job's name (kubernetes executor)
-
-    @property
-    def name(self) -> str:
-        return f"operations/{self.id}"
-
-    @property
-    def done(self) -> bool:
-        return self.state in TERMINAL
-
-    @property
-    def shards(self) -> int:
-        return int(self.params["shards"])
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Job:
-        return cls(**json.loads(data))
+    owner: str
+    create_time: float
+    update_time: float  # the last image added
 
 
 class JobStore:
@@ -108,22 +62,22 @@ class JobStore:
     def upload_url(self, upload_id: str) -> str:
         return self.location.url(self.upload_path(upload_id))
 
-    # --- records -------------------------------------------------------------------------
+    # --- files ---------------------------------------------------------------------------
 
-    def create(self, job: Job) -> bool:
-        """Writes a new record; False when one with this id exists already."""
-        path = self.record_path(job.id)
-        data = job.to_json()
+    def create_file(self, path: str, data: bytes) -> bool:
+        """Writes `data` to a new file; False when the file exists already (atomic: of two
+        writers, one wins)."""
         if isinstance(self.fs, LocalFileSystem):
             directory = os.path.dirname(path)
             os.makedirs(directory, exist_ok=True)
-            temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{job.id}.json")
+            name = os.path.basename(path)
+            temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
             with open(temporary, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             try:
-                os.link(temporary, path)  # atomic, fails when the record exists
+                os.link(temporary, path)  # atomic, fails when the file exists
             except FileExistsError:
                 return False
             finally:
@@ -135,12 +89,34 @@ class JobStore:
             return False
         return True
 
+    def usage(self) -> int:
+        """Bytes of everything in the store."""
+        self.fs.invalidate_cache()
+        try:
+            return int(self.fs.du(self.location.path, total=True))
+        except FileNotFoundError:
+            return 0
+
+    def remove_tree(self, url: str) -> None:
+        location = storage.resolve(url)
+        storage.delete(location.fs, storage.listing(location.fs, location.path))
+        if isinstance(location.fs, LocalFileSystem):
+            for root, _dirs, _files in sorted(os.walk(location.path), reverse=True):
+                with contextlib.suppress(OSError):
+                    os.rmdir(root)
+
+    # --- records -------------------------------------------------------------------------
+
+    def create(self, job: Job) -> bool:
+        """Writes a new record; False when one with this id exists already."""
+        return self.create_file(self.record_path(job.id), job.to_json())
+
     def save(self, job: Job) -> None:
         job.update_time = time.time()
         storage.write_atomic(self.fs, self.record_path(job.id), job.to_json())
 
     def load(self, job_id: str) -> Job | None:
-        if not _valid_id(job_id):
+        if not valid_id(job_id):
             return None
         try:
             return Job.from_json(storage.read_bytes(self.fs, self.record_path(job_id)))
@@ -162,29 +138,62 @@ class JobStore:
         found.sort(key=lambda j: (j.create_time, j.id))
         return found
 
-    def remove_tree(self, url: str) -> None:
-        location = storage.resolve(url)
-        storage.delete(location.fs, storage.listing(location.fs, location.path))
-        if isinstance(location.fs, LocalFileSystem):
-            for root, _dirs, _files in sorted(os.walk(location.path), reverse=True):
-                with contextlib.suppress(OSError):
-                    os.rmdir(root)
-
     # --- uploads -------------------------------------------------------------------------
 
+    def create_upload(self, upload: Upload) -> bool:
+        return self.create_file(self._upload_record(upload.id), _dump(asdict(upload)))
+
+    def load_upload(self, upload_id: str) -> Upload | None:
+        if not valid_id(upload_id):
+            return None
+        try:
+            data = json.loads(storage.read_bytes(self.fs, self._upload_record(upload_id)))
+            return Upload(**data)
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError):
+            return None
+
+    def touch_upload(self, upload: Upload) -> None:
+        upload.update_time = time.time()
+        storage.write_atomic(self.fs, self._upload_record(upload.id), _dump(asdict(upload)))
+
+    def uploads(self) -> list[Upload]:
+        found = []
+        directory = self._path("uploads")
+        self.fs.invalidate_cache()
+        try:
+            entries = self.fs.ls(directory, detail=False)
+        except FileNotFoundError:
+            return []
+        for path in sorted(entries):
+            name = posixpath.basename(path.rstrip("/"))
+            if name.endswith(".json") and not name.startswith("."):
+                upload = self.load_upload(name.removesuffix(".json"))
+                if upload is not None:
+                    found.append(upload)
+        return found
+
     def upload_size(self, upload_id: str) -> tuple[int, int]:
-        """(images, bytes) already in an upload; (0, 0) when there is none."""
-        files = storage.listing(self.fs, self.upload_path(upload_id))
-        files = [f for f in files if not posixpath.basename(f).startswith(".")]
-        return len(files), sum(int(self.fs.size(f)) for f in files)
+        """(images, bytes) in an upload; (0, 0) when there is none."""
+        self.fs.invalidate_cache()
+        try:
+            found = self.fs.find(self.upload_path(upload_id), detail=True)
+        except FileNotFoundError:
+            return 0, 0
+        files = [i for p, i in found.items() if not posixpath.basename(p).startswith(".")]
+        return len(files), sum(int(i.get("size") or 0) for i in files)
 
     def put_upload(self, upload_id: str, name: str, data: bytes) -> None:
         storage.write_atomic(self.fs, posixpath.join(self.upload_path(upload_id), name), data)
 
+    def delete_upload(self, upload_id: str) -> None:
+        self.remove_tree(self.upload_url(upload_id))
+        storage.delete(self.fs, [self._upload_record(upload_id)])
 
-def new_id() -> str:
-    return uuid.uuid4().hex[:24]
+    def _upload_record(self, upload_id: str) -> str:
+        return self._path("uploads", f"{upload_id}.json")
 
 
-def _valid_id(job_id: str) -> bool:
-    return 0 < len(job_id) <= 64 and all(c in "0123456789abcdef" for c in job_id)
+def _dump(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, indent=1, sort_keys=True).encode()

@@ -63,8 +63,11 @@ def check_line(line: dict[str, Any], image: data.Image, expected: dict[str, Any]
     assert result.request_id  # the runner names each request after its output line
     result.request_id = ""
     assert result == want, image.key
-    # proto3 JSON with every field present, also the zero ones
-    assert {"detections", "imageWidth", "imageHeight", "model", "requestId"} <= set(line["result"])
+    # proto3 JSON with every field present, also the zero ones, named as in the .proto (the
+    # convention of everything the gateway writes, as its HTTP door)
+    assert {"detections", "image_width", "image_height", "model", "request_id"} <= set(
+        line["result"]
+    )
     return "OK"
 
 
@@ -167,7 +170,7 @@ def test_shards_split_the_work_and_the_last_one_finalizes(
     assert summary["images"] == 101 and summary["shards"] == 3
     assert ok(run(["finalize", str(out)]))["images"] == 101
     wrong = run([*base, "--shard-index", "0", "--shard-count", "2"])
-    assert wrong.returncode == 2 and "shard_count: 3 before, 2 now" in wrong.stderr
+    assert wrong.returncode == 2 and "shards: 3 before, 2 now" in wrong.stderr
 
 
 def test_bad_inputs_and_arguments_are_clear_errors(tmp_path: Path, gateway) -> None:
@@ -182,7 +185,7 @@ def test_bad_inputs_and_arguments_are_clear_errors(tmp_path: Path, gateway) -> N
     inside = run([str(tmp_path / "in"), str(tmp_path / "in" / "out"), *target])
     assert inside.returncode == 2 and "inside INPUT" in inside.stderr
     score = run([str(tmp_path / "in"), str(tmp_path / "out"), *target, "--min-score", "2"])
-    assert score.returncode == 2 and "--min-score must be in [0, 1]" in score.stderr
+    assert score.returncode == 2 and "min_score must be in [0, 1]" in score.stderr
     ok(run([str(tmp_path / "in"), str(tmp_path / "out"), *target]))
     other = run([str(tmp_path / "in"), str(tmp_path / "out"), *target, "--max-detections", "3"])
     assert other.returncode == 2 and "max_detections: 0 before, 3 now" in other.stderr

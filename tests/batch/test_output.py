@@ -44,7 +44,7 @@ def test_a_part_with_the_wrong_line_count_ends_the_chain(tmp_path: Path) -> None
     out = output(tmp_path)
     out.commit_part("u.jsonl", 0, lines(0, 2), ok_counts(2))
     bad = Path(out.parts_dir("u.jsonl")) / "000000000002-000000000004.jsonl"
-    bad.write_bytes(b'{"codes": {}}\n{"n": 2}\n')  # says 2 lines, holds 1
+    bad.write_bytes(b'{"codes": {}}\n{"n": 2}\n')  # named for 2 lines, its header counts 0
     assert out.resume_point("u.jsonl")[0] == 2
 
 

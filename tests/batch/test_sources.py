@@ -91,8 +91,9 @@ def test_manifest_lines_paths_bytes_ids_metadata_and_bad_lines(tmp_path: Path) -
     assert items[1].data == b"raw" and items[1].metadata == {}
     assert items[3].load is not None and items[3].load() == b"abs"
     for bad in (2, 4, 5, 6, 7, 8):
-        assert items[bad].error is not None and items[bad].error[0] == "INVALID_ARGUMENT", bad
-    assert "line 3" in items[2].error[1]  # type: ignore[index]
+        error = items[bad].error
+        assert error is not None and error.code == "INVALID_ARGUMENT", bad
+    assert "line 3" in items[2].error.message  # type: ignore[union-attr]
     assert items[9].load is not None
     with pytest.raises(FileNotFoundError):
         items[9].load()

@@ -122,9 +122,9 @@ def test_not_an_example_and_missing_image_are_item_errors(tmp_path: Path) -> Non
     write(tmp_path / "d" / "x.tfrecord", [b"\xff\xff\xff garbage", no_image, tf_example(b"ok")])
     dataset = sources.discover(str(tmp_path / "d"))
     items = list(sources.items(dataset, sources.units(dataset, 0, 1)[0]))
-    assert items[0].error is not None and items[0].error[0] == "INVALID_ARGUMENT"
-    assert "not a tf.Example" in items[0].error[1]
-    assert items[1].error is not None and "no 'image/encoded'" in items[1].error[1]
+    assert items[0].error is not None and items[0].error.code == "INVALID_ARGUMENT"
+    assert "not a tf.Example" in items[0].error.message
+    assert items[1].error is not None and "no 'image/encoded'" in items[1].error.message
     assert items[2].error is None and items[2].data == b"ok" and items[2].id == 2
 
 

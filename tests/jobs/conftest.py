@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import jobs as helpers
 from tests.support.localserver import LocalServer, run_local_server
 
 MODELS = ("detector", "classifier_scores")
@@ -23,6 +24,12 @@ def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     config.write_text(f"model_config_list {{\n{entries}}}\n")
     with run_local_server([f"--model_config_file={config}"]) as server:
         yield server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def allowed_inputs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The gateways of these tests let jobs read the session's temporary directory."""
+    helpers.ALLOWED_INPUTS[:] = [str(tmp_path_factory.getbasetemp())]
 
 
 # The real API server (envtest) of the Kubernetes tests, for the kubernetes executor's tests.

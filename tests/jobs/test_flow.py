@@ -172,7 +172,7 @@ def test_same_request_id_gives_the_same_operation_never_two_jobs(client, dirs) -
     ("fields", "code", "words"),
     [
         ({}, grpc.StatusCode.INVALID_ARGUMENT, "exactly one of input_uri"),
-        ({"input_uri": "/nonexistent/dataset"}, grpc.StatusCode.INVALID_ARGUMENT, "does not exist"),
+        ({"input_uri": "MISSING"}, grpc.StatusCode.INVALID_ARGUMENT, "does not exist"),
         ({"model": pb.ModelSpec(name="nope")}, grpc.StatusCode.NOT_FOUND, "nope"),
         (
             {"model": pb.ModelSpec(name="classifier_scores")},
@@ -188,6 +188,8 @@ def test_same_request_id_gives_the_same_operation_never_two_jobs(client, dirs) -
 def test_bad_jobs_are_refused_at_creation(client, dirs, fields, code, words) -> None:
     if "upload_id" not in fields and "input_uri" not in fields and fields:
         fields = {"input_uri": str(dirs["images"]), **fields}
+    if fields.get("input_uri") == "MISSING":  # inside the allowed prefix, but not there
+        fields = {"input_uri": str(dirs["root"] / "missing")}
     with pytest.raises(grpc.RpcError) as info:
         client.create(**fields)
     assert info.value.code() == code, info.value.details()

@@ -11,7 +11,6 @@ import grpc
 import pytest
 from google.longrunning import operations_pb2 as lro
 
-from gateway.proto.detection.v1 import batch_pb2 as bpb
 from tests.support.jobs import Client, State, gateway, make_images, metadata, result
 
 
@@ -88,6 +87,7 @@ def test_limits_per_caller_and_in_total_with_a_paused_lane(tfs, images, tmp_path
         "--batch-yield-threshold=0",  # batch work paused: jobs stay unfinished
         "--batch-max-jobs-per-caller=2",
         "--batch-max-jobs=3",
+        "--trust-xfcc=true",  # the header names the second caller
     ]
     other = (("x-forwarded-client-cert", 'By=spiffe://a;URI="spiffe://cluster.local/ns/b/sa/c"'),)
     with gateway(tfs, tmp_path / "store", tmp_path, extra) as gw, gw.channel() as channel:
@@ -98,12 +98,10 @@ def test_limits_per_caller_and_in_total_with_a_paused_lane(tfs, images, tmp_path
             client.create(input_uri=str(images))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "caller anonymous has its limit of 2" in info.value.details()
-        request = {"input_uri": str(images)}
-        queued = client.batch.CreateBatchJob(
-            bpb.CreateBatchJobRequest(**request), metadata=other
-        ).name
+        them = Client(channel, other)
+        queued = them.create(input_uri=str(images)).name
         with pytest.raises(grpc.RpcError) as info:
-            client.batch.CreateBatchJob(bpb.CreateBatchJobRequest(**request), metadata=other)
+            them.create(input_uri=str(images))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "limit of 3 unfinished batch jobs" in info.value.details()
 
@@ -114,12 +112,12 @@ def test_limits_per_caller_and_in_total_with_a_paused_lane(tfs, images, tmp_path
         op = client.ops.WaitOperation(wait, timeout=10)
         assert not op.done and time.monotonic() - started >= 0.3
         assert metadata(op).processed == 0
-        assert metadata(client.get(queued)).state == State.QUEUED
+        assert metadata(them.get(queued)).state == State.QUEUED
         client.ops.CancelOperation(lro.CancelOperationRequest(name=first))
         assert metadata(client.wait(first)).state == State.CANCELLED
         # The two slots (--batch-max-running 2) went to the first two jobs: the third waits
         # QUEUED until one is free (the cancelled one's), then runs (paused).
-        client.until(queued, lambda m: m.state == State.RUNNING)
+        them.until(queued, lambda m: m.state == State.RUNNING)
         fourth = client.create(input_uri=str(images)).name  # anonymous has room again
         client.until(fourth, lambda m: m.state == State.QUEUED, seconds=5)
         client.ops.CancelOperation(lro.CancelOperationRequest(name=fourth))

@@ -7,16 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from gateway.jobs.service import JobError, parse_filter
-from gateway.jobs.store import Job, JobStore
+from gateway.batch.spec import JobSpec
+from gateway.errors import GatewayError, Kind
+from gateway.jobs.paging import parse_filter
+from gateway.jobs.records import Job
+from gateway.jobs.store import JobStore
 
 
 def job(job_id: str, state: str = "QUEUED") -> Job:
+    spec = JobSpec(input="/in", output="/out")
     return Job(
-        id=job_id, caller="c", request_id="", fingerprint="f", executor="local", params={},
-        input_url="/in", output_url="/out", default_output=False, units=[], total=None,
-        state=state,
-    )  # fmt: skip
+        id=job_id, caller="c", spec=spec, executor="local", units=[], total=None, state=state
+    )
 
 
 def test_store_writes_nothing_until_the_first_job(tmp_path: Path) -> None:
@@ -65,6 +67,6 @@ def test_filters(text: str, states: set[str]) -> None:
 
 @pytest.mark.parametrize("text", ["state=DONE", "name=x", "state=RUNNING AND done=true"])
 def test_bad_filters_are_invalid_arguments(text: str) -> None:
-    with pytest.raises(JobError) as info:
+    with pytest.raises(GatewayError) as info:
         parse_filter(text)
-    assert info.value.code == "INVALID_ARGUMENT"
+    assert info.value.kind is Kind.INVALID_INPUT

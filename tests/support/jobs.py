@@ -21,6 +21,9 @@ from tests.support.localserver import LocalServer
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = ROOT / "serving" / "gateway-models.toml"
 State = bpb.BatchJobMetadata.State
+# Where the gateways these tests start let jobs read: the session's temporary directory
+# (set by tests/jobs/conftest.py), under which every test makes its datasets.
+ALLOWED_INPUTS: list[str] = []
 
 
 def make_images(directory: Path, count: int, size: tuple[int, int] = (64, 48)) -> list[Path]:
@@ -45,6 +48,7 @@ def gateway(
         f"--model-config={MODEL_CONFIG}",
         f"--job-store={store}",
         "--batch-checkpoint-seconds=0.2",
+        f"--batch-allowed-input-uris={','.join(ALLOWED_INPUTS)}",
         *extra,
     ]
     with run_gateway(tfs.target, args, log_dir=log_dir) as gw:
@@ -52,17 +56,21 @@ def gateway(
 
 
 class Client:
-    """The official Operations stub and our BatchService stub on one channel."""
+    """The official Operations stub and our BatchService stub on one channel; `metadata` goes
+    with every call (e.g. an x-forwarded-client-cert naming the caller)."""
 
-    def __init__(self, channel: grpc.Channel) -> None:
+    def __init__(self, channel: grpc.Channel, metadata: Sequence[tuple[str, str]] = ()) -> None:
         self.batch = bpb_grpc.BatchServiceStub(channel)
         self.ops = lro_grpc.OperationsStub(channel)
+        self.metadata = tuple(metadata)
 
     def create(self, **fields: object) -> lro.Operation:
-        return self.batch.CreateBatchJob(bpb.CreateBatchJobRequest(**fields), timeout=30)
+        request = bpb.CreateBatchJobRequest(**fields)
+        return self.batch.CreateBatchJob(request, timeout=30, metadata=self.metadata)
 
     def get(self, name: str) -> lro.Operation:
-        return self.ops.GetOperation(lro.GetOperationRequest(name=name), timeout=10)
+        request = lro.GetOperationRequest(name=name)
+        return self.ops.GetOperation(request, timeout=10, metadata=self.metadata)
 
     def wait(self, name: str, seconds: float = 120) -> lro.Operation:
         """WaitOperation until done (it may return early: call again)."""
@@ -72,7 +80,7 @@ class Client:
             assert left > 0, f"{name} not done after {seconds} s: {metadata(self.get(name))}"
             request = lro.WaitOperationRequest(name=name)
             request.timeout.FromSeconds(int(min(left, 30)) + 1)
-            op = self.ops.WaitOperation(request, timeout=min(left, 30) + 5)
+            op = self.ops.WaitOperation(request, timeout=min(left, 30) + 5, metadata=self.metadata)
             if op.done:
                 return op
 
@@ -90,7 +98,7 @@ class Client:
 
     def lines(self, name: str, token: str = "") -> list[bpb.BatchResultLine]:
         request = bpb.ReadBatchResultsRequest(name=name, page_token=token)
-        return list(self.batch.ReadBatchResults(request, timeout=60))
+        return list(self.batch.ReadBatchResults(request, timeout=60, metadata=self.metadata))
 
 
 def metadata(op: lro.Operation) -> bpb.BatchJobMetadata:

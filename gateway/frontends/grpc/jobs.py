@@ -1,62 +1,51 @@
 """detection.v1.BatchService and google.longrunning.Operations: convert and delegate to
-gateway.jobs.service; the batch lane's loopback server for the local executor."""
+gateway.jobs.service, answering failures through the door's status table."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 import grpc
 from google.longrunning import operations_pb2 as lro
 from google.longrunning import operations_pb2_grpc as lro_grpc
-from google.protobuf import empty_pb2, json_format
-from google.rpc import status_pb2
+from google.protobuf import empty_pb2, json_format, timestamp_pb2
+from google.rpc import code_pb2, status_pb2
 
-from gateway.config import Settings
-from gateway.core.pipeline import Pipeline
+from gateway import identity
+from gateway.batch.spec import JobSpec
+from gateway.errors import GatewayError
 from gateway.frontends.api import Bindings, to_model_ref
-from gateway.frontends.grpc.servicers import Drain, add_task_services
-from gateway.jobs.local import BatchLane
-from gateway.jobs.service import CreateParams, JobError, JobService, JobView
-from gateway.proto.classification.v1 import classification_pb2 as cpb
+from gateway.frontends.grpc.status import STATUS
+from gateway.jobs.admission import Request
+from gateway.jobs.service import JobService
+from gateway.jobs.views import JobView
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
-from gateway.proto.detection.v1 import detection_pb2 as pb
 
 BATCH_SERVICE = bpb.DESCRIPTOR.services_by_name["BatchService"].full_name
 OPERATIONS_SERVICE = lro.DESCRIPTOR.services_by_name["Operations"].full_name
-_TASKS = {
-    bpb.CreateBatchJobRequest.TASK_UNSPECIFIED: "detect",
-    bpb.CreateBatchJobRequest.TASK_DETECT: "detect",
-    bpb.CreateBatchJobRequest.TASK_CLASSIFY: "classify",
-}
+_TASK = bpb.CreateBatchJobRequest.Task
 _STATE = bpb.BatchJobMetadata.State
+_CODES = dict(code_pb2.Code.items())  # canonical status names (as result lines hold) -> numbers
 
 
-def caller_of(context: grpc.aio.ServicerContext) -> str:
-    """Who is calling, for per-caller limits: the client certificate's identity (mTLS), or
-    the URI in Istio's x-forwarded-client-cert, else "anonymous"."""
-    identities = context.peer_identities()
-    if identities:
-        return bytes(identities[0]).decode(errors="replace")
+def caller_of(context: grpc.aio.ServicerContext, trust_xfcc: bool) -> str:
+    """Who is calling (gateway.identity): the client certificate in the auth context, or a
+    trusted x-forwarded-client-cert header."""
+    certificate = identity.from_auth_context(context.auth_context())
+    header = None
     for key, value in context.invocation_metadata() or ():
-        if key == "x-forwarded-client-cert" and isinstance(value, str):
-            for element in value.split(","):
-                for pair in element.split(";"):
-                    name, _, found = pair.partition("=")
-                    if name.strip().lower() == "uri" and found:
-                        return found.strip('"')
-    return "anonymous"
+        if key == identity.XFCC and isinstance(value, str):
+            header = value
+    return identity.caller(certificate, header, trust_xfcc)
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: JobError) -> None:
-    code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
-    await context.abort(code, error.message)
+async def _abort(context: grpc.aio.ServicerContext, error: GatewayError) -> None:
+    await context.abort(STATUS[error.kind], error.message)
 
 
-def _timestamp(seconds: float | None) -> Any:
-    from google.protobuf import timestamp_pb2
-
+def _timestamp(seconds: float | None) -> timestamp_pb2.Timestamp:
     stamp = timestamp_pb2.Timestamp()
     if seconds is not None:
         stamp.FromNanoseconds(int(seconds * 1e9))
@@ -74,8 +63,8 @@ def to_operation(v: JobView) -> lro.Operation:
             bpb.ShardProgress(index=s.index, processed=s.processed, failed=s.failed, done=s.done)
             for s in v.shards
         ],
-        output_uri=job.output_url,
-        input_uri=job.input_url,
+        output_uri=job.spec.output,
+        input_uri=job.spec.input,
     )
     metadata.create_time.CopyFrom(_timestamp(job.create_time))
     metadata.update_time.CopyFrom(_timestamp(job.update_time))
@@ -86,14 +75,14 @@ def to_operation(v: JobView) -> lro.Operation:
     operation = lro.Operation(name=job.name, done=job.done)
     operation.metadata.Pack(metadata)
     if job.done:
-        if job.error is not None:
-            operation.error.CopyFrom(
-                status_pb2.Status(code=int(job.error["code"]), message=job.error["message"])
-            )
+        failure = job.failure
+        if failure is not None:
+            code = STATUS[failure.kind].value[0]
+            operation.error.CopyFrom(status_pb2.Status(code=code, message=failure.message))
         else:
             result = job.result or {}
             response = bpb.BatchJobResult(
-                output_uri=job.output_url,
+                output_uri=job.spec.output,
                 result_files=list(result.get("files", [])),
                 code_counts={k: int(n) for k, n in result.get("codes", {}).items()},
                 total=int(result.get("total", 0)),
@@ -102,46 +91,68 @@ def to_operation(v: JobView) -> lro.Operation:
     return operation
 
 
-def to_line(task: str, file: str, index: int, line: dict[str, Any], token: str) -> Any:
+def to_line(
+    result_type: Any, file: str, index: int, line: dict[str, Any], token: str
+) -> bpb.BatchResultLine:
+    """A result line as the API shows it; `result_type` is the task's result message."""
     out = bpb.BatchResultLine(file=file, line=index, source=str(line.get("source", "")))
     out.id = str(line.get("id", ""))
     out.page_token = token
     if line.get("metadata"):
         out.metadata.update(line["metadata"])
     if "result" in line:
-        message: Any = cpb.ClassificationResult() if task == "classify" else pb.DetectionResult()
+        message = result_type()
         json_format.ParseDict(line["result"], message, ignore_unknown_fields=True)
         out.result.Pack(message)
     elif "error" in line:
-        code = getattr(grpc.StatusCode, str(line["error"].get("code")), grpc.StatusCode.UNKNOWN)
-        out.error.code = code.value[0]
+        name = str(line["error"].get("code"))
+        out.error.code = _CODES.get(name, code_pb2.UNKNOWN)
         out.error.message = str(line["error"].get("message", ""))
     return out
+
+
+def task_of(request: bpb.CreateBatchJobRequest, bindings: Bindings) -> str:
+    """The task the request's enum names (TASK_<VERB>; unset: the first binding's)."""
+    if request.task == _TASK.TASK_UNSPECIFIED:
+        return next(iter(bindings)).task
+    name = _TASK.Name(request.task) if request.task in _TASK.values() else str(request.task)
+    try:
+        return bindings.for_verb(name.removeprefix("TASK_").lower()).task
+    except KeyError:
+        return name
+
+
+def to_request(request: bpb.CreateBatchJobRequest, bindings: Bindings) -> Request:
+    task = task_of(request, bindings)
+    fields = request.DESCRIPTOR.fields_by_name
+    options: dict[str, Any] = {}
+    for binding in bindings:
+        if binding.task == task:
+            options = {n: getattr(request, n) for n in binding.options if n in fields}
+    spec = JobSpec(
+        input=request.input_uri,
+        output=request.output_uri,
+        task=task,
+        model=to_model_ref(request.model),
+        options=options,
+        shards=request.shards or 1,
+    )
+    return Request(spec, request.upload_id, request.request_id)
 
 
 class BatchServicer(bpb_grpc.BatchServiceServicer):
     def __init__(self, jobs: JobService) -> None:
         self._jobs = jobs
+        self._trust_xfcc = jobs.settings.trust_xfcc
 
     async def CreateBatchJob(
         self, request: bpb.CreateBatchJobRequest, context: grpc.aio.ServicerContext
     ) -> lro.Operation:
-        params = CreateParams(
-            input_uri=request.input_uri,
-            upload_id=request.upload_id,
-            output_uri=request.output_uri,
-            task=_TASKS.get(request.task, "unknown"),
-            model=to_model_ref(request.model),
-            min_score=request.min_score,
-            max_detections=request.max_detections,
-            top_k=request.top_k,
-            shards=request.shards,
-            request_id=request.request_id,
-        )
         try:
-            job = await self._jobs.create(caller_of(context), params)
+            caller = caller_of(context, self._trust_xfcc)
+            job = await self._jobs.create(caller, to_request(request, self._jobs.bindings))
             return to_operation(await self._jobs.current(job))
-        except JobError as e:
+        except GatewayError as e:
             await _abort(context, e)
             raise  # unreachable: abort raises
 
@@ -155,8 +166,9 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
                 yield message.upload_id, message.name, message.image
 
         try:
-            upload_id, count, size = await self._jobs.upload(images())
-        except JobError as e:
+            caller = caller_of(context, self._trust_xfcc)
+            upload_id, count, size = await self._jobs.upload(caller, images())
+        except GatewayError as e:
             await _abort(context, e)
             raise
         return bpb.UploadImagesResponse(upload_id=upload_id, image_count=count, total_bytes=size)
@@ -164,25 +176,31 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
     async def ReadBatchResults(
         self, request: bpb.ReadBatchResultsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bpb.BatchResultLine]:
+        caller = caller_of(context, self._trust_xfcc)
         try:
-            view = await self._jobs.get(request.name)
-            task = view.job.params["task"]
-            async for file, index, line, token in self._jobs.read(request.name, request.page_token):
-                yield to_line(task, file, index, line, token)
-        except JobError as e:
+            async for job, file, index, line, token in self._jobs.read(
+                caller, request.name, request.page_token
+            ):
+                result_type = self._jobs.bindings.for_task(job.spec.task).result_type
+                yield to_line(result_type, file, index, line, token)
+        except GatewayError as e:
             await _abort(context, e)
 
 
 class OperationsServicer(lro_grpc.OperationsServicer):
     def __init__(self, jobs: JobService) -> None:
         self._jobs = jobs
+        self._trust_xfcc = jobs.settings.trust_xfcc
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> str:
+        return caller_of(context, self._trust_xfcc)
 
     async def GetOperation(
         self, request: lro.GetOperationRequest, context: grpc.aio.ServicerContext
     ) -> lro.Operation:
         try:
-            return to_operation(await self._jobs.get(request.name))
-        except JobError as e:
+            return to_operation(await self._jobs.get(self._caller(context), request.name))
+        except GatewayError as e:
             await _abort(context, e)
             raise
 
@@ -193,9 +211,9 @@ class OperationsServicer(lro_grpc.OperationsServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, "the only collection is 'operations'")
         try:
             views, token = await self._jobs.list(
-                request.filter, request.page_size, request.page_token
+                self._caller(context), request.filter, request.page_size, request.page_token
             )
-        except JobError as e:
+        except GatewayError as e:
             await _abort(context, e)
             raise
         return lro.ListOperationsResponse(
@@ -206,8 +224,8 @@ class OperationsServicer(lro_grpc.OperationsServicer):
         self, request: lro.CancelOperationRequest, context: grpc.aio.ServicerContext
     ) -> empty_pb2.Empty:
         try:
-            await self._jobs.cancel(request.name)
-        except JobError as e:
+            await self._jobs.cancel(self._caller(context), request.name)
+        except GatewayError as e:
             await _abort(context, e)
         return empty_pb2.Empty()
 
@@ -215,8 +233,8 @@ class OperationsServicer(lro_grpc.OperationsServicer):
         self, request: lro.DeleteOperationRequest, context: grpc.aio.ServicerContext
     ) -> empty_pb2.Empty:
         try:
-            await self._jobs.delete(request.name)
-        except JobError as e:
+            await self._jobs.delete(self._caller(context), request.name)
+        except GatewayError as e:
             await _abort(context, e)
         return empty_pb2.Empty()
 
@@ -230,8 +248,10 @@ class OperationsServicer(lro_grpc.OperationsServicer):
         if remaining is not None:
             limits.append(max(0.0, remaining - 0.05))  # answer before the caller gives up
         try:
-            view = await self._jobs.wait(request.name, min(limits) if limits else None)
-        except JobError as e:
+            view = await self._jobs.wait(
+                self._caller(context), request.name, min(limits) if limits else None
+            )
+        except GatewayError as e:
             await _abort(context, e)
             raise
         return to_operation(view)
@@ -242,21 +262,3 @@ def add_services(server: grpc.aio.Server, jobs: JobService) -> tuple[str, ...]:
     bpb_grpc.add_BatchServiceServicer_to_server(BatchServicer(jobs), server)
     lro_grpc.add_OperationsServicer_to_server(OperationsServicer(jobs), server)
     return BATCH_SERVICE, OPERATIONS_SERVICE
-
-
-def build_lane(
-    settings: Settings, lane: BatchLane, bindings: Bindings
-) -> tuple[grpc.aio.Server, int]:
-    """The batch lane: the tasks' services over `lane` on a loopback port (not started yet),
-    for the local executor's runner."""
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", settings.server_max_receive_bytes),
-            ("grpc.max_send_message_length", -1),
-        ]
-    )
-    pipeline = cast(Pipeline, lane)  # the servicers use only run() and settings
-    drain = Drain()  # the lane stops with the executor, not by draining
-    add_task_services(server, bindings, pipeline, drain)
-    port = server.add_insecure_port("127.0.0.1:0")
-    return server, port

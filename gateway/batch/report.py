@@ -1,4 +1,5 @@
-"""Progress: a tqdm bar on a terminal, else one JSON line on stderr every few seconds."""
+"""The runner's progress report: a tqdm bar on a terminal, else one JSON line on stderr every
+few seconds."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from typing import IO, Any
 
 
-class Progress:
+class ProgressReport:
     def __init__(self, shard: int, interval: float = 5.0, stream: IO[str] | None = None) -> None:
         self.stream = stream or sys.stderr
         self.shard = shard

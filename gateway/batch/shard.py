@@ -1,0 +1,246 @@
+"""One shard's run: read its items in order, send them through a transport, put the answers
+back in input order, commit them as parts every `checkpoint_seconds`, write each output file
+once it is complete (the layout is gateway.batch.output's)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.batch import sources
+from gateway.batch.output import Counts, Output
+from gateway.batch.report import ProgressReport
+from gateway.batch.sources import Dataset, Item, Unit
+from gateway.batch.transport import Answer, Deliver, Transport, Work, failed
+from gateway.errors import GatewayError, Kind
+
+Connect = Callable[[Deliver], Transport]
+_READ_ERRORS: dict[type[OSError], Kind] = {
+    FileNotFoundError: Kind.NOT_FOUND,
+    PermissionError: Kind.PERMISSION_DENIED,
+}
+
+
+@dataclass
+class RunSettings:
+    """How to run (may change between restarts)."""
+
+    shard_index: int = 0
+    checkpoint_seconds: float = 2.0
+    log_interval: float = 5.0
+    read_threads: int = 16
+
+
+@dataclass
+class UnitState:
+    unit: Unit
+    start: int  # first line not committed yet
+    parts: list[str]
+    counts: Counts  # of the committed lines
+    next_index: int = 0  # next line to put in `ready`
+    ready: list[bytes] = field(default_factory=list)
+    ready_counts: Counts = field(default_factory=Counts)
+    waiting: dict[int, tuple[bytes, str, str | None]] = field(default_factory=dict)
+    total: int | None = None  # known once the input is read to its end
+    last_commit: float = field(default_factory=time.monotonic)
+    finished: bool = False
+    size: int = 0
+    position: float = 0.0
+
+
+def _line(item: Item, answer: Answer) -> bytes:
+    line: dict[str, Any] = {"id": item.id, "source": item.source, "metadata": item.metadata}
+    if answer.error is None:
+        line["result"] = answer.result
+    else:
+        line["error"] = {"code": answer.error.code, "message": answer.error.message}
+    return (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+def _take(iterator: Iterator[Item], count: int) -> list[Item]:
+    batch = []
+    for item in iterator:
+        batch.append(item)
+        if len(batch) >= count:
+            break
+    return batch
+
+
+class ShardRun:
+    def __init__(
+        self,
+        connect: Connect,
+        concurrency: int,
+        settings: RunSettings,
+        dataset: Dataset,
+        out: Output,
+        states: list[UnitState],
+    ) -> None:
+        self.settings = settings
+        self.dataset = dataset
+        self.out = out
+        self.states = states
+        self.done = 0
+        self.errors = 0
+        self.resumed = sum(s.start for s in states)
+        # Lines waiting to be written in order are bounded, so one image retried for a long
+        # time holds back memory for at most this many answers.
+        self.permits = asyncio.Semaphore(max(256, concurrency * 8))
+        self.total_bytes = sum(s.size for s in states) or 1
+        self.seen = 0
+        self.progress = ProgressReport(settings.shard_index, settings.log_interval)
+        self.transport = connect(self._deliver)
+        self.pool = ThreadPoolExecutor(settings.read_threads, thread_name_prefix="batch-read")
+        self.loading: set[asyncio.Task[None]] = set()
+
+    # --- answers back in order -----------------------------------------------------------
+
+    def _deliver(self, work: Work, answer: Answer) -> None:
+        state, item = work.token
+        self._record(state, item, answer)
+
+    def _record(self, state: UnitState, item: Item, answer: Answer) -> None:
+        if item.index < state.next_index or item.index in state.waiting:
+            return  # answered twice (sent again after a stream ended): the first answer stays
+        code = "OK" if answer.error is None else answer.error.code
+        state.waiting[item.index] = (_line(item, answer), code, answer.model)
+        while state.next_index in state.waiting:
+            line, code, model = state.waiting.pop(state.next_index)
+            state.ready.append(line)
+            state.ready_counts.codes[code] += 1
+            if model is not None:
+                state.ready_counts.models[model] += 1
+            state.next_index += 1
+            self.done += 1
+            self.errors += code != "OK"
+            self.permits.release()
+
+    # --- reading ---------------------------------------------------------------------------
+
+    async def _feed(self) -> None:
+        loop = asyncio.get_running_loop()
+        seq = 0
+        for state in self.states:
+            if state.finished:
+                continue
+            iterator = sources.items(self.dataset, state.unit, state.start)
+            count = state.start
+            while True:
+                batch = await loop.run_in_executor(self.pool, _take, iterator, 64)
+                if not batch:
+                    break
+                for item in batch:
+                    await self.permits.acquire()
+                    seq += 1
+                    count += 1
+                    self.seen += 1
+                    state.position = item.position
+                    if item.error is not None:
+                        self._record(state, item, failed(item.error))
+                    elif item.data is not None:
+                        self._submit(seq, state, item, item.data)
+                    else:
+                        task = asyncio.create_task(self._load(seq, state, item))
+                        self.loading.add(task)
+                        task.add_done_callback(self.loading.discard)
+            state.total = count
+            state.position = 1.0
+        await asyncio.gather(*self.loading)
+        self.transport.drain()
+
+    async def _load(self, seq: int, state: UnitState, item: Item) -> None:
+        assert item.load is not None
+        try:
+            data = await asyncio.get_running_loop().run_in_executor(self.pool, item.load)
+        except GatewayError as e:  # refused before reading (a path outside the allowed ones)
+            self._record(state, item, failed(e))
+            return
+        except OSError as e:
+            kind = _READ_ERRORS.get(type(e), Kind.UNAVAILABLE)
+            self._record(state, item, failed(GatewayError(kind, f"cannot read the image: {e}")))
+            return
+        self._submit(seq, state, item, data)
+
+    def _submit(self, seq: int, state: UnitState, item: Item, data: bytes) -> None:
+        request_id = f"{state.unit.name}:{item.index}"
+        self.transport.submit(Work(seq, data, request_id, (state, item)))
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def _commit(self, state: UnitState, force: bool) -> None:
+        due = time.monotonic() - state.last_commit >= self.settings.checkpoint_seconds
+        if state.ready and (force or due or len(state.ready) >= 20000):
+            lines, counts = state.ready, state.ready_counts
+            state.ready, state.ready_counts = [], Counts()
+            path = await asyncio.to_thread(
+                self.out.commit_part, state.unit.name, state.start, lines, counts
+            )
+            state.parts.append(path)
+            state.counts.add(counts)
+            state.start += len(lines)
+            state.last_commit = time.monotonic()
+        if state.total is not None and state.start == state.total and not state.finished:
+            await asyncio.to_thread(
+                self.out.finish_unit, state.unit.name, state.parts, state.counts
+            )
+            state.finished = True
+
+    def _estimate(self) -> int | None:
+        """This run's expected lines, from how much of the shard's input is read."""
+        covered = 0.0
+        for state in self.states:
+            if state.total is not None:
+                covered += state.size
+            else:
+                covered += state.size * state.position
+                break
+        if covered <= 0:
+            return None
+        if all(s.total is not None for s in self.states):
+            return self.done + sum(
+                (s.total or 0) - s.next_index for s in self.states if not s.finished
+            )
+        return round(self.seen * self.total_bytes / covered)
+
+    async def _writer(self) -> None:
+        while True:
+            everything_read = all(s.total is not None for s in self.states)
+            for state in self.states:
+                if not state.finished:
+                    await self._commit(state, force=everything_read and state.total is not None)
+            self.progress.update(self.done, self.errors, self._estimate(), self.resumed)
+            if all(s.finished for s in self.states):
+                return
+            await asyncio.sleep(0.1)
+
+    async def run(self) -> None:
+        self.transport.start()
+        feeder = asyncio.create_task(self._feed())
+        writer = asyncio.create_task(self._writer())
+        fatal = asyncio.create_task(self.transport.stopped.wait())
+        try:
+            pending = {feeder, writer, fatal}
+            while writer in pending:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    if task is fatal:
+                        self.transport.check()
+                    elif task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+            await self.transport.close()
+        finally:
+            for task in (feeder, writer, fatal, *self.loading):
+                task.cancel()
+            await asyncio.gather(feeder, writer, fatal, *self.loading, return_exceptions=True)
+            await self.transport.abort()
+            # Lines answered but not committed yet are kept: commit them before leaving.
+            for state in self.states:
+                if state.ready and not state.finished:
+                    await self._commit(state, force=True)
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.progress.close()

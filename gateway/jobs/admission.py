@@ -1,0 +1,169 @@
+"""Everything CreateBatchJob checks before a job exists, so what can fail at once does, with
+a clear status: the fields, where the job may read and write, the limits, the model, and the
+input itself (listed, and OUTPUT's job.json written)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from gateway import errors
+from gateway.batch import job as batch_job
+from gateway.batch import sources, storage
+from gateway.batch.access import Guard, place
+from gateway.batch.spec import JobSpec
+from gateway.client.messages import model_spec
+from gateway.config import Settings
+from gateway.core.pipeline import Pipeline
+from gateway.errors import GatewayError, Kind
+from gateway.frontends.api import Binding, Bindings
+from gateway.jobs.records import Job
+from gateway.jobs.store import JobStore
+from gateway.jobs.uploads import store_full
+from gateway.upstream.client import TFServingClient
+
+MAX_REQUEST_ID = 64
+
+
+def split(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def input_guard(settings: Settings, job: Job | None = None) -> Guard:
+    """Where a job may read: the allowed prefixes, and its own upload."""
+    guard = Guard.of(split(settings.batch_allowed_input_uris))
+    if job is not None and job.upload_id:
+        own = place(job.spec.input)
+        if own is not None:
+            guard = guard.with_places([own])
+    return guard
+
+
+@dataclass(frozen=True)
+class Request:
+    """CreateBatchJob as the service takes it: the spec (input empty for an upload, output
+    empty for the job's own area), and the request's own fields."""
+
+    spec: JobSpec
+    upload_id: str = ""
+    request_id: str = ""
+
+
+class Admission:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        pipeline: Pipeline,
+        client: TFServingClient,
+        bindings: Bindings,
+    ) -> None:
+        self._settings = settings
+        self._bindings = bindings
+        self._store = store
+        self._pipeline = pipeline
+        self._client = client
+        self._outputs = [p for p in (place(u) for u in split(settings.batch_allowed_uris)) if p]
+        self._store_place = place(store.url)
+
+    def check_fields(self, request: Request) -> Binding:
+        """What needs no I/O (GatewayError INVALID_INPUT); the task's binding."""
+        if len(request.request_id) > MAX_REQUEST_ID or not request.request_id.isascii():
+            raise errors.invalid_input(
+                f"request_id must be at most {MAX_REQUEST_ID} ASCII characters (a UUID4 is usual)"
+            )
+        if bool(request.spec.input) == bool(request.upload_id):
+            raise errors.invalid_input(
+                "set exactly one of input_uri (a dataset the gateway can read) and upload_id "
+                "(images sent with UploadImages)"
+            )
+        binding = request.spec.binding(self._bindings)
+        request.spec.check()
+        return binding
+
+    def check_input(self, url: str) -> None:
+        """An input_uri a caller named: inside an allowed prefix and not in the job store
+        (uploads are named by upload_id); the same refusal whether it exists or not."""
+        guard = input_guard(self._settings)
+        where = place(url)
+        store = self._store_place
+        if not guard.allows(where) or (
+            store is not None and where is not None and store.holds(where)
+        ):
+            raise guard.denied(f"input_uri {url}")
+
+    def check_output(self, url: str) -> None:
+        where = place(url)
+        if where is None or not any(p.holds(where) for p in self._outputs):
+            shown = ", ".join(Guard(self._outputs).urls()) or "(none: only the job store)"
+            raise GatewayError(
+                Kind.PERMISSION_DENIED,
+                f"output_uri {url} is outside the prefixes this gateway may write to "
+                f"({shown}); leave output_uri empty to use the job store, or ask for the "
+                "prefix to be added to GATEWAY_BATCH_ALLOWED_URIS",
+            )
+
+    async def check_limits(self, caller: str, jobs: list[Job]) -> None:
+        live = [j for j in jobs if not j.done]
+        s = self._settings
+        if len(live) >= s.batch_max_jobs:
+            raise GatewayError(
+                Kind.OVERLOADED,
+                f"the gateway has its limit of {s.batch_max_jobs} unfinished batch jobs; wait "
+                "for some to finish or cancel them (GATEWAY_BATCH_MAX_JOBS)",
+            )
+        if sum(j.caller == caller for j in live) >= s.batch_max_jobs_per_caller:
+            raise GatewayError(
+                Kind.OVERLOADED,
+                f"caller {caller} has its limit of {s.batch_max_jobs_per_caller} unfinished "
+                "batch jobs; wait for some to finish or cancel them "
+                "(GATEWAY_BATCH_MAX_JOBS_PER_CALLER)",
+            )
+        used = await asyncio.to_thread(self._store.usage)
+        if used >= s.job_store_max_bytes:
+            raise store_full(used, s.job_store_max_bytes)
+
+    async def check_model(self, spec: JobSpec, binding: Binding) -> None:
+        """The model exists, is configured for the task, has outputs the task can read, and
+        the options are valid for it (what every image would otherwise fail on)."""
+        model = self._pipeline.model_ref(spec.task, spec.model)
+        config = self._pipeline.registry.get(model.name, spec.task)
+        if config.task != spec.task:
+            raise errors.bad_model(
+                f"model '{model.name}' is configured as a {config.task} model, not for "
+                f"task {spec.task}"
+            )
+        task = self._pipeline.tasks[spec.task]
+        try:
+            message = binding.request(b"", model_spec(*model), "", **spec.options)
+        except (TypeError, ValueError) as e:
+            raise errors.invalid_input(f"options {dict(spec.options)}: {e}") from None
+        task.resolve(binding.to_request(message, "", "", None, ()).options, config, self._settings)
+        signature = await self._client.signature(model, self._settings.upstream_timeout)
+        task.output_plan(signature, config)
+
+    async def prepare(self, job: Job) -> Job:
+        """Lists the input and writes OUTPUT's job.json; the job's result files and, for a
+        directory of images, its total."""
+        try:
+            dataset, _ = await asyncio.to_thread(
+                batch_job.prepare, job.spec, input_guard(self._settings, job)
+            )
+        except sources.DatasetError as e:
+            raise errors.invalid_input(f"input: {e}") from None
+        except storage.StorageError as e:
+            raise errors.invalid_input(f"output: {e}") from None
+        except batch_job.JobError as e:
+            raise GatewayError(Kind.PRECONDITION, str(e)) from None
+        shards = job.spec.shards
+        if shards > len(dataset.files):
+            raise errors.invalid_input(
+                f"shards ({shards}) is more than the input's {len(dataset.files)} files"
+            )
+        job.units = [
+            (index, unit.name)
+            for index in range(shards)
+            for unit in sources.units(dataset, index, shards)
+        ]
+        job.total = len(dataset.files) if dataset.format == sources.IMAGES else None
+        return job

@@ -1,0 +1,57 @@
+"""Expiry: finished operations older than GATEWAY_OPERATION_TTL go with the results kept in
+the store, and uploads no job uses go GATEWAY_UPLOAD_TTL after their last image."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.jobs.service import JobService
+
+log = logging.getLogger("gateway.jobs")
+
+# Between sweeps: a quarter of the shorter TTL, within these bounds (seconds).
+MIN_INTERVAL, MAX_INTERVAL = 0.5, 60.0
+
+
+def interval(upload_ttl: float, operation_ttl: float) -> float:
+    return min(MAX_INTERVAL, max(MIN_INTERVAL, min(upload_ttl, operation_ttl) / 4))
+
+
+async def sweep(service: JobService) -> tuple[int, int]:
+    """One pass; returns (operations, uploads) removed."""
+    settings, store = service.settings, service.store
+    now = time.time()
+    jobs = await asyncio.to_thread(store.jobs)
+    operations = 0
+    for job in jobs:
+        ended = job.end_time if job.end_time is not None else job.update_time
+        if job.done and now - ended > settings.operation_ttl:
+            await service.remove(job)
+            operations += 1
+            log.info("operation expired", extra={"fields": {"operation": job.name}})
+    kept = await asyncio.to_thread(store.jobs)
+    in_use = {j.upload_id for j in kept if j.upload_id}
+    uploads = 0
+    for upload in await asyncio.to_thread(store.uploads):
+        if upload.id not in in_use and now - upload.update_time > settings.upload_ttl:
+            await asyncio.to_thread(store.delete_upload, upload.id)
+            uploads += 1
+            log.info("upload expired", extra={"fields": {"upload_id": upload.id}})
+    return operations, uploads
+
+
+async def run(service: JobService) -> None:
+    """Sweeps until cancelled; a failed pass is logged and retried at the next."""
+    every = interval(service.settings.upload_ttl, service.settings.operation_ttl)
+    while True:
+        try:
+            await sweep(service)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("expiry sweep failed; retried")
+        await asyncio.sleep(every)
