@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gateway.batch.spec import JobSpec
@@ -72,7 +72,7 @@ class Job:
         self.error = None if error is None else {"kind": error.kind.value, "message": error.message}
 
     def to_json(self) -> bytes:
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["spec"] = self.spec.to_json()
         return json.dumps(data, indent=1, sort_keys=True).encode()
 

@@ -34,8 +34,10 @@ from gateway.jobs.records import Job, valid_id
 class Upload:
     id: str
     owner: str
-    create_time: float
-    update_time: float  # the last image added
+    # Whole seconds, so rewriting the record never changes its size (the store's bound
+    # counts it).
+    create_time: int
+    update_time: int  # the last upload call
 
 
 class JobStore:
@@ -155,7 +157,7 @@ class JobStore:
             return None
 
     def touch_upload(self, upload: Upload) -> None:
-        upload.update_time = time.time()
+        upload.update_time = int(time.time())
         storage.write_atomic(self.fs, self._upload_record(upload.id), _dump(asdict(upload)))
 
     def uploads(self) -> list[Upload]:

@@ -118,15 +118,12 @@ class Uploads:
         self, caller: str, given_id: str, in_use: set[str]
     ) -> tuple[Upload, int, int, Room]:
         s = self._settings
-        mine = await asyncio.to_thread(self._mine, caller)
-        kept = sum(size for _, size in mine)
-        used = await asyncio.to_thread(self._store.usage)
-        room = Room(s.job_store_max_bytes - used, s.batch_max_upload_bytes_per_caller - kept)
         if given_id:
             upload = await self.find(caller, given_id)
             await asyncio.to_thread(self._store.touch_upload, upload)  # kept from expiry
             count, size = await asyncio.to_thread(self._store.upload_size, given_id)
         else:
+            mine = await asyncio.to_thread(self._mine, caller)
             open_uploads = sum(u.id not in in_use for u, _ in mine)
             if open_uploads >= s.batch_max_uploads_per_caller:
                 raise GatewayError(
@@ -136,11 +133,17 @@ class Uploads:
                     "one (pass its upload_id), or wait for unused ones to expire "
                     "(GATEWAY_UPLOAD_TTL)",
                 )
-            room.check(caller, 1, s)
-            now = time.time()
+            used = await asyncio.to_thread(self._store.usage)
+            if used >= s.job_store_max_bytes:
+                raise store_full(used, s.job_store_max_bytes)
+            now = int(time.time())
             upload = Upload(new_id(), caller, now, now)
             await asyncio.to_thread(self._store.create_upload, upload)
             count = size = 0
+        # Measured once the upload's record is written: what is left is for its images.
+        kept = sum(size for _, size in await asyncio.to_thread(self._mine, caller))
+        used = await asyncio.to_thread(self._store.usage)
+        room = Room(s.job_store_max_bytes - used, s.batch_max_upload_bytes_per_caller - kept)
         return upload, count, size, room
 
     def _mine(self, caller: str) -> list[tuple[Upload, int]]:

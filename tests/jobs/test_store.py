@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.batch.spec import JobSpec
+from gateway.core.domain import ModelRef
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.paging import parse_filter
 from gateway.jobs.records import Job
@@ -70,3 +71,24 @@ def test_bad_filters_are_invalid_arguments(text: str) -> None:
     with pytest.raises(GatewayError) as info:
         parse_filter(text)
     assert info.value.kind is Kind.INVALID_INPUT
+
+
+def test_a_record_holds_the_job_spec_and_its_failure_as_a_kind(tmp_path: Path) -> None:
+    store = JobStore(str(tmp_path / "store"))
+    spec = JobSpec(
+        input="s3://bucket/in",
+        output="/out",
+        task="classification",
+        model=ModelRef("classifier", None, "stable"),
+        options={"top_k": 3, "min_score": 0.25},
+        shards=2,
+    )
+    record = Job(id="ab12", caller="spiffe://a", spec=spec, executor="local",
+                 units=[(0, "a.jsonl"), (1, "b.jsonl")], total=None)  # fmt: skip
+    record.set_failure(GatewayError(Kind.PRECONDITION, "no"))
+    assert store.create(record)
+    again = store.load("ab12")
+    assert again == record and again is not None
+    assert again.spec.options == {"min_score": 0.25, "top_k": 3}
+    assert again.failure is not None and again.failure.kind is Kind.PRECONDITION
+    assert JobSpec.from_json(spec.to_json()) == spec

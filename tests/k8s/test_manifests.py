@@ -517,7 +517,8 @@ def test_gateway_environment_is_accepted_by_the_gateway(target: str) -> None:
     settings = gateway_settings(objs)
     for name, field in UPCOMING_SETTINGS.items():
         if field in Settings.__dataclass_fields__ and name in env_of(c):
-            assert str(getattr(settings, field)) == env_of(c)[name], name
+            # (booleans read back as True/False from "true"/"false")
+            assert str(getattr(settings, field)).lower() == env_of(c)[name].lower(), name
     assert settings.host == "0.0.0.0"
     # Decoding threads are sized to the CPU limit, not to the node (os.cpu_count()).
     cpu_limit = parse_quantity(c["resources"]["limits"]["cpu"])

@@ -1,11 +1,13 @@
 """Test certificates made on the fly: a CA, a server certificate for localhost/127.0.0.1, and
-a client certificate, all signed by the CA (EC P-256, valid for a day)."""
+a client certificate, all signed by the CA (EC P-256, valid for a day); more named client
+certificates on request (each with a URI SAN such as a SPIFFE ID, or a common name only)."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -25,6 +27,7 @@ class Certificates:
     ca: Path
     server: Pair
     client: Pair
+    clients: Mapping[str, Pair] = field(default_factory=dict)  # the named ones
 
 
 def _name(common_name: str) -> x509.Name:
@@ -61,8 +64,12 @@ def _builder(
     )
 
 
-def make_certificates(directory: Path, ca_name: str = "test CA") -> Certificates:
-    """Writes ca.crt, server.crt/.key (localhost, 127.0.0.1) and client.crt/.key."""
+def make_certificates(
+    directory: Path, ca_name: str = "test CA", clients: Mapping[str, str] = {}
+) -> Certificates:
+    """Writes ca.crt, server.crt/.key (localhost, 127.0.0.1) and client.crt/.key; and for
+    each of `clients` (name -> URI SAN, or "" for a certificate with its common name only)
+    <name>.crt/.key with that name as its common name."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
@@ -87,10 +94,10 @@ def make_certificates(directory: Path, ca_name: str = "test CA") -> Certificates
             _builder(stem, ca_cert.subject, key.public_key())
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .sign(ca_key, hashes.SHA256())
         )
-        return _write(directory, stem, cert, key)
+        if names:
+            cert = cert.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return _write(directory, stem, cert.sign(ca_key, hashes.SHA256()), key)
 
     server = leaf(
         "server",
@@ -98,4 +105,12 @@ def make_certificates(directory: Path, ca_name: str = "test CA") -> Certificates
         [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
     )
     client = leaf("client", ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName("gateway-client")])
-    return Certificates(ca_path, server, client)
+    named = {
+        name: leaf(
+            name,
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            [x509.UniformResourceIdentifier(uri)] if uri else [],
+        )
+        for name, uri in clients.items()
+    }
+    return Certificates(ca_path, server, client, named)
