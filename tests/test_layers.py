@@ -17,9 +17,6 @@ DEFERRED = {
     ("gateway.app", "gateway.frontends.http.server"): "aiohttp only when the HTTP port is on",
     ("gateway.app", "gateway.jobs.kube"): "the kubernetes client only for that executor",
     ("gateway.workers", "gateway.metrics"): "after PROMETHEUS_MULTIPROC_DIR is set",
-    # Cycles with gateway.jobs.service; they go with the jobs' JobSpec redesign.
-    ("gateway.jobs.local", "gateway.jobs.service"): "cycle (jobs redesign removes it)",
-    ("gateway.jobs.kube", "gateway.jobs.service"): "cycle (jobs redesign removes it)",
 }
 
 # A module (prefix) may not import these (prefixes).
