@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from gateway import logs
 from gateway.app import serve
-from gateway.config import parse_settings
+from gateway.flags import parse_settings
 from gateway.labels import LabelsError
 from gateway.models import ModelConfigError
 from gateway.workers import supervise

@@ -1,17 +1,15 @@
-"""The gateway's settings: one object, from command-line flags or GATEWAY_* variables.
+"""The gateway's settings: one frozen object, its fields grouped (server, limits, upstream,
+models, jobs, security), each with the reason for its default; validated as a whole.
 
-Every flag `--some-name` has the environment variable `GATEWAY_SOME_NAME`; a flag given on
-the command line wins over the variable, and the variable over the default.
+gateway.flags reads it from command-line flags and GATEWAY_* variables.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 MIB = 1024 * 1024
 # Headroom over the payload for the rest of a message (shape, names, model spec).
@@ -20,6 +18,7 @@ MESSAGE_OVERHEAD = 1 * MIB
 
 @dataclass(frozen=True)
 class Settings:
+    # === server: where and how the gateway serves ===
     # Where the gateway listens. 0.0.0.0 serves every interface, as a pod must.
     host: str = "0.0.0.0"
     port: int = 50051
@@ -27,6 +26,33 @@ class Settings:
     # SageMaker-style hosting, which calls port 8080). 0 disables it, and then aiohttp is
     # not even imported.
     http_port: int = 8080
+    # Gateway processes sharing the port (SO_REUSEPORT), for more than one core per pod:
+    # one process runs Python on one core at a time. 1 serves in this process.
+    workers: int = 1
+    # Threads for image decoding (CPU-bound, releases the GIL in Pillow).
+    decode_threads: int = field(default_factory=lambda: os.cpu_count() or 2)
+    # Prometheus metrics on http://host:metrics_port/metrics; 0 disables.
+    metrics_port: int = 9090
+    # How often TF Serving's model status is polled for health checks.
+    health_interval: float = 5.0
+    # Time in-flight requests get to finish after SIGTERM (pods get 30 s by default).
+    shutdown_grace: float = 20.0
+    log_level: str = "INFO"
+
+    # === limits: what one request, body or stream may take ===
+    # Encoded image size limit. 32 MiB covers any camera JPEG and a 4K PNG with room to spare.
+    max_image_bytes: int = 32 * MIB
+    # Decoded size limit, checked from the header before decoding (decompression bombs).
+    # 50 megapixels is above 8K (33 MP) and keeps one decoded image under 150 MB.
+    max_pixels: int = 50_000_000
+    # The gateway server's gRPC receive limit; 0: derived from the image limits (see below).
+    max_receive_message_bytes: int = 0
+    # Requests the gateway works on at once; more are refused with RESOURCE_EXHAUSTED so a
+    # burst sheds load instead of queueing decoded images in memory.
+    max_concurrent_requests: int = 64
+    # Frames of one DetectStream in flight at once; the stream stops reading until the
+    # oldest result is sent.
+    stream_window: int = 4
     # Time a client gets to send a request's line and headers, counted from the connection's
     # start or the end of its previous response; also how long an idle keep-alive connection
     # stays open. Cuts off clients that trickle headers (slowloris) without a request in
@@ -38,79 +64,21 @@ class Settings:
     # ~5 Mbit/s; the body is read before the request takes a concurrency slot, so a slow
     # client never holds one.
     http_body_timeout: float = 60.0
+
+    # === upstream: the TF Serving hop ===
     # TF Serving's gRPC target: host:port, or dns:///headless-service:8500 with
     # upstream_lb=round_robin to spread calls over every pod (a plain ClusterIP Service pins
     # one gateway replica to one TF Serving pod, because gRPC keeps one HTTP/2 connection).
     upstream: str = "127.0.0.1:8500"
     upstream_lb: str = "pick_first"
-    # The default model: used when a detection request names none (unless the model config
-    # says otherwise), by readiness, and by the HTTP door's /invocations and /ping.
-    model: str = "detector"
-    # Per-model config (TOML, gateway/models.py): task, labels, input preparation, request
-    # defaults. Empty: every model is a detection model with the defaults below.
-    model_config: str = ""
-    # Per-model OD API label maps: model name -> label_map.pbtxt.
-    label_maps: Mapping[str, Path] = field(default_factory=dict)
-    # Defaults for detection requests that leave min_score / max_detections at 0.
-    min_score: float = 0.5
-    max_detections: int = 100
     # Longest a TF Serving call may take when the client set no shorter deadline. Detection
     # runs 50 ms to a few seconds on CPU; 30 s leaves room for a cold model and a full queue.
     upstream_timeout: float = 30.0
-    # Encoded image size limit. 32 MiB covers any camera JPEG and a 4K PNG with room to spare.
-    max_image_bytes: int = 32 * MIB
-    # Decoded size limit, checked from the header before decoding (decompression bombs).
-    # 50 megapixels is above 8K (33 MP) and keeps one decoded image under 150 MB.
-    max_pixels: int = 50_000_000
-    # gRPC message limits; 0 means "derived from the image limits" (see below).
-    max_receive_message_bytes: int = 0
+    # Limit on requests to TF Serving; 0: derived from the pixel limit (see below).
     upstream_max_send_bytes: int = 0
     # OD API responses are small once output_filter drops the raw_* tensors; 64 MiB still
     # fits a model that returns masks.
     upstream_max_receive_bytes: int = 64 * MIB
-    # Requests the gateway works on at once; more are refused with RESOURCE_EXHAUSTED so a
-    # burst sheds load instead of queueing decoded images in memory.
-    max_concurrent_requests: int = 64
-    # Frames of one DetectStream in flight at once; the stream stops reading until the
-    # oldest result is sent.
-    stream_window: int = 4
-    # Threads for image decoding (CPU-bound, releases the GIL in Pillow).
-    decode_threads: int = field(default_factory=lambda: os.cpu_count() or 2)
-    # Prometheus metrics on http://host:metrics_port/metrics; 0 disables.
-    metrics_port: int = 9090
-    # How often TF Serving's model status is polled for health checks.
-    health_interval: float = 5.0
-    # Time in-flight requests get to finish after SIGTERM (pods get 30 s by default).
-    shutdown_grace: float = 20.0
-    log_level: str = "INFO"
-    # --- what one gRPC connection may hold (docs/security.md) ---
-    # Calls open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). gRPC
-    # clients queue calls beyond it; a client that ignores the setting gets the extra streams
-    # refused (REFUSED_STREAM). 100 is HTTP/2's recommended minimum and above the 64 requests
-    # the gateway works on at once, so a well-behaved client never waits on it, while one
-    # connection cannot make the server keep unbounded per-stream state.
-    grpc_max_concurrent_streams: int = 100
-    # Shortest time between a client's keepalive pings; after more than two sooner (gRPC's
-    # ping strikes; the server sending headers or data forgives them) the connection is closed
-    # with GOAWAY ENHANCE_YOUR_CALM "too_many_pings". 10 s is the floor grpc-go and grpc-java
-    # put on their clients' keepalive time, so no client within its library's limits is cut,
-    # and a ping flood ends at its third ping. Idle connections may be pinged at this rate too,
-    # so clients can keep them open through load balancers' idle timeouts.
-    grpc_min_ping_interval: float = 10.0
-    # Age at which a connection is asked to go away (GOAWAY, with gRPC's +-10 % jitter); the
-    # client reconnects for its next call. Long-lived connections then spread over replicas
-    # added since, and none is held forever. 30 min costs a client one reconnect (and TLS
-    # handshake) per half hour. 0: connections live as long as the client keeps them.
-    grpc_max_connection_age: float = 1800.0
-    # Time the calls in flight on a connection past its age get to finish; then the connection
-    # is closed and they end with UNAVAILABLE (the batch runner, like any streaming client,
-    # reopens its stream). 5 min covers any unary call (30 s upstream timeout) many times.
-    grpc_max_connection_age_grace: float = 300.0
-    # Largest metadata (headers) one call may send, advertised as HTTP/2
-    # SETTINGS_MAX_HEADER_LIST_SIZE; larger calls are refused with RESOURCE_EXHAUSTED. 16 KiB
-    # is gRPC's own hard limit: room for a mesh's x-forwarded-client-cert with the client
-    # certificate, a bearer token and trace headers.
-    grpc_max_metadata_bytes: int = 16 * 1024
     # Retries towards TF Serving (see README "Reliability"): attempts per call including the
     # first, on UNAVAILABLE (connection or a server shutting down), never on TF Serving's
     # queue-full UNAVAILABLE, always within the caller's deadline. 3 attempts ride out a pod restart
@@ -129,15 +97,21 @@ class Settings:
     upstream_cert_file: str = ""
     upstream_key_file: str = ""
     upstream_server_name: str = ""
-    # TLS on the gateway's own port: certificate chain and key; with a client CA, clients
-    # must present a certificate it signed (mTLS).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_client_ca_file: str = ""
-    # Gateway processes sharing the port (SO_REUSEPORT), for more than one core per pod:
-    # one process runs Python on one core at a time. 1 serves in this process.
-    workers: int = 1
-    # --- batch jobs over the API (gateway/jobs; README "Batch jobs") ---
+
+    # === models: models and request defaults ===
+    # The default model: used when a detection request names none (unless the model config
+    # says otherwise), by readiness, and by the HTTP door's /invocations and /ping.
+    model: str = "detector"
+    # Per-model config (TOML, gateway/models.py): task, labels, input preparation, request
+    # defaults. Empty: every model is a detection model with the defaults below.
+    model_config: str = ""
+    # Per-model OD API label maps: model name -> label_map.pbtxt.
+    label_maps: Mapping[str, Path] = field(default_factory=dict)
+    # Defaults for detection requests that leave min_score / max_detections at 0.
+    min_score: float = 0.5
+    max_detections: int = 100
+
+    # === jobs: batch jobs over the API (gateway/jobs) ===
     # Where jobs run: local (inside this process, yielding to online requests) or
     # kubernetes (one Indexed Job per batch job).
     batch_executor: str = "local"
@@ -151,11 +125,6 @@ class Settings:
     # included, is PERMISSION_DENIED. Uploads are always allowed. The command-line runner is
     # not limited.
     batch_allowed_input_uris: str = ""
-    # Who is calling is the mTLS client certificate's identity (URI SAN such as a SPIFFE ID,
-    # else the subject CN). x-forwarded-client-cert counts only when this is true: set it
-    # only behind a proxy that overwrites the header (Istio's sidecar does); otherwise any
-    # client could name itself. No certificate and no trusted header: "anonymous".
-    trust_xfcc: bool = False
     # Identities (comma-separated) that see and manage every caller's operations.
     batch_admins: str = ""
     # Unfinished jobs at once, in total and per caller.
@@ -195,6 +164,45 @@ class Settings:
     batch_parallelism: int = 10
     batch_cpu: str = "250m,1"
     batch_memory: str = "512Mi,1Gi"
+
+    # === security: TLS, caller identity and gRPC connection limits (docs/security.md) ===
+    # TLS on the gateway's own port: certificate chain and key; with a client CA, clients
+    # must present a certificate it signed (mTLS).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    # Who is calling is the mTLS client certificate's identity (URI SAN such as a SPIFFE ID,
+    # else the subject CN). x-forwarded-client-cert counts only when this is true: set it
+    # only behind a proxy that overwrites the header (Istio's sidecar does); otherwise any
+    # client could name itself. No certificate and no trusted header: "anonymous".
+    trust_xfcc: bool = False
+    # Calls open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). gRPC
+    # clients queue calls beyond it; a client that ignores the setting gets the extra streams
+    # refused (REFUSED_STREAM). 100 is HTTP/2's recommended minimum and above the 64 requests
+    # the gateway works on at once, so a well-behaved client never waits on it, while one
+    # connection cannot make the server keep unbounded per-stream state.
+    grpc_max_concurrent_streams: int = 100
+    # Shortest time between a client's keepalive pings; after more than two sooner (gRPC's
+    # ping strikes; the server sending headers or data forgives them) the connection is closed
+    # with GOAWAY ENHANCE_YOUR_CALM "too_many_pings". 10 s is the floor grpc-go and grpc-java
+    # put on their clients' keepalive time, so no client within its library's limits is cut,
+    # and a ping flood ends at its third ping. Idle connections may be pinged at this rate too,
+    # so clients can keep them open through load balancers' idle timeouts.
+    grpc_min_ping_interval: float = 10.0
+    # Age at which a connection is asked to go away (GOAWAY, with gRPC's +-10 % jitter); the
+    # client reconnects for its next call. Long-lived connections then spread over replicas
+    # added since, and none is held forever. 30 min costs a client one reconnect (and TLS
+    # handshake) per half hour. 0: connections live as long as the client keeps them.
+    grpc_max_connection_age: float = 1800.0
+    # Time the calls in flight on a connection past its age get to finish; then the connection
+    # is closed and they end with UNAVAILABLE (the batch runner, like any streaming client,
+    # reopens its stream). 5 min covers any unary call (30 s upstream timeout) many times.
+    grpc_max_connection_age_grace: float = 300.0
+    # Largest metadata (headers) one call may send, advertised as HTTP/2
+    # SETTINGS_MAX_HEADER_LIST_SIZE; larger calls are refused with RESOURCE_EXHAUSTED. 16 KiB
+    # is gRPC's own hard limit: room for a mesh's x-forwarded-client-cert with the client
+    # certificate, a bearer token and trace headers.
+    grpc_max_metadata_bytes: int = 16 * 1024
 
     @property
     def upstream_uses_tls(self) -> bool:
@@ -292,152 +300,3 @@ class Settings:
             raise ValueError("batch-checkpoint-seconds must be positive")
         if self.upload_ttl <= 0 or self.operation_ttl <= 0 or self.job_lease_seconds <= 0:
             raise ValueError("upload-ttl, operation-ttl and job-lease-seconds must be positive")
-
-
-def env_name(field_name: str) -> str:
-    return "GATEWAY_" + field_name.upper()
-
-
-def _parse_label_maps(text: str) -> dict[str, Path]:
-    maps: dict[str, Path] = {}
-    for part in filter(None, (piece.strip() for piece in text.split(","))):
-        name, sep, path = part.partition("=")
-        if not sep or not name or not path:
-            raise argparse.ArgumentTypeError(
-                f"label map {part!r} must be MODEL=PATH (several separated by commas)"
-            )
-        maps[name] = Path(path)
-    return maps
-
-
-_HELP = {
-    "host": "address to listen on",
-    "port": "gRPC port",
-    "http_port": "HTTP port (REST routes, /invocations, /ping, web page); 0 disables",
-    "http_header_timeout": "seconds for a request's headers (and idle keep-alive)",
-    "http_body_timeout": "seconds for a request's body to arrive; then 408",
-    "upstream": "TF Serving gRPC target (host:port or dns:///service:port)",
-    "upstream_lb": "client-side load balancing over the target's addresses",
-    "model": "model used when a request names none",
-    "model_config": "TOML file with per-model task, labels, input preparation and defaults",
-    "label_maps": "MODEL=PATH[,MODEL=PATH...] OD API label_map.pbtxt per model",
-    "min_score": "default minimum score",
-    "max_detections": "default maximum detections per image",
-    "upstream_timeout": "seconds a TF Serving call may take",
-    "max_image_bytes": "largest encoded image accepted",
-    "max_pixels": "largest image accepted, in pixels (width x height)",
-    "max_receive_message_bytes": "gateway server receive limit (0: max-image-bytes + 1 MiB)",
-    "upstream_max_send_bytes": "limit on requests to TF Serving (0: 3 x max-pixels + 1 MiB)",
-    "upstream_max_receive_bytes": "limit on responses from TF Serving",
-    "max_concurrent_requests": "requests worked on at once; more get RESOURCE_EXHAUSTED",
-    "stream_window": "frames of one DetectStream in flight",
-    "decode_threads": "image decoding threads",
-    "metrics_port": "Prometheus metrics port (0 disables)",
-    "health_interval": "seconds between TF Serving model status checks",
-    "shutdown_grace": "seconds in-flight requests get after SIGTERM",
-    "log_level": "DEBUG, INFO, WARNING or ERROR",
-    "grpc_max_concurrent_streams": "gRPC calls open at once on one connection",
-    "grpc_min_ping_interval": "seconds a gRPC client must leave between keepalive pings",
-    "grpc_max_connection_age": "seconds before a gRPC connection is asked to reconnect (0: never)",
-    "grpc_max_connection_age_grace": "seconds calls on such a connection get before it closes",
-    "grpc_max_metadata_bytes": "largest metadata (headers) of one gRPC call, in bytes",
-    "upstream_max_attempts": "attempts per TF Serving call, retries included (1: no retries)",
-    "upstream_retry_backoff": "seconds before the first retry (doubles, jittered, max 1 s)",
-    "upstream_retry_budget": "retries allowed per call made, after a reserve of 10",
-    "upstream_tls": "TLS to TF Serving (true/false; implied by a CA or client certificate)",
-    "upstream_ca_file": "PEM CA bundle for TF Serving's certificate (default: system roots)",
-    "upstream_cert_file": "PEM client certificate chain for mTLS to TF Serving",
-    "upstream_key_file": "PEM private key of the client certificate",
-    "upstream_server_name": "name expected in TF Serving's certificate (default: target host)",
-    "tls_cert_file": "PEM certificate chain for TLS on the gateway's port",
-    "tls_key_file": "PEM private key for tls-cert-file",
-    "tls_client_ca_file": "PEM CA bundle; when set, clients must present a certificate (mTLS)",
-    "workers": "gateway processes sharing the port (SO_REUSEPORT); 1 serves in this process",
-    "batch_executor": "where batch jobs run: local (in this process) or kubernetes (Jobs)",
-    "job_store": "batch job records, uploads and default outputs (directory or fsspec URI)",
-    "batch_allowed_uris": "comma-separated output prefixes callers may name (job store always)",
-    "batch_allowed_input_uris": "comma-separated input prefixes API jobs may read (uploads always)",
-    "trust_xfcc": "take the caller from x-forwarded-client-cert (only behind a proxy that sets it)",
-    "batch_admins": "comma-separated caller identities that see and manage every operation",
-    "batch_max_jobs": "unfinished batch jobs at once, all callers",
-    "batch_max_jobs_per_caller": "unfinished batch jobs at once per caller",
-    "batch_max_upload_bytes": "largest UploadImages upload, in bytes",
-    "batch_max_upload_bytes_per_caller": "bytes of all uploads one caller keeps in the store",
-    "batch_max_uploads_per_caller": "uploads one caller keeps that no job uses yet",
-    "job_store_max_bytes": "bytes the gateway may keep in its job store (uploads, results)",
-    "upload_ttl": "seconds an upload no job uses is kept after its last image",
-    "operation_ttl": "seconds a finished operation and its stored results are kept",
-    "job_lease_seconds": "seconds after its last renewal that another replica takes a job over",
-    "batch_max_running": "local executor: batch jobs running at once (others wait, QUEUED)",
-    "batch_concurrency": "local executor: batch images in flight over all running jobs",
-    "batch_yield_threshold": "local executor: online images in flight that pause batch images",
-    "batch_checkpoint_seconds": "seconds between batch checkpoints (redone after a crash)",
-    "batch_namespace": "kubernetes executor: namespace for Jobs (default: the pod's own)",
-    "batch_kubeconfig": "kubernetes executor: kubeconfig file (default: in-cluster config)",
-    "batch_image": "kubernetes executor: image of the runner pods (the gateway's image)",
-    "batch_runner_target": "kubernetes executor: gateway host:port the runner pods call",
-    "batch_parallelism": "kubernetes executor: shards (pods) running at once per job",
-    "batch_cpu": "kubernetes executor: runner pod CPU request,limit",
-    "batch_memory": "kubernetes executor: runner pod memory request,limit",
-}
-
-
-def _parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _converter(name: str, default: Any) -> Callable[[str], Any]:
-    if name == "label_maps":
-        return _parse_label_maps
-    if isinstance(default, bool):
-        return _parse_bool
-    return type(default)
-
-
-def parse_settings(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
-) -> Settings:
-    """Settings from flags, then GATEWAY_* variables, then defaults. Exits on bad input."""
-    environ = os.environ if environ is None else environ
-    defaults = Settings()
-    parser = argparse.ArgumentParser(
-        prog="python -m gateway",
-        description="Vision gateway: typed gRPC and HTTP APIs (detection, classification) in "
-        "front of "
-        "TensorFlow Serving. "
-        "Each flag can also be set with the environment variable shown.",
-    )
-    for setting in fields(Settings):
-        default = getattr(defaults, setting.name)
-        convert = _converter(setting.name, default)
-        env = env_name(setting.name)
-        value = default
-        if env in environ:
-            try:
-                value = convert(environ[env])
-            except (ValueError, argparse.ArgumentTypeError) as exc:
-                parser.error(f"{env}={environ[env]!r}: {exc}")
-        shown = (
-            ",".join(f"{name}={path}" for name, path in default.items())
-            if setting.name == "label_maps"
-            else default
-        )
-        parser.add_argument(
-            "--" + setting.name.replace("_", "-"),
-            dest=setting.name,
-            type=convert,
-            default=value,
-            help=f"{_HELP[setting.name]} [{env}; default {shown}]",
-        )
-    args = parser.parse_args(argv)
-    settings = Settings(**vars(args))
-    try:
-        settings.validate()
-    except ValueError as exc:
-        parser.error(str(exc))
-    return settings

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from gateway.config import MIB, parse_settings
+from gateway.config import MIB, Settings
+from gateway.flags import GROUPS, env_name, parse_settings
 
 
 def test_flags_win_over_environment_which_wins_over_defaults() -> None:
@@ -48,3 +50,18 @@ def test_bad_settings_exit_with_a_message_naming_them(argv, env, message, capsys
         parse_settings(argv, env)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_every_setting_has_one_group_and_a_help_line(capsys) -> None:
+    names = [setting.name for setting in fields(Settings)]
+    grouped = [name for _, members in GROUPS.values() for name in members]
+    assert sorted(grouped) == sorted(names)  # each setting in exactly one group
+    assert set(GROUPS) == {"server", "limits", "upstream", "models", "jobs", "security"}
+    with pytest.raises(SystemExit):
+        parse_settings(["--help"], {})
+    shown = capsys.readouterr().out
+    for group, (title, members) in GROUPS.items():
+        section = shown.split(f"{group}: {title}:", 1)[1]
+        for name in members:  # each flag under its group's heading, with its variable
+            assert f"--{name.replace('_', '-')} " in section.split("\n\n", 1)[0]
+            assert env_name(name) in shown

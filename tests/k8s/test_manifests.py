@@ -26,7 +26,8 @@ import pydantic
 import pytest
 import yaml
 
-from gateway.config import Settings, env_name, parse_settings
+from gateway.config import Settings
+from gateway.flags import env_name, parse_settings
 
 Obj = dict[str, Any]
 

@@ -68,7 +68,7 @@ def test_tls_is_on_with_certificate_and_key_from_the_secret() -> None:
     assert env["GATEWAY_TLS_CERT_FILE"] == f"{MOUNT}/tls.crt"
     assert env["GATEWAY_TLS_KEY_FILE"] == f"{MOUNT}/tls.key"
     # The gateway accepts these settings.
-    from gateway.config import parse_settings
+    from gateway.flags import parse_settings
 
     settings = parse_settings([], environ=env)
     assert (settings.tls_cert_file, settings.tls_key_file) == (

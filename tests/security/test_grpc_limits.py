@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hyperframe.frame import PingFrame
 
-from gateway.config import parse_settings
+from gateway.flags import parse_settings
 from gateway.frontends.grpc.server import server_options
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from tests.security import h2raw

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gateway.config import parse_settings
+from gateway.flags import parse_settings
 from gateway.upstream.client import RETRY_BACKOFF_CAP, RetryBudget, backoff, is_retryable
 
 

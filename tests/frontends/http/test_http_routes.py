@@ -73,7 +73,8 @@ def test_aiohttp_is_imported_only_when_the_http_port_is_on() -> None:
 
 
 def test_http_settings_from_flags_and_environment() -> None:
-    from gateway.config import MIB, parse_settings
+    from gateway.config import MIB
+    from gateway.flags import parse_settings
 
     settings = parse_settings(["--http-body-timeout=5"], {"GATEWAY_HTTP_PORT": "8181"})
     assert (settings.http_port, settings.http_body_timeout) == (8181, 5.0)
