@@ -1,4 +1,7 @@
-"""`python -m gateway` / `detection-gateway`: run the gateway."""
+"""`python -m gateway` / `detection-gateway`: run the gateway.
+
+`python -m gateway check-models [--json] [flags]`: show the plan for every configured model
+(gateway.modelcheck); exit status 1 when one cannot be served."""
 
 from __future__ import annotations
 
@@ -6,8 +9,8 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from gateway import logs
-from gateway.app import serve
+from gateway import logs, modelcheck
+from gateway.app import built_in_tasks, load_models, serve
 from gateway.flags import parse_settings
 from gateway.labels import LabelsError
 from gateway.models import ModelConfigError
@@ -15,6 +18,9 @@ from gateway.workers import supervise
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["check-models"]:
+        sys.exit(check_models(args[1:]))
     settings = parse_settings(argv)
     logs.setup(settings.log_level)
     if settings.workers > 1:
@@ -26,6 +32,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"gateway: {exc}")
     except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
         sys.exit(f"gateway: cannot start: {exc}")
+
+
+def check_models(args: Sequence[str]) -> int:
+    as_json = "--json" in args
+    settings = parse_settings([a for a in args if a != "--json"])
+    logs.setup("WARNING")
+    tasks = built_in_tasks()
+    try:
+        registry = load_models(settings, tasks.names)
+    except (LabelsError, ModelConfigError) as exc:
+        print(f"gateway check-models: {exc}", file=sys.stderr)
+        return 1
+    return modelcheck.report(settings, registry, tasks, as_json)
 
 
 if __name__ == "__main__":

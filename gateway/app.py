@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway import memory, metrics, tracing
+from gateway import memory, metrics, modelcheck, tracing
 from gateway.batch.in_process import Lane
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
@@ -102,6 +102,10 @@ async def serve(
     await jobs.start()
     http_port = await http.start() if http is not None else 0
     readiness_task = asyncio.create_task(readiness.run())
+    # Each model's plan (or why it cannot be served) in the log, once, without delaying start.
+    plans_task = asyncio.create_task(
+        modelcheck.log_plans(client, registry, tasks, settings.upstream_timeout)
+    )
     log.info(
         "gateway listening",
         extra={
@@ -135,8 +139,11 @@ async def serve(
     if http is not None:
         http.drain()
     readiness_task.cancel()
+    plans_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await readiness_task
+    with contextlib.suppress(asyncio.CancelledError):
+        await plans_task
     readiness.withdraw()
 
     async def stop_grpc() -> None:

@@ -1,0 +1,231 @@
+"""`gateway check-models`: the plan the gateway derives for every configured model.
+
+With the gateway's own flags and model config, asks TF Serving for each model's signature
+and shows, per model and version: the signature (inputs and outputs, dtype and shape), the
+task, the input plan (input, form, resize, layout, scale/mean/std, channel order, encoding),
+the output plan (which output is what, box format and coordinates, decoder) and a trial
+prediction on a generated image. `--json` prints one JSON document. Exit status 1 when any
+model cannot be served, with the reason. The first thing to run with a new model:
+
+    python -m gateway check-models --upstream localhost:8500 --model-config models.toml
+
+The gateway logs the same plans (without the trial) at startup, one line per model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+from PIL import Image
+
+from gateway import errors
+from gateway.config import Settings
+from gateway.core.domain import ModelRef
+from gateway.core.inputs import plan_input
+from gateway.core.pipeline import Pipeline
+from gateway.frontends import api
+from gateway.models import ModelRegistry
+from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.tasks.base import TaskRegistry
+from gateway.upstream.client import TFServingClient
+from gateway.upstream.signatures import Signature
+
+log = logging.getLogger("gateway.models")
+
+TRIAL_SIZE = (320, 240)  # width, height of the generated trial image
+TRIAL_REQUEST_ID = "check-models"
+
+
+@dataclass
+class ModelReport:
+    """What the gateway makes of one configured model."""
+
+    model: str
+    task: str
+    version: int | None = None
+    signature: dict[str, Any] | None = None
+    input: dict[str, object] | None = None
+    outputs: dict[str, object] | None = None
+    trial: dict[str, Any] | None = None
+    error: str | None = None
+    kind: str | None = None  # the error's errors.Kind code
+    fields: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _signature(signature: Signature) -> dict[str, Any]:
+    return {
+        "name": signature.name,
+        "inputs": {k: v.describe() for k, v in sorted(signature.inputs.items())},
+        "outputs": {k: v.describe() for k, v in sorted(signature.outputs.items())},
+    }
+
+
+def models_to_check(registry: ModelRegistry) -> list[str]:
+    """Every model of the model config, and the default model."""
+    return sorted({*registry.models, registry.default_model})
+
+
+async def plan_model(
+    client: TFServingClient,
+    registry: ModelRegistry,
+    tasks: TaskRegistry,
+    name: str,
+    timeout: float,
+) -> ModelReport:
+    """The model's plan for its latest version, or the reason it cannot be served."""
+    task_name = registry.task_of(name)
+    report = ModelReport(name, task_name)
+    config = registry.get(name, task_name)
+    try:
+        signature = await client.signature(ModelRef(name), timeout)
+        report.version = signature.version
+        report.signature = _signature(signature)
+        report.input = plan_input(signature, config.input).describe()
+        plan = tasks[task_name].output_plan(signature, config)
+        describe = getattr(plan, "describe", None)
+        report.outputs = describe() if callable(describe) else {"outputs": plan.output_filter}
+    except errors.GatewayError as e:
+        report.error, report.kind = e.message, e.kind.code
+    return report
+
+
+def trial_image() -> bytes:
+    """A PNG with gradients and a few blocks: something for a model to look at."""
+    width, height = TRIAL_SIZE
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (width + height)], -1)
+    pixels[40:120, 60:160] = (220, 40, 40)
+    pixels[130:200, 180:290] = (40, 60, 220)
+    out = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+async def trial(pipeline: Pipeline, bindings: api.Bindings, report: ModelReport) -> None:
+    """Runs the model on the trial image through the pipeline; notes the result or error."""
+    binding = bindings.for_task(report.task)
+    message = binding.request(trial_image(), pb.ModelSpec(name=report.model), TRIAL_REQUEST_ID)
+    request = binding.to_request(message, TRIAL_REQUEST_ID, "CheckModels", None, ())
+    try:
+        outcome = await pipeline.run(binding.task, request)
+    except errors.GatewayError as e:
+        report.error = f"the trial prediction failed ({e.kind.code}): {e.message}"
+        report.kind = e.kind.code
+        return
+    result = json_format.MessageToDict(binding.to_result(outcome), preserving_proto_field_name=True)
+    report.trial = {
+        "image": f"{TRIAL_SIZE[0]}x{TRIAL_SIZE[1]} PNG (generated)",
+        "version": outcome.model_version,
+        "summary": pipeline.tasks[binding.task].summary(outcome.result),
+        "result": _first_items(result),
+    }
+
+
+def _first_items(result: Mapping[str, Any], count: int = 3) -> dict[str, Any]:
+    """The result with its lists cut to their first items (the report shows the form)."""
+    return {
+        key: value[:count] if isinstance(value, list) else value
+        for key, value in result.items()
+        if key != "model"
+    }
+
+
+def log_report(report: ModelReport) -> None:
+    fields = {k: v for k, v in asdict(report).items() if v is not None and k != "fields"}
+    if report.ok:
+        log.info("model plan", extra={"fields": fields})
+    elif report.kind == errors.Kind.BAD_MODEL.code:
+        log.error(
+            "model cannot be served; requests for it fail with FAILED_PRECONDITION",
+            extra={"fields": fields},
+        )
+    else:
+        # TF Serving unreachable, or the model not loaded (yet): planned on its first request.
+        log.warning("model plan not known yet", extra={"fields": fields})
+
+
+async def log_plans(
+    client: TFServingClient, registry: ModelRegistry, tasks: TaskRegistry, timeout: float
+) -> None:
+    """The startup log: each configured model's plan, or why it cannot be served."""
+    for name in models_to_check(registry):
+        log_report(await plan_model(client, registry, tasks, name, timeout))
+
+
+def render(report: ModelReport) -> str:
+    """The report as a person reads it."""
+    version = f" version {report.version}" if report.version is not None else ""
+    status = "OK" if report.ok else "CANNOT BE SERVED"
+    lines = [f"model '{report.model}'{version} ({report.task}): {status}"]
+    if report.signature is not None:
+        sig = report.signature
+        lines.append(f"  signature '{sig['name']}':")
+        lines += [f"    input  {k}: {v}" for k, v in sig["inputs"].items()]
+        lines += [f"    output {k}: {v}" for k, v in sig["outputs"].items()]
+    for title, plan in (("input plan", report.input), ("output plan", report.outputs)):
+        if plan is not None:
+            lines.append(f"  {title}: " + ", ".join(f"{k} = {v}" for k, v in plan.items()))
+    if report.trial is not None:
+        lines.append(
+            f"  trial on a {report.trial['image']}: {json.dumps(report.trial['summary'])}; "
+            f"{json.dumps(report.trial['result'])}"
+        )
+    if report.error is not None:
+        lines.append(f"  reason: {report.error}")
+    return "\n".join(lines)
+
+
+async def check(
+    settings: Settings, registry: ModelRegistry, tasks: TaskRegistry
+) -> list[ModelReport]:
+    client = TFServingClient(settings)
+    executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+    try:
+        pipeline = Pipeline(settings, client, registry, executor, tasks)
+        reports = []
+        for name in models_to_check(registry):
+            report = await plan_model(client, registry, tasks, name, settings.upstream_timeout)
+            if report.ok:
+                await trial(pipeline, api.BUILT_IN, report)
+            reports.append(report)
+        return reports
+    finally:
+        await client.close()
+        executor.shutdown(wait=False)
+
+
+def report(settings: Settings, registry: ModelRegistry, tasks: TaskRegistry, as_json: bool) -> int:
+    """Checks every model and prints the reports; returns the exit status (1: a model
+    cannot be served)."""
+    reports = asyncio.run(check(settings, registry, tasks))
+    if as_json:
+        document = {
+            "upstream": settings.upstream,
+            "ok": all(r.ok for r in reports),
+            "models": [
+                {k: v for k, v in asdict(r).items() if k != "fields"} | {"ok": r.ok}
+                for r in reports
+            ],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print("\n\n".join(render(r) for r in reports))
+        bad = [r.model for r in reports if not r.ok]
+        print(
+            f"\n{len(reports) - len(bad)} of {len(reports)} models can be served"
+            + (f"; not: {', '.join(bad)}" if bad else "")
+        )
+    return 0 if all(r.ok for r in reports) else 1
