@@ -96,7 +96,7 @@ async def serve(
         # Imported only when enabled: aiohttp adds to the footprint only when it is used.
         from gateway.frontends.http.server import HttpDoor
 
-        http = HttpDoor(settings, pipeline, bindings, readiness)
+        http = HttpDoor(settings, pipeline, bindings, readiness, jobs)
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
     await jobs.start()

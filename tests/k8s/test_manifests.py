@@ -1234,16 +1234,52 @@ def test_mesh_routes_the_http_door_like_a_unary_call(target: str) -> None:
         pytest.skip("no service mesh in this render")
     settings = gateway_settings(objs)
     port = http_port(objs)
-    routes = [
-        route
-        for route in find(objs, "VirtualService", GATEWAY)["spec"]["http"]
-        if {m.get("port") for m in route["match"]} == {port}
-    ]
-    assert len(routes) == 1
-    (route,) = routes
-    assert [r["destination"]["port"]["number"] for r in route["route"]] == [port]
-    assert parse_duration(route["timeout"]) > settings.upstream_timeout
-    assert route["retries"]["attempts"] >= 1
+    virtual_service = find(objs, "VirtualService", GATEWAY)
+    for path in ("/v1/models/detector:detect", "/invocations"):
+        route = mesh_route(virtual_service, port, path)
+        assert [r["destination"]["port"]["number"] for r in route["route"]] == [port]
+        assert parse_duration(route["timeout"]) > settings.upstream_timeout
+        assert route["retries"]["attempts"] >= 1
+
+
+# Batch jobs over the HTTP door (gateway/frontends/http/jobs.py): the longest :wait it holds.
+HTTP_JOBS_PATHS = [
+    "/v1/uploads",
+    "/v1/batchJobs",
+    "/v1/operations",
+    "/v1/operations/abc:wait",
+    "/v1/operations/abc/results",
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mesh_routes_http_jobs_without_a_timeout_or_retries(target: str) -> None:
+    objs = rendered(target)
+    if not of_kind(objs, "VirtualService"):
+        pytest.skip("no service mesh in this render")
+    port = http_port(objs)
+    virtual_service = find(objs, "VirtualService", GATEWAY)
+    for path in HTTP_JOBS_PATHS:
+        route = mesh_route(virtual_service, port, path)
+        assert [r["destination"]["port"]["number"] for r in route["route"]] == [port]
+        # Uploads, waits and result streams outlast a unary call's backstop; the gateway
+        # bounds each itself. Retrying an upload appends twice.
+        assert "timeout" not in route, path
+        assert route["retries"]["attempts"] == 0, path
+
+
+def mesh_route(virtual_service: Obj, port: int, path: str) -> Obj:
+    """The first route of a mesh VirtualService taking `path` on `port`, as Envoy picks it."""
+    for route in virtual_service["spec"]["http"]:
+        for match in route.get("match", [{}]):
+            uri = match.get("uri", {})
+            if match.get("port", port) == port and (
+                not uri
+                or uri.get("exact") == path
+                or ("prefix" in uri and path.startswith(uri["prefix"]))
+            ):
+                return dict(route)
+    raise AssertionError(f"no route for {path} on port {port}")
 
 
 # ---- ingress: callers outside the mesh ------------------------------------------------------

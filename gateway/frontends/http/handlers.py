@@ -55,9 +55,15 @@ class Handlers:
     """Every route's handler over one pipeline."""
 
     def __init__(
-        self, settings: Settings, pipeline: Pipeline, bindings: Bindings, readiness: Readiness
+        self,
+        settings: Settings,
+        pipeline: Pipeline,
+        bindings: Bindings,
+        readiness: Readiness,
+        jobs: bool = False,
     ) -> None:
         self._settings = settings
+        self._jobs = jobs  # the batch jobs routes are there (described, and on the page)
         self._pipeline = pipeline
         self._bindings = bindings
         self._readiness = readiness
@@ -232,12 +238,12 @@ class Handlers:
         )
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:
-        document = openapi.document(self._pipeline.registry, self._bindings)
+        document = openapi.document(self._pipeline.registry, self._bindings, self._jobs)
         return web.Response(body=json.dumps(document).encode(), content_type=bodies.JSON)
 
     async def page(self, request: web.Request) -> web.StreamResponse:
         return web.Response(
-            body=page.render(self._pipeline.registry, self._bindings).encode(),
+            body=page.render(self._pipeline.registry, self._bindings, self._jobs).encode(),
             content_type="text/html",
             charset="utf-8",
             headers={

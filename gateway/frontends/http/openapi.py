@@ -14,6 +14,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from gateway.frontends.api import Binding, Bindings
 from gateway.frontends.http import bodies
+from gateway.frontends.http import jobs as http_jobs
 from gateway.models import ModelRegistry
 
 Field = FieldDescriptor
@@ -216,8 +217,10 @@ def _add_schema(descriptor: Any, schemas: dict[str, Any]) -> str:
     return name
 
 
-def _schemas(bindings: Bindings) -> dict[str, Any]:
+def _schemas(bindings: Bindings, jobs: bool) -> dict[str, Any]:
     schemas: dict[str, Any] = {}
+    for descriptor in http_jobs.MESSAGES if jobs else ():
+        _add_schema(descriptor, schemas)
     for binding in bindings:
         request = schemas[_add_schema(binding.request_type.DESCRIPTOR, schemas)]
         request["required"] = ["image"]
@@ -263,7 +266,8 @@ def _schemas(bindings: Bindings) -> dict[str, Any]:
     }
 
 
-def document(registry: ModelRegistry, bindings: Bindings) -> dict[str, Any]:
+def document(registry: ModelRegistry, bindings: Bindings, jobs: bool = False) -> dict[str, Any]:
+    """The description; `jobs`: with the batch jobs routes."""
     models = ", ".join(sorted({registry.default_model, *registry.models})) or "none configured"
     paths: dict[str, Any] = {}
     for binding in bindings:
@@ -306,6 +310,8 @@ def document(registry: ModelRegistry, bindings: Bindings) -> dict[str, Any]:
             "responses": {"200": {"description": "HTML", "content": {"text/html": {}}}},
         }
     }
+    if jobs:
+        paths.update(http_jobs.openapi_paths(_ERROR))
     tasks = ", ".join(binding.task for binding in bindings).capitalize()
     services = ", ".join(binding.service_name for binding in bindings)
     return {
@@ -317,5 +323,5 @@ def document(registry: ModelRegistry, bindings: Bindings) -> dict[str, Any]:
             f"gRPC API ({services}). Models: {models}.",
         },
         "paths": paths,
-        "components": {"schemas": _schemas(bindings)},
+        "components": {"schemas": _schemas(bindings, jobs)},
     }

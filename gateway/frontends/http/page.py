@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from gateway.frontends.api import Bindings
+from gateway.frontends.http import jobs_page
 from gateway.models import ModelRegistry
 
 # Boxes are drawn in this colour; the browser test looks for it in the screenshot.
@@ -45,7 +46,7 @@ _PAGE = """<!doctype html>
 <canvas id="canvas" width="0" height="0"></canvas>
 <ol id="classes"></ol>
 <pre id="raw"></pre>
-<script>
+__JOBS_HTML__<script>
 "use strict";
 const MODELS = __MODELS__;
 const VERBS = __VERBS__;
@@ -145,6 +146,7 @@ if (query.get("image")) {
     document.body.dataset.state = "error";
   });
 }
+__JOBS_SCRIPT__
 </script>
 </body>
 </html>
@@ -156,8 +158,9 @@ def _script_json(value: object) -> str:
     return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render(registry: ModelRegistry, bindings: Bindings) -> str:
-    """The page, with each model's task and each task's route verb (`detect`, ...)."""
+def render(registry: ModelRegistry, bindings: Bindings, jobs: bool = False) -> str:
+    """The page, with each model's task and each task's route verb (`detect`, ...); `jobs`:
+    with the batch jobs view (gateway.frontends.http.jobs_page)."""
     models = {name: registry.task_of(name) for name in {registry.default_model, *registry.models}}
     verbs = {binding.task: binding.verb for binding in bindings}
     return (
@@ -165,4 +168,6 @@ def render(registry: ModelRegistry, bindings: Bindings) -> str:
         .replace("__VERBS__", _script_json(verbs))
         .replace("__DEFAULT__", _script_json(registry.default_model))
         .replace("__BOX__", BOX_COLOUR)
+        .replace("__JOBS_HTML__", jobs_page.HTML if jobs else "")
+        .replace("__JOBS_SCRIPT__", jobs_page.SCRIPT if jobs else "")
     )

@@ -7,6 +7,10 @@
     GET  /v1/models/{model}[/versions/{n} | /labels/{label}]   TF Serving's model status
     GET  /openapi.json, GET /  (the description, and a page to try the API in a browser)
 
+    Batch jobs (gateway.frontends.http.jobs):
+    POST /v1/uploads, POST /v1/batchJobs, GET /v1/operations, GET|DELETE /v1/operations/{id},
+    POST /v1/operations/{id}:cancel | :wait, GET /v1/operations/{id}/results
+
 gateway.frontends.http.openapi describes the same routes (a test checks they agree).
 """
 
@@ -18,6 +22,7 @@ from aiohttp import web
 
 from gateway.frontends.api import Bindings
 from gateway.frontends.http.handlers import Handlers
+from gateway.frontends.http.jobs import JobHandlers
 
 # Path segments: anything but "/" and ":" (the ":detect" verb follows the model name).
 SEGMENT = "[^/:]+"
@@ -30,8 +35,13 @@ MODEL_PATHS = (
 )
 
 
-def register_routes(app: web.Application, handlers: Handlers, bindings: Bindings) -> None:
-    """Adds every route of the door to `app`."""
+OPERATION = f"/v1/operations/{{id:{SEGMENT}}}"
+
+
+def register_routes(
+    app: web.Application, handlers: Handlers, bindings: Bindings, jobs: JobHandlers | None
+) -> None:
+    """Adds every route of the door to `app` (the jobs routes when there is a jobs service)."""
     add = app.router.add_route
     for binding in bindings:
         predict = partial(handlers.predict, binding)
@@ -49,3 +59,12 @@ def register_routes(app: web.Application, handlers: Handlers, bindings: Bindings
         add("GET", path, handlers.model_status)
     add("GET", "/openapi.json", handlers.openapi)
     add("GET", "/", handlers.page)
+    if jobs is not None:
+        add("POST", "/v1/uploads", jobs.upload)
+        add("POST", "/v1/batchJobs", jobs.create)
+        add("GET", "/v1/operations", jobs.list_operations)
+        add("GET", OPERATION, jobs.get)
+        add("DELETE", OPERATION, jobs.delete)
+        add("POST", f"{OPERATION}:cancel", jobs.cancel)
+        add("POST", f"{OPERATION}:wait", jobs.wait)
+        add("GET", f"{OPERATION}/results", jobs.results)

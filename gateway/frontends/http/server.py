@@ -13,7 +13,9 @@ from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.api import Bindings
 from gateway.frontends.http.handlers import Handlers
+from gateway.frontends.http.jobs import JobHandlers
 from gateway.frontends.http.routes import register_routes
+from gateway.jobs.service import JobService
 from gateway.readiness import Readiness
 from gateway.tls import server_ssl_context
 
@@ -24,17 +26,23 @@ LINGER_SECONDS = 1.0
 
 class HttpDoor:
     def __init__(
-        self, settings: Settings, pipeline: Pipeline, bindings: Bindings, readiness: Readiness
+        self,
+        settings: Settings,
+        pipeline: Pipeline,
+        bindings: Bindings,
+        readiness: Readiness,
+        jobs: JobService | None = None,
     ) -> None:
         self._settings = settings
-        self.handlers = Handlers(settings, pipeline, bindings, readiness)
+        self.handlers = Handlers(settings, pipeline, bindings, readiness, jobs is not None)
+        job_handlers = JobHandlers(settings, jobs) if jobs is not None else None
         self._runner: web.AppRunner | None = None
         self.port = 0
         self.app = web.Application(
             middlewares=[self.handlers.errors],
             client_max_size=settings.http_max_body_bytes,
         )
-        register_routes(self.app, self.handlers, bindings)
+        register_routes(self.app, self.handlers, bindings, job_handlers)
 
     async def start(self) -> int:
         """Binds the port and serves; returns the bound port."""

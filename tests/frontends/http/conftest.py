@@ -114,3 +114,7 @@ def http_gateway(
         http_tfs.target, args, log_dir=tmp_path_factory.mktemp("http-logs"), http=True
     ) as gateway:
         yield gateway
+
+
+# Headless chromium for the page's tests (tests/support/browser.py).
+from tests.support.browser import browser  # noqa: E402, F401

@@ -1,0 +1,464 @@
+"""Batch jobs over HTTP: the jobs service (gateway.jobs.service) behind the routes of
+gateway.frontends.http.routes, converted as the gRPC door converts them
+(gateway.frontends.jobs_api), for callers that speak only HTTP.
+
+    POST   /v1/uploads                    multipart: `image` parts (and `upload_id` first, to
+                                          add to an upload) -> UploadImagesResponse
+    POST   /v1/batchJobs                  the proto3 JSON of CreateBatchJobRequest -> Operation
+    GET    /v1/operations                 ?filter=&page_size=&page_token= -> ListOperationsResponse
+    GET    /v1/operations/{id}            -> Operation
+    POST   /v1/operations/{id}:cancel     -> {}
+    POST   /v1/operations/{id}:wait       ?timeout=60s -> Operation (done or not)
+    DELETE /v1/operations/{id}            -> {}
+    GET    /v1/operations/{id}/results    ?page_token= -> the result lines, application/x-ndjson
+
+JSON as the rest of the door writes it: proto field names, every field (int64 as strings),
+errors `{"error": {"code", "message"}}` with the door's statuses. The caller is who the
+gateway.identity rules say (client certificate, or x-forwarded-client-cert when trusted), so
+every route sees exactly the operations gRPC shows the same caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import BodyPartReader, web
+from google.longrunning import operations_pb2 as lro
+from google.protobuf import duration_pb2, json_format
+from google.protobuf.message import Message
+
+from gateway import errors, identity
+from gateway.config import Settings
+from gateway.errors import GatewayError
+from gateway.frontends.http import bodies
+from gateway.frontends.http.responses import error_response
+from gateway.frontends.http.status import STATUS, HttpError, body_timeout, unsupported_media_type
+from gateway.frontends.jobs_api import to_line, to_operation, to_request
+from gateway.jobs.service import JobService
+from gateway.proto.detection.v1 import batch_pb2 as bpb
+
+NDJSON = "application/x-ndjson"
+# A CreateBatchJobRequest is a few hundred bytes; this leaves room for long URIs.
+MAX_CREATE_BYTES = 64 * 1024
+# The longest one :wait holds the connection: load balancers commonly close connections
+# idle for 60 s. A longer `timeout` waits this long and answers `done: false`: wait again.
+MAX_WAIT_SECONDS = 60.0
+# Result lines are written in chunks of about this size (fewer writes, still streamed).
+WRITE_CHUNK = 64 * 1024
+# What a multipart part may be called besides `image`, and its longest value.
+UPLOAD_ID_FIELD = "upload_id"
+MAX_FIELD_BYTES = 256
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+Method = Callable[[Any, web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+def _answer(message: Message) -> web.Response:
+    return web.Response(
+        body=json.dumps(_json(message), separators=(",", ":")).encode(), content_type=bodies.JSON
+    )
+
+
+def _failure(status: int, code: str, message: str) -> web.Response:
+    return error_response(status, code, message, "", as_msgpack=False)
+
+
+def answers_errors(handler: Method) -> Method:
+    """The handler's GatewayError and HttpError as the door's error answers."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(self, request)
+        except GatewayError as e:
+            return _failure(STATUS[e.kind], e.code, e.message)
+        except HttpError as e:
+            return _failure(e.status, e.code, e.message)
+
+    return wrapped
+
+
+def file_name(given: str | None) -> str:
+    """A browser's file name as an upload's image name: kept when it is letters, digits,
+    '.', '-' and '_'; any other character becomes '_' (an image's name orders the upload and
+    is its result line's id). No name: the service numbers it."""
+    if not given:
+        return ""
+    name = _UNSAFE.sub("_", given.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]).lstrip("._-")
+    return name[:200]
+
+
+def _duration(text: str) -> float:
+    duration = duration_pb2.Duration()
+    try:
+        duration.FromJsonString(text)
+    except ValueError:
+        raise errors.invalid_input(
+            f"timeout={text!r} is not a duration; write seconds with an s, e.g. 30s or 2.5s"
+        ) from None
+    seconds = duration.ToTimedelta().total_seconds()
+    if seconds < 0:
+        raise errors.invalid_input(f"timeout={text!r} is negative")
+    return min(seconds, MAX_WAIT_SECONDS)
+
+
+class JobHandlers:
+    """The jobs routes' handlers over one jobs service."""
+
+    def __init__(self, settings: Settings, jobs: JobService) -> None:
+        self._settings = settings
+        self._jobs = jobs
+
+    def caller(self, request: web.Request) -> str:
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        certificate = ssl_object.getpeercert() if ssl_object is not None else None
+        return identity.caller(
+            identity.from_peercert(certificate),
+            request.headers.get(identity.XFCC),
+            self._settings.trust_xfcc,
+        )
+
+    @staticmethod
+    def operation_name(request: web.Request) -> str:
+        return f"operations/{request.match_info['id']}"
+
+    # --- uploads and new jobs ---------------------------------------------------------------
+
+    @answers_errors
+    async def upload(self, request: web.Request) -> web.StreamResponse:
+        if request.content_type.lower() != bodies.MULTIPART:
+            raise unsupported_media_type(
+                f"POST /v1/uploads takes {bodies.MULTIPART} with one `image` part per image, "
+                f"not {request.content_type or 'no Content-Type'}"
+            )
+        reader = await request.multipart()
+        upload_id, count, size = await self._jobs.upload(self.caller(request), self._parts(reader))
+        return _answer(
+            bpb.UploadImagesResponse(upload_id=upload_id, image_count=count, total_bytes=size)
+        )
+
+    async def _parts(self, reader: Any) -> AsyncIterator[tuple[str, str, bytes]]:
+        """(upload id, name, bytes) per `image` part, read one at a time within the image
+        limit and the body timeout; an `upload_id` part must come before the images."""
+        upload_id = ""
+        seen_image = False
+        while True:
+            part = await self._within_timeout(reader.next())
+            if part is None:
+                return
+            if not isinstance(part, BodyPartReader):
+                raise errors.invalid_input("nested multipart bodies are not accepted")
+            if part.name == UPLOAD_ID_FIELD:
+                if seen_image:
+                    raise errors.invalid_input(
+                        "the upload_id part must come before the image parts"
+                    )
+                upload_id = (await self._read(part, MAX_FIELD_BYTES, "upload_id")).decode(
+                    errors="replace"
+                )
+                continue
+            if part.name != "image":
+                raise errors.invalid_input(
+                    f"unknown form field {part.name!r}: send each image as a part named "
+                    "`image` (and optionally `upload_id` first, to add to an upload)"
+                )
+            seen_image = True
+            data = await self._read(part, self._settings.max_image_bytes, "image")
+            yield upload_id, file_name(part.filename), data
+
+    async def _read(self, part: BodyPartReader, limit: int, what: str) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await self._within_timeout(part.read_chunk(256 * 1024))
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                if what == "image":
+                    raise GatewayError(
+                        errors.Kind.TOO_LARGE,
+                        f"image {part.filename or ''!r} is more than {limit} bytes "
+                        "(GATEWAY_MAX_IMAGE_BYTES)",
+                    )
+                raise errors.invalid_input(f"the {what} field is longer than {limit} bytes")
+            chunks.append(chunk)
+
+    async def _within_timeout(self, step: Awaitable[Any]) -> Any:
+        timeout = self._settings.http_body_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                return await step
+        except TimeoutError:
+            raise body_timeout(
+                f"an upload's part did not arrive within {timeout:g} s; "
+                "GATEWAY_HTTP_BODY_TIMEOUT sets the limit"
+            ) from None
+
+    @answers_errors
+    async def create(self, request: web.Request) -> web.StreamResponse:
+        if request.content_type.lower() != bodies.JSON:
+            raise unsupported_media_type(
+                "POST /v1/batchJobs takes application/json: the proto3 JSON of "
+                "detection.v1.CreateBatchJobRequest"
+            )
+        if (request.content_length or 0) > MAX_CREATE_BYTES:
+            raise errors.invalid_input(f"the request is over {MAX_CREATE_BYTES} bytes")
+        body = await request.content.read(MAX_CREATE_BYTES + 1)
+        if len(body) > MAX_CREATE_BYTES:
+            raise errors.invalid_input(f"the request is over {MAX_CREATE_BYTES} bytes")
+        message = bpb.CreateBatchJobRequest()
+        try:
+            json_format.Parse(body, message)
+        except json_format.ParseError as e:
+            raise errors.invalid_input(f"not a CreateBatchJobRequest: {e}") from None
+        except (RecursionError, UnicodeDecodeError):
+            raise errors.invalid_input("not a CreateBatchJobRequest: not JSON text") from None
+        job = await self._jobs.create(
+            self.caller(request), to_request(message, self._jobs.bindings)
+        )
+        return _answer(to_operation(await self._jobs.current(job)))
+
+    # --- operations -------------------------------------------------------------------------
+
+    @answers_errors
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        view = await self._jobs.get(self.caller(request), self.operation_name(request))
+        return _answer(to_operation(view))
+
+    @answers_errors
+    async def list_operations(self, request: web.Request) -> web.StreamResponse:
+        query = request.query
+        size = query.get("page_size", "0") or "0"
+        try:
+            page_size = int(size)
+        except ValueError:
+            raise errors.invalid_input(f"page_size={size!r} is not an integer") from None
+        views, token = await self._jobs.list(
+            self.caller(request), query.get("filter", ""), page_size, query.get("page_token", "")
+        )
+        return _answer(
+            lro.ListOperationsResponse(
+                operations=[to_operation(v) for v in views], next_page_token=token
+            )
+        )
+
+    @answers_errors
+    async def cancel(self, request: web.Request) -> web.StreamResponse:
+        await self._jobs.cancel(self.caller(request), self.operation_name(request))
+        return web.json_response({})
+
+    @answers_errors
+    async def wait(self, request: web.Request) -> web.StreamResponse:
+        timeout = _duration(request.query.get("timeout", f"{MAX_WAIT_SECONDS:g}s"))
+        view = await self._jobs.wait(self.caller(request), self.operation_name(request), timeout)
+        return _answer(to_operation(view))
+
+    @answers_errors
+    async def delete(self, request: web.Request) -> web.StreamResponse:
+        await self._jobs.delete(self.caller(request), self.operation_name(request))
+        return web.json_response({})
+
+    @answers_errors
+    async def results(self, request: web.Request) -> web.StreamResponse:
+        """The result lines in input order, one JSON object per line, streamed as they are
+        read; each carries the `page_token` that resumes after it. A failure after the first
+        line ends the stream with one `{"error": ...}` line."""
+        lines = self._jobs.read(
+            self.caller(request), self.operation_name(request), request.query.get("page_token", "")
+        ).__aiter__()
+        # Unknown operations and bad tokens fail before the first line: an ordinary answer.
+        first = await anext(lines, None)
+        response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await response.prepare(request)
+        pending: list[bytes] = []
+        size = 0
+        item = first
+        try:
+            while item is not None:
+                job, file, index, line, after = item
+                result_type = self._jobs.bindings.for_task(job.spec.task).result_type
+                text = json.dumps(
+                    _json(to_line(result_type, file, index, line, after)), separators=(",", ":")
+                )
+                pending.append(text.encode() + b"\n")
+                size += len(pending[-1])
+                if size >= WRITE_CHUNK:
+                    await response.write(b"".join(pending))
+                    pending, size = [], 0
+                item = await anext(lines, None)
+        except GatewayError as e:
+            error = {"error": {"code": e.code, "message": e.message}}
+            pending.append(json.dumps(error).encode() + b"\n")
+        if pending:
+            await response.write(b"".join(pending))
+        await response.write_eof()
+        return response
+
+
+# --- the OpenAPI description (gateway.frontends.http.openapi adds it to the document) --------
+
+# Messages the jobs routes send and receive, for the document's schemas.
+MESSAGES = (
+    bpb.CreateBatchJobRequest.DESCRIPTOR,
+    bpb.UploadImagesResponse.DESCRIPTOR,
+    bpb.BatchJobMetadata.DESCRIPTOR,
+    bpb.BatchJobResult.DESCRIPTOR,
+    bpb.BatchResultLine.DESCRIPTOR,
+    lro.Operation.DESCRIPTOR,
+    lro.ListOperationsResponse.DESCRIPTOR,
+)
+_JOB_ERRORS = {
+    "400": "invalid request (names the field), or an input the gateway cannot read",
+    "403": "an input or output outside the allowed prefixes",
+    "404": "no such operation or upload for this caller (others' do not exist for you)",
+    "409": "a request_id reused with other fields",
+    "429": "too many jobs or uploads, or the job store is full",
+}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"schema": {"$ref": f"#/components/schemas/{name}"}}
+
+
+def _operation_id() -> dict[str, Any]:
+    return {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+        "description": "the part after `operations/` of the Operation's name",
+    }
+
+
+def _route(
+    summary: str,
+    answer: str,
+    error: dict[str, Any],
+    *,
+    parameters: list[dict[str, Any]] | None = None,
+    body: dict[str, Any] | None = None,
+    media: str = bodies.JSON,
+) -> dict[str, Any]:
+    responses: dict[str, Any] = {
+        "200": {"description": answer, "content": {media: _ref(answer) if answer else {}}}
+    }
+    responses.update({code: {**error, "description": text} for code, text in _JOB_ERRORS.items()})
+    route: dict[str, Any] = {"summary": summary, "responses": responses}
+    if parameters:
+        route["parameters"] = parameters
+    if body:
+        route["requestBody"] = body
+    return route
+
+
+def _query(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": description,
+    }
+
+
+def openapi_paths(error: dict[str, Any]) -> dict[str, Any]:
+    """The jobs routes' paths; `error` is the door's error response object."""
+    binary = {"type": "string", "format": "binary"}
+    upload_form = {
+        "type": "object",
+        "required": ["image"],
+        "properties": {
+            UPLOAD_ID_FIELD: {
+                "type": "string",
+                "description": "add to this upload (a part before the images)",
+            },
+            "image": {"type": "array", "items": binary},
+        },
+    }
+    operation = [_operation_id()]
+    return {
+        "/v1/uploads": {
+            "post": _route(
+                "stores images for a batch job (UploadImages): one `image` part each",
+                "UploadImagesResponse",
+                error,
+                body={"required": True, "content": {bodies.MULTIPART: {"schema": upload_form}}},
+            )
+        },
+        "/v1/batchJobs": {
+            "post": _route(
+                "starts a batch job (CreateBatchJob); metadata: BatchJobMetadata, response: "
+                "BatchJobResult",
+                "Operation",
+                error,
+                body={"required": True, "content": {bodies.JSON: _ref("CreateBatchJobRequest")}},
+            )
+        },
+        "/v1/operations": {
+            "get": _route(
+                "the caller's operations (ListOperations), newest last",
+                "ListOperationsResponse",
+                error,
+                parameters=[
+                    _query("filter", "e.g. state=RUNNING, state=SUCCEEDED OR state=FAILED"),
+                    _query("page_size", "operations per page (0: the default)"),
+                    _query("page_token", "next_page_token of the previous page"),
+                ],
+            )
+        },
+        "/v1/operations/{id}": {
+            "get": _route("an operation (GetOperation)", "Operation", error, parameters=operation),
+            "delete": _route(
+                "stops the job if it runs and forgets it (DeleteOperation)",
+                "",
+                error,
+                parameters=operation,
+            ),
+        },
+        "/v1/operations/{id}:cancel": {
+            "post": _route(
+                "stops the job; lines finished stay readable (CancelOperation)",
+                "",
+                error,
+                parameters=operation,
+            )
+        },
+        "/v1/operations/{id}:wait": {
+            "post": _route(
+                f"the operation once done, or after `timeout` (at most {MAX_WAIT_SECONDS:g} s) "
+                "with done false (WaitOperation)",
+                "Operation",
+                error,
+                parameters=[
+                    *operation,
+                    _query("timeout", f"a duration such as 30s (default {MAX_WAIT_SECONDS:g}s)"),
+                ],
+            )
+        },
+        "/v1/operations/{id}/results": {
+            "get": _route(
+                "the result lines in input order, one JSON object (BatchResultLine) per line, "
+                'streamed; a failure mid-stream ends it with one {"error": ...} line',
+                "BatchResultLine",
+                error,
+                parameters=[
+                    *operation,
+                    _query("page_token", "a line's page_token: resume after that line"),
+                ],
+                media=NDJSON,
+            )
+        },
+    }

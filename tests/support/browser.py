@@ -1,0 +1,132 @@
+"""A headless Debian chromium driven over the DevTools protocol, for tests of the HTTP door's
+page: the `browser` fixture (module scope; skipped, saying why, when chromium is not
+installed: `make pytest` installs it as root), one tab per `with_page` call, and the `Page`
+calls the tests need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-port=0",
+    "--window-size=1200,1000",
+)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A running headless chromium; yields its DevTools HTTP address."""
+    binary = shutil.which("chromium")
+    if binary is None:
+        pytest.skip(
+            "chromium is not installed: apt-get install -y chromium (make pytest does it as root)"
+        )
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    log = (profile.parent / "chromium.log").open("wb")
+    process = subprocess.Popen(
+        [binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"], stdout=log, stderr=log
+    )
+    try:
+        active = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (active.exists() and active.read_text().count("\n") >= 1):
+            assert process.poll() is None, "chromium exited at start"
+            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
+            time.sleep(0.1)
+        yield f"127.0.0.1:{active.read_text().split()[0]}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+class Page:
+    """One browser tab over the DevTools protocol (JSON messages on a websocket)."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._ws = ws
+        self._id = 0
+
+    async def send(self, method: str, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        await self._ws.send_json({"id": self._id, "method": method, "params": params})
+        while True:
+            message = await self._ws.receive_json(timeout=60)
+            if message.get("id") == self._id:
+                assert "error" not in message, message
+                return dict(message["result"])
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result["result"].get("value")
+
+    async def pick_file(self, url: str, path: Path) -> str:
+        """Opens the page and picks `path` in its file input, as a person would."""
+        await self.send("Page.navigate", url=url)
+        deadline = time.monotonic() + 30
+        while await self.evaluate("document.body ? document.body.dataset.state : ''") != "idle":
+            assert time.monotonic() < deadline, "the page did not load"
+            await asyncio.sleep(0.05)
+        document = await self.send("DOM.getDocument")
+        node = await self.send(
+            "DOM.querySelector", nodeId=document["root"]["nodeId"], selector="#file"
+        )
+        await self.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+        return await self.wait()
+
+    async def run(self, url: str) -> str:
+        """Navigates and waits for the page's state to settle on done or error."""
+        await self.send("Page.navigate", url=url)
+        return await self.wait()
+
+    async def wait(self, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            state = await self.evaluate("document.body ? document.body.dataset.state : ''")
+            if state in ("done", "error"):
+                return str(state)
+            if time.monotonic() > deadline:
+                where = await self.evaluate("document.URL.slice(0, 200) + ' ' + document.title")
+                raise AssertionError(f"page state stayed {state!r} at {where}")
+            await asyncio.sleep(0.1)
+
+
+async def with_page(address: str, work: Any) -> Any:
+    async with aiohttp.ClientSession() as session:
+        async with session.put(f"http://{address}/json/new?about:blank") as response:
+            target = await response.json()
+        try:
+            async with session.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                page = Page(ws)
+                await page.send(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=1200,
+                    height=1000,
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
+                return await work(page)
+        finally:
+            async with session.get(f"http://{address}/json/close/{target['id']}"):
+                pass
