@@ -12,8 +12,14 @@ drives it. The model list, the task verbs and `$` come from the page's own scrip
 from __future__ import annotations
 
 HTML = """
+<style>
+  #jobs { border-top: 1px solid #ccc; margin-top: 16px; padding-top: 8px; }
+  #job-progress { width: 24em; }
+  #job-raw:empty { display: none; }
+</style>
 <section id="jobs">
 <h2>Batch job</h2>
+<p>Runs the model and min score chosen above over many images, in the background.</p>
 <form id="job-form">
   <label>Images <input type="file" id="job-files" accept="image/*" multiple></label>
   <label>or dataset URI <input type="text" id="job-uri" size="40"

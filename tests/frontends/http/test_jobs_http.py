@@ -198,19 +198,31 @@ def test_operations_are_listed_waited_cancelled_and_deleted(
     refused(curl(f"{url}/v1/{name}/results"), 404, "NOT_FOUND")
 
 
-def test_a_running_job_is_cancelled(jobs_gateway: GatewayProcess, tmp_path: Path) -> None:
-    url = jobs_gateway.http_url
-    paths = make_images(tmp_path, 30)
-    upload = ok(curl(f"{url}/v1/uploads", *(f"-Fimage=@{p}" for p in paths)))
-    request = {"upload_id": upload["upload_id"], "model": {"name": "detector"}}
-    op = ok(post_json(jobs_gateway, "/v1/batchJobs", request))
-    assert ok(curl(f"{url}/v1/{op['name']}:cancel", "-X", "POST")) == {}
-    done = wait_done(jobs_gateway, op["name"])
-    # Cancelled before its last image, or finished first: both are honest answers.
-    if done["metadata"]["state"] == "CANCELLED":
+def test_a_waiting_job_is_cancelled(http_tfs: LocalServer, http_repo: Path, tmp_path: Path) -> None:
+    # --batch-yield-threshold=0 pauses batch work: the job processes nothing until cancelled.
+    args = [
+        f"--model-config={http_repo / 'gateway-models.toml'}",
+        f"--job-store={tmp_path / 'store'}",
+        "--batch-yield-threshold=0",
+    ]
+    with run_gateway(http_tfs.target, args, log_dir=tmp_path, http=True) as gateway:
+        url = gateway.http_url
+        paths = make_images(tmp_path / "images", 3)
+        upload = ok(curl(f"{url}/v1/uploads", *(f"-Fimage=@{p}" for p in paths)))
+        request = {"upload_id": upload["upload_id"], "model": {"name": "detector"}}
+        op = ok(post_json(gateway, "/v1/batchJobs", request))
+        assert not op["done"]
+        waited = ok(curl(f"{url}/v1/{op['name']}:wait?timeout=0.2s", "-X", "POST"))
+        assert waited["metadata"]["state"] in ("QUEUED", "RUNNING") and not waited["done"]
+        assert waited["metadata"]["processed"] == "0"
+        assert ok(curl(f"{url}/v1/{op['name']}:cancel", "-X", "POST")) == {}
+        done = wait_done(gateway, op["name"])
+        assert done["metadata"]["state"] == "CANCELLED"
         assert done["error"]["code"] == 1  # google.rpc.Code.CANCELLED
-    else:
-        assert done["metadata"]["state"] == "SUCCEEDED"
+        assert "response" not in done
+        # Nothing ran: the results stream is empty, not an error.
+        status, headers, body = curl(f"{url}/v1/{op['name']}/results")
+        assert (status, headers["content-type"], body) == (200, "application/x-ndjson", b"")
 
 
 # --- refusals, in the door's error format ---------------------------------------------------
