@@ -13,8 +13,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 
 from gateway.frontends.api import Binding, Bindings
-from gateway.frontends.http import bodies
-from gateway.frontends.http import jobs as http_jobs
+from gateway.frontends.http import bodies, jobs_openapi
 from gateway.models import ModelRegistry
 
 Field = FieldDescriptor
@@ -219,7 +218,7 @@ def _add_schema(descriptor: Any, schemas: dict[str, Any]) -> str:
 
 def _schemas(bindings: Bindings, jobs: bool) -> dict[str, Any]:
     schemas: dict[str, Any] = {}
-    for descriptor in http_jobs.MESSAGES if jobs else ():
+    for descriptor in jobs_openapi.MESSAGES if jobs else ():
         _add_schema(descriptor, schemas)
     for binding in bindings:
         request = schemas[_add_schema(binding.request_type.DESCRIPTOR, schemas)]
@@ -311,7 +310,7 @@ def document(registry: ModelRegistry, bindings: Bindings, jobs: bool = False) ->
         }
     }
     if jobs:
-        paths.update(http_jobs.openapi_paths(_ERROR))
+        paths.update(jobs_openapi.openapi_paths(_ERROR))
     tasks = ", ".join(binding.task for binding in bindings).capitalize()
     services = ", ".join(binding.service_name for binding in bindings)
     return {
