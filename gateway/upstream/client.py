@@ -184,6 +184,15 @@ def from_upstream(error: grpc.RpcError, *, target: str, model: ModelRef) -> Gate
             Kind.INVALID_INPUT,
             f"{model.describe()}: {details}; use a label from the TF Serving model config",
         )
+    if code == Code.INVALID_ARGUMENT and "Could not parse example input" in details:
+        # A tf_example signature (OD API, Model Garden) sent the bare image: the model's
+        # config is wrong, not the caller's image (serving/local/FACTS.md, unparsable_example).
+        return GatewayError(
+            Kind.BAD_MODEL,
+            f"{model.describe()} takes serialized tf.train.Example protos, not bare images "
+            f"(TF Serving: {details[:120]}); set input.string_encoding = 'tf_example' for it "
+            "in the model config",
+        )
     rejected = {
         Code.INVALID_ARGUMENT: Kind.INVALID_INPUT,
         Code.FAILED_PRECONDITION: Kind.BAD_MODEL,
