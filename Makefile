@@ -12,7 +12,7 @@ GATEWAY_PORT ?= 50051
 SERVING_PORT ?= 8500
 HTTP_PORT ?= 8080
 
-.PHONY: venv proto models test lint typecheck pytest run bench clean k8s-check
+.PHONY: venv proto models test lint typecheck pytest run bench clean k8s-check zoo-venv
 
 venv: $(STAMP)
 
@@ -21,6 +21,22 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[serving,dev,jobs]'
 	touch $(STAMP)
+
+# The exporters' own venv: Keras 3, keras-hub, TF Model Garden and Hugging Face transformers
+# build the model zoo the tests serve (tests/zoo/build.py). Apart from .venv because
+# tf-models-official pins TensorFlow 2.20 (the gateway's tests run 2.21); a few minutes to
+# install, once.
+ZOO_VENV  := .venv-zoo
+ZOO_STAMP := $(ZOO_VENV)/.installed
+ZOO_PACKAGES := tensorflow tf-models-official tensorflow-text tf-keras keras keras-hub transformers
+
+zoo-venv: $(ZOO_STAMP)
+
+$(ZOO_STAMP): constraints-zoo.txt
+	test -x $(ZOO_VENV)/bin/python || $(PYTHON) -m venv $(ZOO_VENV)
+	$(ZOO_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ZOO_VENV)/bin/python -m pip install --quiet -c constraints-zoo.txt $(ZOO_PACKAGES)
+	touch $(ZOO_STAMP)
 
 # Regenerates gateway/proto/ from proto/*.proto (committed; tests fail when it is stale).
 proto: $(STAMP)
@@ -52,7 +68,7 @@ lint: $(STAMP) $(BUF)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-pytest: $(STAMP) $(K8S_NODE) http-test-tools
+pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv
 	$(PY) -m pytest
 
 test: lint typecheck k8s-check pytest
@@ -102,4 +118,4 @@ soak: $(STAMP)
 	$(PY) -m tests.support.soaktable $(SOAK_REPORT)
 
 clean:
-	rm -rf $(VENV) $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache k8s/validate/node_modules
+	rm -rf $(VENV) $(ZOO_VENV) .cache/zoo $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache k8s/validate/node_modules
