@@ -53,6 +53,10 @@ $(BUF):
 # The public API as released before this round: `buf breaking` compares against it.
 API_BASE ?= e14881c
 
+# The public API's proto packages: every directory of proto/ but the TF Serving wire copies
+# (a task added in proto/<task>/ is linted with the others).
+API_PROTO_DIRS := $(filter-out tfswire,$(patsubst proto/%/,%,$(wildcard proto/*/)))
+
 # buf reads descriptor sets that protoc builds with googleapis-common-protos' .proto files on
 # the include path (buf cannot fetch googleapis from its registry here).
 lint: $(STAMP) $(BUF)
@@ -62,7 +66,7 @@ lint: $(STAMP) $(BUF)
 	rm -rf .tools/api-base && mkdir -p .tools/api-base
 	git archive $(API_BASE) proto | tar -x -C .tools/api-base
 	$(PY) proto/generate.py --image .tools/api-base.binpb --proto-dir .tools/api-base/proto
-	cd proto && ../$(BUF) lint ../.tools/api.binpb --config buf.yaml --path detection --path classification
+	cd proto && ../$(BUF) lint ../.tools/api.binpb --config buf.yaml $(addprefix --path ,$(API_PROTO_DIRS))
 	cd proto && ../$(BUF) breaking ../.tools/api.binpb --against ../.tools/api-base.binpb --config buf.yaml
 
 typecheck: $(STAMP)

@@ -2,7 +2,8 @@
 on SIGTERM.
 
 The tasks served are values given here: each a Task (gateway.tasks) with its binding
-(gateway.frontends.api). `serve` takes others, which is how a test plugs in a task of its own.
+(gateway.frontends.api). `start` takes others, which is how a test plugs in a task of its
+own; `serve` is `start` until a signal, then `Gateway.stop`.
 """
 
 from __future__ import annotations
@@ -66,15 +67,78 @@ def load_models(settings: Settings, tasks: Collection[str]) -> ModelRegistry:
     return default_registry(settings.model, label_maps)
 
 
-async def serve(
+class Gateway:
+    """A started gateway: its doors listening, its readiness polling, its jobs running."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        grpc: grpc_door.GrpcDoor,
+        http: HttpDoor | None,
+        readiness: Readiness,
+        background: list[asyncio.Task[None]],
+        jobs: JobService,
+        client: TFServingClient,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        self.settings = settings
+        self.grpc_port = grpc.port
+        self.http_port = http.port if http is not None else 0
+        self._grpc = grpc
+        self._http = http
+        self._readiness = readiness
+        self._background = background  # readiness polling, the models' plans in the log
+        self._jobs = jobs
+        self._client = client
+        self._executor = executor
+
+    async def stop(self) -> None:
+        """Drains and stops: in-flight requests get the shutdown grace to finish.
+
+        Readiness goes NOT_SERVING (and /ping 503) first so load balancers stop sending new
+        work; both doors refuse new API requests (gRPC: UNAVAILABLE while health checks still
+        answer) and give the in-flight ones up to the grace period, side by side. Then the
+        gRPC server stops, cutting what is left."""
+        settings, grpc, http = self.settings, self._grpc, self._http
+        log.info("shutting down", extra={"fields": {"grace_seconds": settings.shutdown_grace}})
+        await grpc.health.enter_graceful_shutdown()
+        if http is not None:
+            http.drain()
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._readiness.withdraw()
+
+        async def stop_grpc() -> None:
+            left = await grpc.drain.drain(settings.shutdown_grace)
+            if left:
+                log.warning(
+                    "grace period over; cancelling calls", extra={"fields": {"in_flight": left}}
+                )
+            await grpc.server.stop(0)
+
+        stops = [stop_grpc()]
+        if http is not None:
+            stops.append(http.stop())
+        await asyncio.gather(*stops)
+        # Running batch jobs stop where they are (their state stays RUNNING) and resume on
+        # start.
+        await self._jobs.close()
+        await self._client.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        log.info("stopped")
+
+
+async def start(
     settings: Settings,
-    ready: asyncio.Event | None = None,
     *,
     tasks: TaskRegistry | None = None,
     bindings: api.Bindings = api.BUILT_IN,
-) -> None:
-    """Runs until SIGTERM/SIGINT, then lets in-flight requests finish within the grace.
-    `tasks` (default: built_in_tasks()) and `bindings` are the tasks served and their APIs."""
+) -> Gateway:
+    """Builds the gateway and starts serving; `tasks` (default: built_in_tasks()) and
+    `bindings` are the tasks served and their APIs."""
     tasks = built_in_tasks() if tasks is None else tasks
     check_bindings(tasks, bindings)
     memory.tune_malloc()  # before the decode threads exist
@@ -100,18 +164,23 @@ async def serve(
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
     await jobs.start()
-    http_port = await http.start() if http is not None else 0
-    readiness_task = asyncio.create_task(readiness.run())
-    # Each model's plan (or why it cannot be served) in the log, once, without delaying start.
-    plans_task = asyncio.create_task(
-        modelcheck.log_plans(client, registry, tasks, settings.upstream_timeout)
-    )
+    if http is not None:
+        await http.start()
+    background = [
+        asyncio.create_task(readiness.run()),
+        # Each model's plan (or why it cannot be served) in the log, once, without delaying
+        # start.
+        asyncio.create_task(
+            modelcheck.log_plans(client, registry, tasks, settings.upstream_timeout)
+        ),
+    ]
+    gateway = Gateway(settings, grpc, http, readiness, background, jobs, client, executor)
     log.info(
         "gateway listening",
         extra={
             "fields": {
-                "address": f"{settings.host}:{grpc.port}",
-                "http_port": http_port or None,
+                "address": f"{settings.host}:{gateway.grpc_port}",
+                "http_port": gateway.http_port or None,
                 "upstream": settings.upstream,
                 "model": registry.default_model,
                 "models": sorted(registry.models),
@@ -121,7 +190,13 @@ async def serve(
             }
         },
     )
+    return gateway
 
+
+async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
+    """Runs the gateway until SIGTERM/SIGINT, then lets in-flight requests finish within the
+    grace; `ready` is set once it serves."""
+    gateway = await start(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -129,40 +204,7 @@ async def serve(
     if ready is not None:
         ready.set()
     await stop.wait()
-
-    log.info("shutting down", extra={"fields": {"grace_seconds": settings.shutdown_grace}})
-    # Readiness goes NOT_SERVING (and /ping 503) first so load balancers stop sending new
-    # work; both doors refuse new API requests (gRPC: UNAVAILABLE while health checks still
-    # answer) and give the in-flight ones up to the grace period, side by side. Then the gRPC
-    # server stops, cutting what is left.
-    await grpc.health.enter_graceful_shutdown()
-    if http is not None:
-        http.drain()
-    readiness_task.cancel()
-    plans_task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await readiness_task
-    with contextlib.suppress(asyncio.CancelledError):
-        await plans_task
-    readiness.withdraw()
-
-    async def stop_grpc() -> None:
-        left = await grpc.drain.drain(settings.shutdown_grace)
-        if left:
-            log.warning(
-                "grace period over; cancelling calls", extra={"fields": {"in_flight": left}}
-            )
-        await grpc.server.stop(0)
-
-    stops = [stop_grpc()]
-    if http is not None:
-        stops.append(http.stop())
-    await asyncio.gather(*stops)
-    # Running batch jobs stop where they are (their state stays RUNNING) and resume on start.
-    await jobs.close()
-    await client.close()
-    executor.shutdown(wait=False, cancel_futures=True)
-    log.info("stopped")
+    await gateway.stop()
 
 
 def build_jobs(

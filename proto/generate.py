@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 PACKAGE = "gateway.proto"
 DEFAULT_OUT = ROOT / "gateway" / "proto"
-# Top-level proto packages whose imports must be rewritten.
-PROTO_ROOTS = ("classification", "detection", "tfswire")
+# Top-level proto packages whose imports must be rewritten: every directory of proto/ (a task
+# added as proto/<task>/v1/ is one).
+PROTO_ROOTS = tuple(sorted(path.name for path in PROTO_DIR.iterdir() if path.is_dir()))
 LONGRUNNING = "google/longrunning/operations.proto"
 LONGRUNNING_SHIPPED = "google/longrunning/operations_proto.proto"
 _IMPORT = re.compile(rf"^(from|import) ({'|'.join(PROTO_ROOTS)})([. ])", re.MULTILINE)
