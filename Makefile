@@ -72,7 +72,7 @@ lint: $(STAMP) $(BUF)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv
+pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv peers
 	$(PY) -m pytest
 
 test: lint typecheck k8s-check pytest
@@ -103,11 +103,22 @@ run: $(STAMP) models
 
 # Writes bench/results.md (a few minutes). h2load (Debian's nghttp2-client) generates the load
 # when it is installed or installable here; otherwise bench falls back to Python clients.
-bench: $(STAMP)
+bench: $(STAMP) h2load
+	$(PY) -m bench
+
+.PHONY: h2load
+h2load:
 	@command -v h2load >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		apt-get update -qq >/dev/null && apt-get install -y -qq nghttp2-client >/dev/null; } || \
-		echo "h2load is not available: the Python load generator will be used"
-	$(PY) -m bench
+		echo "h2load is not available: bench uses Python clients, bench.peers cannot run"
+
+# The peers bench.peers measures the gateway against (KServe, MLServer) need venvs of their
+# own (protobuf < 7; about 2.4 GB each with TensorFlow). bench/peers/venvs.py builds them from
+# pinned lists once per machine, shared by every checkout and CI run (~/.cache), so only the
+# first build costs minutes. The peers' smoke test needs them, and h2load.
+.PHONY: peers
+peers: $(STAMP) h2load
+	$(PY) -m bench.peers.venvs
 
 # Long reliability run by hand (~8 min on 2 cores, longer on a busy machine): TF Serving
 # killed and restarted 5 times under load, 400 deadline-cancelled calls, 20,000 hostile

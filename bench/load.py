@@ -137,16 +137,41 @@ def _h2load(
     warmup: float,
     during: Callable[[], None] | None,
 ) -> Latencies:
+    frame = b"\x00" + len(body).to_bytes(4, "big") + body  # gRPC message frame
+    headers = ("content-type: application/grpc", "te: trailers")
+    return h2load(f"http://{target}{method}", frame, concurrency, seconds, warmup, headers,
+                  during=during)  # fmt: skip
+
+
+def h2load(
+    url: str,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    warmup: float = 1.0,
+    headers: tuple[str, ...] = (),
+    http1: bool = False,
+    during: Callable[[], None] | None = None,
+    requests: int | None = None,
+) -> Latencies:
+    """h2load POSTing `body` to `url` from `concurrency` connections, one request in flight
+    on each (HTTP/2, or HTTP/1.1 keep-alive with `http1`), for `seconds` after `warmup`, or
+    until `requests` requests are done (no warm-up then: a count that does not depend on
+    how fast the machine is)."""
     with tempfile.TemporaryDirectory() as tmp:
-        frame = Path(tmp) / "body"
-        frame.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC message frame
+        data = Path(tmp) / "body"
+        data.write_bytes(body)
         log = Path(tmp) / "log"
+        if requests is None:
+            amount = [f"--duration={round(seconds * 1000)}ms",
+                      f"--warm-up-time={round(warmup * 1000)}ms"]  # fmt: skip
+        else:
+            amount = [f"--requests={requests}"]
         command = [
-            "h2load", f"--duration={round(seconds * 1000)}ms",
-            f"--warm-up-time={round(warmup * 1000)}ms",
+            "h2load", *amount,
             f"--clients={concurrency}", "--max-concurrent-streams=1", "--threads=1",
-            "--header=content-type: application/grpc", "--header=te: trailers",
-            f"--data={frame}", f"--log-file={log}", f"http://{target}{method}",
+            *(f"--header={h}" for h in headers), *(["--h1"] if http1 else []),
+            f"--data={data}", f"--log-file={log}", url,
         ]  # fmt: skip
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         while process.poll() is None:

@@ -14,7 +14,13 @@ DetectRequest, call the upstream with FILE and parse its PredictResponse, answer
 DetectionResult of five detections. The floor of a typed Python gRPC gateway: gRPC's work
 for such a service, without any of the gateway's own work (decode, mapping, logs, metrics).
 
+`--http` (with `--send`): the same floor for the HTTP door: an aiohttp server (the framework
+of the gateway's HTTP door) that reads each POST's body unparsed, forwards FILE over grpc.aio
+and answers a fixed JSON detection result of the gateway's size, with no decoding, parsing,
+logging or metrics.
+
     python -m bench.proxy --port 8600 --upstream 127.0.0.1:8500 [--send request.bin] [--typed]
+    python -m bench.proxy --port 8600 --upstream 127.0.0.1:8500 --send request.bin --http
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import signal
 from pathlib import Path
 
 import grpc
+from aiohttp import web
+from google.protobuf import json_format
 
 from bench.load import CHANNEL_OPTIONS
 from gateway.frontends.api import DETECT
@@ -59,11 +67,31 @@ async def serve(port: int, upstream: str, send: bytes | None = None, typed: bool
         await server.stop(1)
 
 
-def _typed_handler(channel: grpc.aio.Channel, send: bytes) -> grpc.GenericRpcHandler:
-    predict = channel.unary_unary(
-        PREDICT, request_serializer=None, response_deserializer=tfs.PredictResponse.FromString
-    )
-    result = pb.DetectionResult(
+async def serve_http(port: int, upstream: str, send: bytes) -> None:
+    """The HTTP door's floor: every POST forwards `send` upstream and answers FIXED_JSON."""
+    async with grpc.aio.insecure_channel(upstream, options=CHANNEL_OPTIONS) as channel:
+        predict = channel.unary_unary(PREDICT)
+
+        async def forward(request: web.Request) -> web.Response:
+            await request.read()
+            await predict(send, timeout=60)
+            return web.Response(body=FIXED_JSON, content_type="application/json")
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("POST", "/{path:.*}", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+
+def _fixed_result() -> pb.DetectionResult:
+    """Five detections, as the gateway answers for the bench upstream's outputs."""
+    return pb.DetectionResult(
         detections=[
             pb.Detection(
                 class_id=i,
@@ -79,6 +107,18 @@ def _typed_handler(channel: grpc.aio.Channel, send: bytes) -> grpc.GenericRpcHan
         model=pb.ServedModel(name="encoded", version=1),
         request_id="0123456789abcdef0123456789abcdef",
     )
+
+
+FIXED_JSON = json_format.MessageToJson(
+    _fixed_result(), preserving_proto_field_name=True, indent=None
+).encode()
+
+
+def _typed_handler(channel: grpc.aio.Channel, send: bytes) -> grpc.GenericRpcHandler:
+    predict = channel.unary_unary(
+        PREDICT, request_serializer=None, response_deserializer=tfs.PredictResponse.FromString
+    )
+    result = _fixed_result()
 
     async def detect(request: pb.DetectRequest, context: grpc.aio.ServicerContext) -> object:
         await predict(send, timeout=60)
@@ -102,9 +142,15 @@ def main() -> None:
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--send", type=Path, help="forward these bytes instead of the request")
     parser.add_argument("--typed", action="store_true", help="serve detection.v1 Detect, typed")
+    parser.add_argument("--http", action="store_true", help="serve HTTP POST (needs --send)")
     args = parser.parse_args()
     send = args.send.read_bytes() if args.send else None
-    asyncio.run(serve(args.port, args.upstream, send, args.typed))
+    if args.http:
+        if send is None:
+            raise SystemExit("--http needs --send (the PredictRequest to forward)")
+        asyncio.run(serve_http(args.port, args.upstream, send))
+    else:
+        asyncio.run(serve(args.port, args.upstream, send, args.typed))
 
 
 if __name__ == "__main__":
