@@ -2,8 +2,9 @@
 resizing), and PNG encoding for transcoding.
 
 RGB and grayscale JPEGs go through libjpeg-turbo (simplejpeg), at a DCT-scaled size when the
-caller needs less; everything else, and any JPEG libjpeg-turbo warns about, through Pillow,
-whose answer decides. Every Pillow failure becomes an ImageError (gateway.imaging.errors).
+caller needs less, their header read without Pillow when it is plain (gateway.imaging.
+jpeghead); everything else, and any JPEG libjpeg-turbo warns about, through Pillow, whose
+answer decides. Every Pillow failure becomes an ImageError (gateway.imaging.errors).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import simplejpeg
 from PIL import Image, ImageFile
 
 from gateway.imaging.formats import translated_errors
-from gateway.imaging.header import ImageInfo, ImageLimits, open_image
+from gateway.imaging.header import ImageInfo, ImageLimits, open_image, plain_jpeg_info
 from gateway.imaging.orientation import TRANSPOSE, oriented_view
 
 # Where decode_image writes pixels: gets the image's info, returns a writable uint8 array
@@ -47,9 +48,14 @@ def decode_image(
     """
     if into is not None and min_size is not None:
         raise ValueError("decode_image: `into` needs the full size; drop min_size")
+    plain = plain_jpeg_info(data, limits)  # most requests: no Pillow at all
+    if plain is not None:
+        pixels = _decode_jpeg(data, plain, into, _dct_denominator(plain, min_size))
+        if pixels is not None:
+            return plain, pixels
     image, info = open_image(data, limits)
     with image:
-        if info.format == "JPEG" and info.mode in ("RGB", "L"):
+        if plain is None and info.format == "JPEG" and info.mode in ("RGB", "L"):
             pixels = _decode_jpeg(data, info, into, _dct_denominator(info, min_size))
             if pixels is not None:
                 return info, pixels
@@ -83,9 +89,14 @@ def decode_stored(
 
     Refuses what decode_image refuses, with the same errors. CPU-heavy like decode_image.
     """
+    plain = plain_jpeg_info(data, limits)
+    if plain is not None:
+        stored = _decode_jpeg_stored(data, plain, _dct_denominator(plain, min_size))
+        if stored is not None:
+            return plain, stored, plain.orientation
     image, info = open_image(data, limits)
     with image:
-        if info.format == "JPEG" and info.mode in ("RGB", "L"):
+        if plain is None and info.format == "JPEG" and info.mode in ("RGB", "L"):
             stored = _decode_jpeg_stored(data, info, _dct_denominator(info, min_size))
             if stored is not None:
                 return info, stored, info.orientation

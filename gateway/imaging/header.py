@@ -64,15 +64,24 @@ _PNG_BIT_DEPTH_OFFSET = 24
 
 def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
     """Read the header only; refuse empty, unsupported, corrupt-header or over-limit images."""
+    info = plain_jpeg_info(data, limits)
+    if info is not None:
+        return info
+    image, info = open_image(data, limits)
+    image.close()
+    return info
+
+
+def plain_jpeg_info(data: bytes, limits: ImageLimits) -> ImageInfo | None:
+    """A plain JPEG's header read without Pillow (the same answer, faster: jpeghead), over-limit
+    sizes refused; None for anything else, which open_image reads."""
     if data.startswith(b"\xff\xd8\xff") and len(data) <= limits.max_bytes:
-        header = jpeghead.read(data)  # plain JPEGs without Pillow (the same answer, faster)
+        header = jpeghead.read(data)
         if header is not None:
             width, height, components, orientation = header
             check_pixels((width, height), limits)
             return ImageInfo("JPEG", "RGB" if components == 3 else "L", width, height, orientation)
-    image, info = open_image(data, limits)
-    image.close()
-    return info
+    return None
 
 
 def model_can_decode(info: ImageInfo) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import ExifTags, Image, ImageFile, ImageOps
 
+from gateway.imaging import decode
 from gateway.imaging.decode import decode_image, decode_stored, encode_png
 from gateway.imaging.errors import (
     CorruptImage,
@@ -474,15 +475,34 @@ def test_image_between_our_limit_and_pillows_is_refused_by_us_without_a_pillow_w
 
 
 @pytest.mark.filterwarnings("error")
-@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP", "WEBP", "TIFF"])
+@pytest.mark.parametrize("fmt", ["JPEG with XMP", "PNG", "GIF", "BMP", "WEBP", "TIFF"])
 def test_pillow_bomb_check_does_not_refuse_what_our_limit_allows(
     fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # as if an operator raised our limit
-    data = encode(Image.fromarray(pattern(48, 32)), fmt)
+    image = Image.fromarray(pattern(48, 32))
+    if fmt == "JPEG with XMP":  # a JPEG whose header Pillow reads (a plain one never meets it)
+        out = io.BytesIO()
+        image.save(out, "JPEG", xmp=b'<x:xmpmeta xmlns:x="adobe:ns:meta/"/>')
+        data = out.getvalue()
+    else:
+        data = encode(image, fmt)
     _, pixels = decode_image(data, ImageLimits(max_bytes=LIMITS.max_bytes, max_pixels=5000))
     assert pixels.shape == (32, 48, 3)
     assert Image.MAX_IMAGE_PIXELS == 5000
+
+
+@pytest.mark.filterwarnings("error")
+def test_plain_jpeg_is_decoded_without_pillow_so_its_bomb_check_never_meets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    opened: list[bytes] = []
+    monkeypatch.setattr(decode, "open_image", lambda data, limits: opened.append(data))
+    data = encode(Image.fromarray(pattern(48, 32)), "JPEG")
+    _, pixels = decode_image(data, ImageLimits(max_bytes=LIMITS.max_bytes, max_pixels=5000))
+    assert pixels.shape == (32, 48, 3)
+    assert opened == [] and Image.MAX_IMAGE_PIXELS == 100
 
 
 @pytest.mark.parametrize("ceiling", [None, 10**12])
