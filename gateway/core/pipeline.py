@@ -25,6 +25,7 @@ from gateway.core.inputs import (
     InputPlan,
     ModelInput,
     build_input,
+    decodes_quickly,
     forward_encoded,
     plan_input,
 )
@@ -223,6 +224,10 @@ class Pipeline:
                 forwarded = forward_encoded(image, plan, envelope, self._image_limits)
                 if forwarded is not None:
                     return forwarded
+            elif self._limit.in_flight == 1 and decodes_quickly(image, plan, self._image_limits):
+                # Nothing else in flight: decoding a small JPEG here is quicker than the hop
+                # to a decode thread and back, and there is nothing the loop would do meanwhile.
+                return build_input(image, plan, envelope, self._image_limits)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(
                 self._executor, build_input, image, plan, envelope, self._image_limits

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import math
+import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -20,6 +21,8 @@ from PIL import Image
 
 from gateway.app import built_in_tasks
 from gateway.config import Settings
+from gateway.core import inputs
+from gateway.core import pipeline as pipeline_module
 from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
@@ -372,6 +375,48 @@ def test_the_concurrency_limit_refuses_instead_of_queueing():
     refused = [r for r in results if isinstance(r, GatewayError)]
     assert len(refused) == 2 and all(r.kind is Kind.OVERLOADED for r in refused)
     assert "limit of 1 images" in refused[0].message
+
+
+def jpeg(pixels: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def test_a_small_jpeg_alone_is_decoded_on_the_event_loop_and_the_rest_in_decode_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pixels_model = FakeModel(
+        "pixels", {"input_tensor": (tf.uint8, [1, -1, -1, 3])}, OD_OUTPUTS, od_outputs
+    )
+    built_in: list[bool] = []  # per request built: on the event loop's thread?
+
+    def recording(*args: Any) -> Any:
+        built_in.append(threading.current_thread() is threading.main_thread())
+        return inputs.build_input(*args)
+
+    monkeypatch.setattr(pipeline_module, "build_input", recording)
+    small = jpeg(solid(64, 48, (200, 10, 10)))
+
+    async def scenario() -> list[Outcome]:
+        async with pipeline_for([pixels_model], model="pixels") as (pipeline, serving):
+            outcomes = [await pipeline.run("detection", detect(small))]
+            # Over INLINE_MAX_PIXELS; not a JPEG; two at once (the second sees one in flight).
+            outcomes.append(
+                await pipeline.run("detection", detect(jpeg(solid(1000, 600, (9,) * 3))))
+            )
+            outcomes.append(await pipeline.run("detection", detect(png(solid(64, 48, (9,) * 3)))))
+            outcomes += await asyncio.gather(
+                pipeline.run("detection", detect(small)), pipeline.run("detection", detect(small))
+            )
+            assert [call.inputs["input_tensor"].shape for call in serving.calls] == [
+                (1, 48, 64, 3), (1, 600, 1000, 3), (1, 48, 64, 3), (1, 48, 64, 3), (1, 48, 64, 3)
+            ]  # fmt: skip
+            return outcomes
+
+    outcomes = run(scenario())
+    assert built_in == [True, False, False, True, False]
+    assert all(o.result.detections[0].box == (16, 12, 48, 36) for o in (outcomes[0], *outcomes[3:]))
 
 
 def test_trace_headers_reach_tf_serving_and_the_log_line(caplog):
