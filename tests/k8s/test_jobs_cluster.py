@@ -11,7 +11,8 @@ A job created through the gateway's API becomes a Kubernetes Job, which the test
 against the namespace and then "runs" as the Job controller and kubelets would: it writes the
 status a controller writes, and runs each shard's container command with the Job's own
 arguments and environment. The gateway reports the job's state from the Job and the store,
-and a second replica sharing the store answers for the same operation.
+and a second replica sharing the store answers for the same operation, over gRPC and over the
+HTTP door.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -318,12 +320,25 @@ def test_a_job_created_through_the_api_runs_as_a_kubernetes_job_and_reports_from
         files = deployed["fs"].find(metadata(done).output_uri)
         assert any(f.endswith(".jsonl") for f in files), files
 
-        # Another replica (same pod environment, same bucket) answers for the same operation.
+        # Another replica (same pod environment, same bucket) answers for the same operation,
+        # on both doors.
         with (
-            run_gateway(tfs.target, pod_surroundings(deployed), log_dir=tmp_path) as other,
+            run_gateway(
+                tfs.target, pod_surroundings(deployed), log_dir=tmp_path, http=True
+            ) as other,
             other.channel() as other_channel,
         ):
             assert Client(other_channel).get(op.name) == done
+            with urllib.request.urlopen(f"{other.http_url}/v1/{op.name}", timeout=30) as answer:
+                over_http = json.loads(answer.read())
+            assert over_http["done"] is True
+            assert over_http["metadata"]["state"] == "SUCCEEDED"
+            assert over_http["response"]["code_counts"] == {"OK": str(IMAGES)}
+            results = f"{other.http_url}/v1/{op.name}/results"
+            with urllib.request.urlopen(results, timeout=30) as answer:
+                assert answer.headers["Content-Type"] == "application/x-ndjson"
+                ids = [json.loads(line)["id"] for line in answer.read().splitlines()]
+            assert ids == [x.id for x in lines]
 
         client.ops.DeleteOperation(lro.DeleteOperationRequest(name=op.name), timeout=30)
     gone = apiserver.kubectl("get", "job", name, f"--namespace={NAMESPACE}", check=False)
