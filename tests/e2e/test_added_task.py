@@ -85,14 +85,11 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    from serving.export import export_models  # TensorFlow: only for this fixture
-
+def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("added-task")
-    export_models(root / "models", names=[MODEL])
     serving_config = root / "models.config"
     serving_config.write_text(
-        f"model_config_list {{ config {{ name: '{MODEL}' base_path: '{root / 'models' / MODEL}' "
+        f"model_config_list {{ config {{ name: '{MODEL}' base_path: '{model_repo / MODEL}' "
         "model_platform: 'tensorflow' } }\n"
     )
     gateway_config = root / "gateway-models.toml"
