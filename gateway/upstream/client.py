@@ -1,8 +1,9 @@
 """The TF Serving hop: one gRPC channel, the exact TF Serving RPC paths, no TensorFlow.
 
 Task-agnostic: Predict with a request built elsewhere, GetModelMetadata (through the
-signature cache), GetModelStatus; retries within the caller's deadline and a retry budget;
-TF Serving's statuses translated into domain errors. Messages are our wire-compatible copies
+signature cache), GetModelStatus; retries within the caller's deadline and a retry budget
+(gateway.upstream.retries); TF Serving's statuses translated into domain errors
+(gateway.upstream.statuses). Messages are our wire-compatible copies
 (gateway/proto/tfswire); the paths are TF Serving's, so the other end can be the real
 `tensorflow_model_server` or the local stand-in.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, TypeVar
@@ -24,22 +24,19 @@ from gateway.errors import GatewayError, Kind
 from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tls import TLS
+from gateway.upstream.retries import RetryBudget, backoff, is_retryable
 from gateway.upstream.signatures import (
     SIGNATURE,
     Signature,
     SignatureCache,
     signature_from_metadata,
 )
+from gateway.upstream.statuses import from_upstream
 from gateway.upstream.tensors import OutputTensor, TensorDecodeError
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 GET_MODEL_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
 GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
-# Longest wait between two attempts of one call.
-RETRY_BACKOFF_CAP = 1.0
-# Retries the budget allows before it needs deposits from calls (a burst, e.g. every call
-# in flight when a connection drops).
-RETRY_RESERVE = 10.0
 # Reconnecting to TF Serving: gRPC's default backoff grows to 120 s, which would keep the
 # gateway away for minutes after a long outage. Capped at 1 s, the gateway serves again
 # within about a second of TF Serving's return, for one connection attempt per second.
@@ -106,45 +103,6 @@ def channel_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
     return files.credentials(flags="upstream-")
 
 
-def is_queue_full(error: grpc.RpcError) -> bool:
-    """TF Serving's UNAVAILABLE for a full batch queue ("The batch scheduling queue to which
-    this task was submitted is full"): backpressure, never retried."""
-    details = (error.details() or "").lower()
-    return "queue" in details and "full" in details
-
-
-def is_retryable(error: grpc.RpcError) -> bool:
-    """UNAVAILABLE, whether from the transport (TF Serving down, restarting, connection
-    reset) or from a server shutting down, except TF Serving's full batch queue: another
-    attempt may reach a healthy server. Everything else is the answer."""
-    return error.code() == grpc.StatusCode.UNAVAILABLE and not is_queue_full(error)
-
-
-class RetryBudget:
-    """Caps retries to a fraction of calls: each call deposits `ratio` tokens (up to the
-    reserve), each retry spends one. In an outage retries stop after the reserve, and then
-    add at most `ratio` extra calls per call instead of multiplying the load."""
-
-    def __init__(self, ratio: float, reserve: float = RETRY_RESERVE) -> None:
-        self.ratio = ratio
-        self.reserve = reserve
-        self.tokens = reserve
-
-    def deposit(self) -> None:
-        self.tokens = min(self.reserve, self.tokens + self.ratio)
-
-    def withdraw(self) -> bool:
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
-
-
-def backoff(attempt: int, base: float) -> float:
-    """Seconds before attempt `attempt + 1`: full jitter over base * 2^(attempt-1), capped."""
-    return random.uniform(0.0, min(RETRY_BACKOFF_CAP, base * 2 ** (attempt - 1)))
-
-
 def _model_spec(model: ModelRef, signature: str = "") -> tfs.ModelSpec:
     spec = tfs.ModelSpec(name=model.name, signature_name=signature)
     if model.version is not None:
@@ -166,75 +124,6 @@ def request_envelope(
         model_spec=_model_spec(model, signature), output_filter=list(output_filter)
     )
     return request.SerializeToString()
-
-
-def from_upstream(error: grpc.RpcError, *, target: str, model: ModelRef) -> GatewayError:
-    """Translates a TF Serving (or transport) status, keeping TF Serving's own text."""
-    code = error.code()
-    details = error.details() or ""
-    Code = grpc.StatusCode
-    if code == Code.NOT_FOUND:
-        return GatewayError(
-            Kind.NOT_FOUND,
-            f"{model.describe()} is not available on TF Serving ({details}); "
-            "check the request's model against the models TF Serving loads",
-        )
-    if code == Code.INVALID_ARGUMENT and "version label" in details:
-        return GatewayError(
-            Kind.INVALID_INPUT,
-            f"{model.describe()}: {details}; use a label from the TF Serving model config",
-        )
-    if code == Code.INVALID_ARGUMENT and "Could not parse example input" in details:
-        # A tf_example signature (OD API, Model Garden) sent the bare image: the model's
-        # config is wrong, not the caller's image (serving/local/FACTS.md, unparsable_example).
-        return GatewayError(
-            Kind.BAD_MODEL,
-            f"{model.describe()} takes serialized tf.train.Example protos, not bare images "
-            f"(TF Serving: {details[:120]}); set input.string_encoding = 'tf_example' for it "
-            "in the model config",
-        )
-    rejected = {
-        Code.INVALID_ARGUMENT: Kind.INVALID_INPUT,
-        Code.FAILED_PRECONDITION: Kind.BAD_MODEL,
-        Code.OUT_OF_RANGE: Kind.OUT_OF_RANGE,
-    }
-    if code in rejected:
-        return GatewayError(
-            rejected[code], f"TF Serving rejected the request for {model.describe()}: {details}"
-        )
-    if code == Code.RESOURCE_EXHAUSTED:
-        # grpcio prefixes its own transport messages ("CLIENT: Sent message larger ...").
-        if "Sent message larger than max" in details:
-            return GatewayError(
-                Kind.OVERLOADED,
-                f"the request to TF Serving is over the gateway's upstream send limit ({details}); "
-                "raise GATEWAY_UPSTREAM_MAX_SEND_BYTES or lower GATEWAY_MAX_PIXELS",
-            )
-        if "Received message larger than max" in details:
-            return GatewayError(
-                Kind.OVERLOADED,
-                f"TF Serving's response is over the gateway's upstream receive limit ({details}); "
-                "raise GATEWAY_UPSTREAM_MAX_RECEIVE_BYTES",
-            )
-        return GatewayError(
-            Kind.OVERLOADED, f"TF Serving is out of capacity: {details or 'no details'}"
-        )
-    if code == Code.UNAVAILABLE:
-        return GatewayError(
-            Kind.UNAVAILABLE,
-            f"TF Serving at {target} is unavailable: {details}; retry with backoff",
-        )
-    if code == Code.DEADLINE_EXCEEDED:
-        return GatewayError(
-            Kind.DEADLINE,
-            f"TF Serving did not answer in time for {model.describe()} ({details}); "
-            "raise the call's deadline or GATEWAY_UPSTREAM_TIMEOUT",
-        )
-    if code == Code.CANCELLED:
-        return GatewayError(Kind.CANCELLED, f"the call to TF Serving was cancelled: {details}")
-    return GatewayError(
-        Kind.INTERNAL, f"TF Serving failed on {model.describe()}: {code.name} {details}"
-    )
 
 
 class TFServingClient:

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from gateway.flags import parse_settings
-from gateway.upstream.client import RETRY_BACKOFF_CAP, RetryBudget, backoff, is_retryable
+from gateway.upstream.retries import RETRY_BACKOFF_CAP, RetryBudget, backoff, is_retryable
 
 
 class Status(grpc.RpcError):
