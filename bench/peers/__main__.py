@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import os
 import signal
@@ -816,8 +817,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      description=__doc__.splitlines()[0])  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="one short run (the smoke test)")
+    parser.add_argument("--runs", type=int, help=f"repeated runs (default {FULL.runs})")
+    parser.add_argument("--seconds", type=float, help=f"load per figure (default {FULL.seconds:g})")
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
+    if args.runs is not None:
+        scale = dataclasses.replace(scale, runs=args.runs)
+    if args.seconds is not None:
+        scale = dataclasses.replace(scale, seconds=args.seconds, requests=None)
     files = {name: photos.path_for(*_pixels(name)) for name in scale.images}
     images = Images({name: path.read_bytes() for name, path in files.items()}, files)
     images.sizes = {name: _size(data) for name, data in images.data.items()}
