@@ -54,7 +54,7 @@ async function api(method, path, body) {
   catch (e) { throw new Error("HTTP " + response.status + ": " + text.slice(0, 200)); }
   if (!response.ok) {
     const error = answer.error || {};
-    throw new Error((error.status || response.status) + ": " + (error.message || text));
+    throw new Error((error.code || response.status) + ": " + (error.message || text));
   }
   return answer;
 }
