@@ -14,6 +14,7 @@ import logging
 import signal
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -152,7 +153,18 @@ async def start(
     grpc = grpc_door.build(settings, pipeline, bindings, jobs)
     await grpc.statuses.start()
     readiness = Readiness(
-        client, registry.default_model, settings.health_interval, WorkerGroup.from_environ()
+        client,
+        registry.default_model,
+        settings.health_interval,
+        WorkerGroup.from_environ(),
+        refusal=partial(
+            modelcheck.refusal,
+            client,
+            registry,
+            tasks,
+            registry.default_model,
+            settings.upstream_timeout,
+        ),
     )
     readiness.subscribe(grpc.statuses.on_readiness)
     http: HttpDoor | None = None

@@ -165,6 +165,19 @@ async def log_plans(
         log_report(await plan_model(client, registry, tasks, name, timeout))
 
 
+async def refusal(
+    client: TFServingClient,
+    registry: ModelRegistry,
+    tasks: TaskRegistry,
+    name: str,
+    timeout: float,
+) -> str | None:
+    """Why the gateway cannot serve model `name`'s current version, or None (also when
+    TF Serving cannot tell: readiness sees that on its own)."""
+    report = await plan_model(client, registry, tasks, name, timeout)
+    return report.error if report.kind == errors.Kind.BAD_MODEL.code else None
+
+
 def render(report: ModelReport) -> str:
     """The report as a person reads it."""
     version = f" version {report.version}" if report.version is not None else ""

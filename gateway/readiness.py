@@ -25,6 +25,8 @@ from gateway.upstream.client import TFServingClient
 log = logging.getLogger("gateway.health")
 
 Listener = Callable[[bool], Awaitable[None]]
+# Why the available model cannot be served (its signature does not fit its config), or None.
+Refusal = Callable[[], Awaitable[str | None]]
 
 # Set by the supervisor (gateway.workers) for each worker it starts.
 GROUP_DIR_ENV = "GATEWAY_WORKER_READY_DIR"
@@ -78,11 +80,14 @@ class Readiness:
         model: str,
         interval: float,
         group: WorkerGroup | None = None,
+        refusal: Refusal | None = None,
     ) -> None:
         self._client = client
         self.model = model
         self._interval = interval
         self._group = group
+        self._refusal = refusal
+        self.reason: str | None = None  # why an available model is refused
         self.ready = False
         self._available = False
         self._known: bool | None = None
@@ -96,6 +101,12 @@ class Readiness:
         available = await self._client.model_available(
             self.model, timeout=max(min(self._interval, 5.0), 0.5)
         )
+        self.reason = None
+        if available and self._refusal is not None:
+            # A model TF Serving has but the gateway cannot serve (its plan is refused):
+            # not ready, so a rollout with a wrong model config stops here.
+            self.reason = await self._refusal()
+            available = self.reason is None
         if self._group is not None:
             self._group.publish(available)
         return await self._settle(available)
@@ -111,6 +122,8 @@ class Readiness:
             for listener in self._listeners:
                 await listener(ready)
             fields: dict[str, object] = {"serving": ready, "model": self.model}
+            if self.reason is not None:
+                fields["reason"] = self.reason
             if self._group is not None:
                 fields.update(model_available=available, worker=self._group.index)
             log.info("readiness changed", extra={"fields": fields})

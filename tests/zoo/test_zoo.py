@@ -22,7 +22,7 @@ from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
-from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
+from tests.support.gatewayproc import CHANNEL_OPTIONS, NOT_SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
 
 # The first test builds the zoo when the cache has none (5 minutes on 2 idle cores, 25 on a
@@ -257,3 +257,18 @@ def test_a_tf_example_model_sent_bare_images_names_string_encoding(
     assert "the trial prediction failed (FAILED_PRECONDITION)" in error
     assert "set input.string_encoding = 'tf_example'" in error
     assert reports["mg_retinanet_image_tensor"]["ok"]
+
+
+def test_a_default_model_the_gateway_cannot_serve_keeps_it_not_ready(
+    tfs: LocalServer, tmp_path: Path
+) -> None:
+    args = [f"--model-config={MODEL_CONFIG}", f"--model={REFUSED}"]
+    with run_gateway(tfs.target, args, log_dir=tmp_path, wait_ready=False) as gateway:
+        deadline = time.monotonic() + 300
+        while not gateway.readiness_changes():
+            assert gateway.process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        first = gateway.readiness_changes()[0]
+        assert first["serving"] is False and first["model"] == REFUSED
+        assert "anchor-based raw head" in first["reason"]
+        assert gateway.health() == NOT_SERVING
