@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.batch import __main__ as runner
 from tests.k8s.test_apiserver import namespace_for, render
 from tests.support.apiserver import ApiServer
 
@@ -336,9 +337,6 @@ def test_executor_creates_watches_and_deletes_a_job_from_the_template(
 
 
 def test_job_arguments_are_accepted_by_the_batch_runner() -> None:
-    runner = pytest.importorskip(
-        "gateway.batch.__main__", reason="the batch runner (gateway/batch) is not in this tree yet"
-    )
     job, configmap = job_objects()
     (c,) = job["spec"]["template"]["spec"]["containers"]
     # Kubernetes expands $(VAR) from the container's environment (the ConfigMap) before exec.

@@ -82,6 +82,9 @@ EXPECTED_KINDS: dict[str, dict[str, int]] = {
         "Gateway": 1,
     },
 }
+# The renders with a service mesh (Istio's routes and policies), for the mesh checks;
+# test_the_mesh_targets_are_the_renders_with_a_mesh keeps it true.
+MESH_TARGETS = [t for t, kinds in EXPECTED_KINDS.items() if "VirtualService" in kinds]
 # Kinds without a namespace.
 CLUSTER_SCOPED = {"Namespace"}
 
@@ -368,6 +371,16 @@ def typed(obj: Obj) -> Any:
 
 def test_base_and_both_overlays_exist() -> None:
     assert {"base", "dev", "prod"} <= TARGETS.keys()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_mesh_targets_are_the_renders_with_a_mesh(target: str) -> None:
+    mesh = {"VirtualService", "PeerAuthentication", "AuthorizationPolicy", "DestinationRule"}
+    has_mesh = any(o["kind"] in mesh for o in rendered(target))
+    assert has_mesh == (target in MESH_TARGETS), (
+        f"{target} renders {'a' if has_mesh else 'no'} service mesh: list its objects in "
+        "EXPECTED_KINDS so that the mesh checks run on it"
+    )
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -818,11 +831,9 @@ def test_istio_rules_name_services_and_ports_in_the_render(target: str) -> None:
                     assert {m.get("port") for m in route["match"]} == {port}, route.get("name")
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", MESH_TARGETS)
 def test_istio_timeouts_sit_above_the_gateway_deadline(target: str) -> None:
     objs = rendered(target)
-    if not of_kind(objs, "VirtualService"):
-        pytest.skip("no service mesh in this render")
     settings = gateway_settings(objs)
     upstream = split_target(settings.upstream)[0].split(".")[0]
     # The upstream is governed by the mesh: a route and a destination rule.
@@ -846,11 +857,9 @@ def test_istio_timeouts_sit_above_the_gateway_deadline(target: str) -> None:
     assert outlier["splitExternalLocalOriginErrors"] is True
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", MESH_TARGETS)
 def test_sidecars_outlive_the_containers_they_proxy(target: str) -> None:
     objs = rendered(target)
-    if not of_kind(objs, "VirtualService"):
-        pytest.skip("no service mesh in this render")
     settings = gateway_settings(objs)
     for deployment in of_kind(objs, "Deployment"):
         template = deployment["spec"]["template"]
@@ -1204,11 +1213,9 @@ def gateway_policies(objs: list[Obj]) -> list[Obj]:
     ]
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", MESH_TARGETS)
 def test_mesh_admits_the_same_callers_to_grpc_and_the_http_door(target: str) -> None:
     objs = rendered(target)
-    if not of_kind(objs, "PeerAuthentication"):
-        pytest.skip("no service mesh in this render")
     grpc_port, port = str(gateway_settings(objs).port), str(http_port(objs))
     policies = gateway_policies(objs)
     assert policies, "no AuthorizationPolicy states who may call the gateway"
@@ -1227,11 +1234,9 @@ def test_mesh_admits_the_same_callers_to_grpc_and_the_http_door(target: str) -> 
     )
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", MESH_TARGETS)
 def test_mesh_routes_the_http_door_like_a_unary_call(target: str) -> None:
     objs = rendered(target)
-    if not of_kind(objs, "VirtualService"):
-        pytest.skip("no service mesh in this render")
     settings = gateway_settings(objs)
     port = http_port(objs)
     virtual_service = find(objs, "VirtualService", GATEWAY)

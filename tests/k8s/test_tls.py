@@ -9,8 +9,6 @@ port and the CA file's path swapped for the test's.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import subprocess
 import sys
@@ -21,15 +19,12 @@ from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.k8s.test_apiserver import render
+from tests.support.certs import Certificates, make_certificates
 from tests.support.gatewayproc import GatewayProcess, run_gateway
-from tests.support.localserver import free_port, stop_process
+from tests.support.localserver import closed_port, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "overlays/dev-tls"
@@ -107,50 +102,14 @@ def test_probes_are_exec_health_checks_over_tls_using_only_the_image() -> None:
 # ---- the probe against a real TLS gateway ---------------------------------------------------
 
 
-def write_certificates(directory: Path, name: str) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for `name` (the probe's server name); ca, cert, key."""
-    now = datetime.datetime.now(datetime.UTC)
-
-    def build(subject: str, issuer: str, public: Any) -> x509.CertificateBuilder:
-        return (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-        )
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        build("probe test CA", "probe test CA", ca_key.public_key())
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (
-        build(name, "probe test CA", key.public_key())
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
+def certificates_for(directory: Path, ca_name: str) -> Certificates:
+    """A CA and a server certificate for the probe's server name (and 127.0.0.1)."""
+    return make_certificates(directory, ca_name, server_names=(GATEWAY, "127.0.0.1"))
 
 
 @pytest.fixture(scope="module")
-def certificates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return write_certificates(tmp_path_factory.mktemp("tls"), GATEWAY)
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    return certificates_for(tmp_path_factory.mktemp("tls"), "probe test CA")
 
 
 @pytest.fixture(scope="module")
@@ -177,9 +136,9 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def tls_gateway(
-    upstream: str, certificates: tuple[Path, Path, Path], tmp_path: Path
+    upstream: str, certificates: Certificates, tmp_path: Path
 ) -> Iterator[GatewayProcess]:
-    _, cert, key = certificates
+    cert, key = certificates.server.cert, certificates.server.key
     args = [f"--tls-cert-file={cert}", f"--tls-key-file={key}", f"--model={UPSTREAM_MODEL}"]
     with run_gateway(upstream, args, log_dir=tmp_path, wait_ready=False) as gateway:
         yield gateway
@@ -201,7 +160,7 @@ def run_probe(command: list[str], port: int, ca: Path) -> subprocess.CompletedPr
 
 
 def wait_for_probe(
-    command: list[str], port: int, ca: Path, code: int, timeout: float = 30.0
+    command: list[str], port: int, ca: Path, code: int, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
     deadline = time.monotonic() + timeout
     while True:
@@ -212,9 +171,9 @@ def wait_for_probe(
 
 
 def test_probe_commands_pass_against_a_serving_tls_gateway_where_native_probes_fail(
-    tls_gateway: GatewayProcess, certificates: tuple[Path, Path, Path]
+    tls_gateway: GatewayProcess, certificates: Certificates
 ) -> None:
-    ca = certificates[0]
+    ca = certificates.ca
     commands = probe_commands()
     ready = wait_for_probe(commands["readinessProbe"], tls_gateway.port, ca, 0)
     assert ready.returncode == 0, ready.stdout + ready.stderr
@@ -233,23 +192,24 @@ def test_probe_commands_pass_against_a_serving_tls_gateway_where_native_probes_f
 
 
 def test_probe_commands_fail_for_a_gateway_that_is_down_or_untrusted(
-    upstream: str, certificates: tuple[Path, Path, Path], tmp_path: Path
+    upstream: str, certificates: Certificates, tmp_path: Path
 ) -> None:
-    ca = certificates[0]
+    ca = certificates.ca
     commands = probe_commands()
     # No TF Serving behind the gateway: not ready, but alive (no restart for an upstream outage).
-    _, cert, key = certificates
-    dead_upstream = f"127.0.0.1:{free_port()}"
+    cert, key = certificates.server.cert, certificates.server.key
     args = [f"--tls-cert-file={cert}", f"--tls-key-file={key}", f"--model={UPSTREAM_MODEL}"]
-    with run_gateway(dead_upstream, args, log_dir=tmp_path, wait_ready=False) as gateway:
+    with (
+        closed_port() as dead,
+        run_gateway(f"127.0.0.1:{dead}", args, log_dir=tmp_path, wait_ready=False) as gateway,
+    ):
         live = wait_for_probe(commands["livenessProbe"], gateway.port, ca, 0)
         assert live.returncode == 0, live.stdout + live.stderr
         ready = run_probe(commands["readinessProbe"], gateway.port, ca)
         assert (ready.returncode, ready.stdout.strip()) == (1, "NOT_SERVING"), ready.stderr
         # A certificate from another CA is not trusted: the probe fails, it does not skip
         # verification.
-        (tmp_path / "other").mkdir()
-        other_ca = write_certificates(tmp_path / "other", GATEWAY)[0]
+        other_ca = certificates_for(tmp_path / "other", "other CA").ca
         untrusted = run_probe(commands["livenessProbe"], gateway.port, other_ca)
         assert untrusted.returncode == 1
         assert "health check failed: UNAVAILABLE" in untrusted.stderr

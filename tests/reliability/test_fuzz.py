@@ -115,7 +115,9 @@ def test_png_text_that_inflates_past_the_guard_is_named(compressed: str) -> None
 @FUZZ
 @given(data=st.binary(max_size=4096), mode=st.sampled_from(MODES))
 def test_random_bytes_give_an_image_error(data: bytes, mode: InputMode) -> None:
-    outcomes["random: " + check_image(data, mode)] += 1
+    outcome = check_image(data, mode)
+    outcomes["random: " + outcome] += 1
+    assert outcome != "ok", f"{len(data)} random bytes were accepted as an image: {data[:16]!r}"
 
 
 @FUZZ

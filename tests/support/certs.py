@@ -1,12 +1,13 @@
-"""Test certificates made on the fly: a CA, a server certificate for localhost/127.0.0.1, and
-a client certificate, all signed by the CA (EC P-256, valid for a day); more named client
-certificates on request (each with a URI SAN such as a SPIFFE ID, or a common name only)."""
+"""Test certificates made on the fly: a CA, a server certificate (for localhost and 127.0.0.1
+unless other names are asked for), and a client certificate, all signed by the CA (EC P-256,
+valid for a day); more named client certificates on request (each with a URI SAN such as a
+SPIFFE ID, or a common name only). The one certificate builder of the tests."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,12 +65,23 @@ def _builder(
     )
 
 
+def _subject_name(name: str) -> x509.GeneralName:
+    """An IP address entry for an address, a DNS name entry otherwise."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
 def make_certificates(
-    directory: Path, ca_name: str = "test CA", clients: Mapping[str, str] = {}
+    directory: Path,
+    ca_name: str = "test CA",
+    clients: Mapping[str, str] = {},
+    server_names: Sequence[str] = ("localhost", "127.0.0.1"),
 ) -> Certificates:
-    """Writes ca.crt, server.crt/.key (localhost, 127.0.0.1) and client.crt/.key; and for
-    each of `clients` (name -> URI SAN, or "" for a certificate with its common name only)
-    <name>.crt/.key with that name as its common name."""
+    """Writes ca.crt, server.crt/.key (valid for `server_names`: host names and IP addresses)
+    and client.crt/.key; and for each of `clients` (name -> URI SAN, or "" for a certificate
+    with its common name only) <name>.crt/.key with that name as its common name."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
@@ -100,9 +112,7 @@ def make_certificates(
         return _write(directory, stem, cert.sign(ca_key, hashes.SHA256()), key)
 
     server = leaf(
-        "server",
-        ExtendedKeyUsageOID.SERVER_AUTH,
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+        "server", ExtendedKeyUsageOID.SERVER_AUTH, [_subject_name(n) for n in server_names]
     )
     client = leaf("client", ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName("gateway-client")])
     named = {

@@ -49,6 +49,9 @@ class FaultyUpstream:
         self.peers: list[tuple[str, str]] = []
         # (method name, seconds the caller's deadline left on arrival, None without one).
         self.deadlines: list[tuple[str, float | None]] = []
+        # (method name, the caller's deadline as a time.monotonic() instant, None without one):
+        # the upstream runs in the test's process, so tests compare it with their own clock.
+        self.deadline_at: list[tuple[str, float | None]] = []
         # Callers (addresses as in `peers`) whose calls of any method get UNAVAILABLE: one
         # gateway process among several loses TF Serving while the others keep it.
         self.cut_off: set[str] = set()
@@ -131,6 +134,14 @@ class FaultyUpstream:
                 raise AssertionError(f"{self.active} Predicts in progress, wanted {count}")
             time.sleep(_POLL)
 
+    def wait_cancelled(self, count: int, timeout: float = 60.0) -> None:
+        """Waits until `count` Predicts in all have seen their caller go away."""
+        deadline = time.monotonic() + timeout
+        while self.cancelled < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.cancelled} Predicts cancelled, wanted {count}")
+            time.sleep(_POLL)
+
     # --- serving --------------------------------------------------------------------
 
     def _handler(self, path: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
@@ -146,7 +157,9 @@ class FaultyUpstream:
                 self.calls[name] += 1
                 self.received.append((name, metadata))
                 self.peers.append((name, peer))
-                self.deadlines.append((name, context.time_remaining()))
+                left = context.time_remaining()
+                self.deadlines.append((name, left))
+                self.deadline_at.append((name, None if left is None else time.monotonic() + left))
                 failures = self._failures.get(name)
                 failure = failures.popleft() if failures else None
             if peer in self.cut_off:

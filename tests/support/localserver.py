@@ -65,6 +65,16 @@ def reserve_port(host: str = HOST) -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
+@contextmanager
+def closed_port(host: str = HOST) -> Iterator[int]:
+    """A port that refuses connections, for as long as the block runs: bound here without
+    listening, so the OS gives it to no one else (a port merely found free could be taken,
+    and answered, by another test's server before the test connects to it)."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind((host, 0))
+        yield int(sock.getsockname()[1])
+
+
 def server_command(args: Sequence[str]) -> list[str]:
     """The command line that starts the local server with `args`."""
     return [sys.executable, "-m", "serving.local", *args]

@@ -45,7 +45,8 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
             (
                 f"TF Serving SIGKILLed under load (4 clients) and restarted, {k['cycles']} times",
                 f"{k['requests']:,} requests: {_codes(k['by_code'])}; slowest failure "
-                f"{k['slowest_failure_seconds']} s (deadline 10 s); outages "
+                f"{k['slowest_failure_seconds']} s "
+                f"(deadline {k.get('deadline_seconds', 10):g} s); outages "
                 f"{_range(k['outage_seconds'])} (model loading); serving again "
                 f"{_range(k['recovery_seconds'])} after TF Serving's port opened "
                 f"({_limit(k['recovery_seconds'], 5.0)}), no restart; gateway RSS "

@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from tests.support.gatewayproc import SERVING, GatewayProcess, run_gateway
-from tests.support.localserver import HOST, free_port
+from tests.support.localserver import HOST, closed_port
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 SERVICES = {
@@ -36,9 +36,11 @@ SERVICES = {
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     # No TF Serving is needed to reflect: the upstream is a closed port.
-    upstream = f"{HOST}:{free_port()}"
     log_dir = tmp_path_factory.mktemp("reflection")
-    with run_gateway(upstream, log_dir=log_dir, wait_ready=False) as gw:
+    with (
+        closed_port() as port,
+        run_gateway(f"{HOST}:{port}", log_dir=log_dir, wait_ready=False) as gw,
+    ):
         gw.wait_health(SERVING, "liveness")
         yield gw
 
