@@ -68,7 +68,8 @@ class HttpDoor:
             reuse_port=True,
         )
         await site.start()
-        self.port = site.port
+        # The port bound: the one asked for, or the one the OS picked for port 0.
+        self.port = self._runner.addresses[0][1]
         return self.port
 
     def drain(self) -> None:
