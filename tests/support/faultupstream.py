@@ -6,6 +6,7 @@ forwards to a real (local) TF Serving and injects faults on demand.
         upstream.fail_next(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
         upstream.mutate = lambda response: ...    # broken answers (a tfs.PredictResponse)
         upstream.hold()                           # Predicts wait until release()
+        upstream.hold(after=100)                  # ... all but the next 100
         upstream.fail_next(grpc.StatusCode.UNAVAILABLE, "...", method="GetModelMetadata")
 
 It counts calls per method, Predicts in progress, and Predicts whose caller went away
@@ -58,6 +59,7 @@ class FaultyUpstream:
         self._failures: dict[str, deque[tuple[grpc.StatusCode, str, float]]] = {}
         self._released = threading.Event()
         self._released.set()
+        self._passes = 0  # Predicts still let through while holding (hold(after=...))
         self._lock = threading.Lock()
         self._channel = grpc.insecure_channel(backend, options=UNLIMITED)
         self._server = grpc.server(ThreadPoolExecutor(THREADS), options=UNLIMITED)
@@ -119,9 +121,12 @@ class FaultyUpstream:
         with self._lock:
             return [metadata for name, metadata in self.received if name == method]
 
-    def hold(self) -> None:
-        """Predicts from now on wait (after forwarding nothing) until release()."""
-        self._released.clear()
+    def hold(self, after: int = 0) -> None:
+        """Predicts from now on wait (after forwarding nothing) until release(), except the
+        next `after` of them, which pass: work that runs on can be stopped at a known point."""
+        with self._lock:
+            self._passes = after
+            self._released.clear()
 
     def release(self) -> None:
         self._released.set()
@@ -170,10 +175,13 @@ class FaultyUpstream:
                 return self._forward(forward, request, context)
             with self._lock:
                 self.active += 1
+                passes = self._passes > 0 and not self._released.is_set()
+                if passes:
+                    self._passes -= 1
             try:
                 if failure is not None:
                     self._fail(context, *failure)
-                if not self._wait(context):
+                if not self._wait(context, held=not passes):
                     with self._lock:
                         self.cancelled += 1
                     context.abort(grpc.StatusCode.CANCELLED, "caller went away")
@@ -200,10 +208,11 @@ class FaultyUpstream:
             threading.Event().wait(after)
         context.abort(code, details)
 
-    def _wait(self, context: grpc.ServicerContext) -> bool:
-        """Sleeps the delay and waits for release(); False if the caller went away."""
+    def _wait(self, context: grpc.ServicerContext, held: bool = True) -> bool:
+        """Sleeps the delay and, if `held`, waits for release(); False if the caller went
+        away."""
         until = time.monotonic() + self.delay
-        while time.monotonic() < until or not self._released.is_set():
+        while time.monotonic() < until or (held and not self._released.is_set()):
             if not context.is_active():
                 return False
             time.sleep(_POLL)

@@ -15,6 +15,7 @@ from PIL import Image
 
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
+from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer
 
@@ -42,7 +43,7 @@ def make_images(directory: Path, count: int, size: tuple[int, int] = (64, 48)) -
 
 @contextmanager
 def gateway(
-    tfs: LocalServer, store: Path, log_dir: Path, extra: Sequence[str] = ()
+    tfs: LocalServer | FaultyUpstream, store: Path, log_dir: Path, extra: Sequence[str] = ()
 ) -> Iterator[GatewayProcess]:
     args = [
         f"--model-config={MODEL_CONFIG}",
