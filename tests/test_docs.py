@@ -1,6 +1,6 @@
 """The README and the guides in docs/: every measured figure they quote is in a committed
 results file (bench/results.md, or the soak table rendered from bench/soak-report.json), every
-relative link resolves, and the README stays a front page.
+relative link and every repository path they name resolves, and the README stays a front page.
 
 A figure is what a measurement gives: a ratio (`1.05x`), a time in ms or µs, a rate
 (`requests/s`), a range with a unit (`0.98 to 1.80 s`, `74-75 MB`) or an approximate quantity
@@ -217,6 +217,24 @@ def test_every_relative_link_resolves() -> None:
                 elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
                     broken.append(f"{page.relative_to(ROOT)}:{number}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+# A path in the repository, as the docs name files and directories (not inside a longer path,
+# not a glob).
+REPO_PATH = re.compile(
+    r"(?<![\w/.-])((?:gateway|tests|serving|bench|k8s|proto|tools|docs)/[\w./-]*\w)(?![\w*])"
+)
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    stale = [
+        f"{page.relative_to(ROOT)}:{number}: {path}"
+        for page in (README, *DOCS)
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        for path in REPO_PATH.findall(line)
+        if not (ROOT / path).exists()
+    ]
+    assert not stale, "paths that no longer exist (moved or renamed?):\n" + "\n".join(stale)
 
 
 def test_the_readme_is_a_front_page() -> None:
