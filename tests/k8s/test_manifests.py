@@ -1257,11 +1257,9 @@ HTTP_JOBS_PATHS = [
 ]
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", MESH_TARGETS)
 def test_mesh_routes_http_jobs_without_a_timeout_or_retries(target: str) -> None:
     objs = rendered(target)
-    if not of_kind(objs, "VirtualService"):
-        pytest.skip("no service mesh in this render")
     port = http_port(objs)
     virtual_service = find(objs, "VirtualService", GATEWAY)
     for path in HTTP_JOBS_PATHS:
