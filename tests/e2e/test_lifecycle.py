@@ -1,4 +1,8 @@
-"""Gateway lifecycle against a real local TF Serving: readiness and graceful shutdown."""
+"""Gateway lifecycle against a real local TF Serving: readiness and graceful shutdown.
+
+The shutdown tests hold their calls in tests/support/faultupstream.py (in front of the real TF
+Serving) while SIGTERM arrives, and release them once the gateway has begun to drain: the
+calls are in flight during the drain however fast or loaded the machine is."""
 
 from __future__ import annotations
 
@@ -82,19 +86,28 @@ def detect_in_background(
     return threads, results
 
 
+def draining(gw: GatewayProcess) -> int:
+    """How many gateway processes have logged that they are shutting down."""
+    return sum(r.get("message") == "shutting down" for r in gw.records())
+
+
 def test_sigterm_during_load_loses_no_in_flight_request(tfs, tmp_path):
-    scene = scenes.generate_scene(np.random.default_rng(2), 1800, 1400, 12, noise_sigma=10)
+    scene = scenes.generate_scene(np.random.default_rng(2), 320, 240, 4)
     image = scenes.encode(scene.pixels, "PNG")
-    # The local TF Serving runs one Predict at a time: on a busy machine six large images
-    # take longer than the default 30 s upstream timeout, which is not what this tests.
-    args = ["--shutdown-grace=60", "--upstream-timeout=120"]
-    with run_gateway(tfs.target, args, log_dir=tmp_path) as gw:
+    with (
+        FaultyUpstream(tfs.target) as upstream,
+        run_gateway(upstream.target, ["--shutdown-grace=300"], log_dir=tmp_path) as gw,
+    ):
+        upstream.hold()
         threads, results = detect_in_background(gw, image, 6)
+        upstream.wait_active(6)
 
         gw.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: draining(gw) == 1, "the gateway to start draining")
+        upstream.release()
         for t in threads:
             t.join(120)
-        assert gw.process.wait(60) == 0
+        assert gw.process.wait(120) == 0
         assert results == [len(scene.boxes)] * 6
 
         with gw.channel() as channel, pytest.raises(grpc.RpcError) as info:
@@ -193,9 +206,13 @@ def _children(pid: int) -> list[int]:
 
 
 def test_workers_share_the_port_sum_their_metrics_and_drain_on_sigterm(tfs, tmp_path):
-    scene = scenes.generate_scene(np.random.default_rng(6), 1600, 1200, 8, noise_sigma=10)
+    scene = scenes.generate_scene(np.random.default_rng(6), 320, 240, 4)
     image = scenes.encode(scene.pixels, "PNG")
-    with run_gateway(tfs.target, ["--workers=2", "--shutdown-grace=60"], log_dir=tmp_path) as gw:
+    args = ["--workers=2", "--shutdown-grace=300"]
+    with (
+        FaultyUpstream(tfs.target) as upstream,
+        run_gateway(upstream.target, args, log_dir=tmp_path) as gw,
+    ):
         workers = _children(gw.process.pid)
         assert len(workers) == 2
         # Each call on its own connection: the kernel hands connections to either worker
@@ -219,12 +236,16 @@ def test_workers_share_the_port_sum_their_metrics_and_drain_on_sigterm(tfs, tmp_
         assert total.encode() in metrics
 
         # Summed over both workers.
+        upstream.hold()
         threads, results = detect_in_background(gw, image, 4)
+        upstream.wait_active(4)
 
-        gw.process.send_signal(signal.SIGTERM)
+        gw.process.send_signal(signal.SIGTERM)  # the supervisor forwards it to both workers
+        wait_for(lambda: draining(gw) == 2, "both workers to start draining")
+        upstream.release()
         for t in threads:
             t.join(120)
-        assert gw.process.wait(60) == 0
+        assert gw.process.wait(120) == 0
         assert results == [len(scene.boxes)] * 4
         # The supervisor waited for (and reaped) both workers before exiting.
         assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
