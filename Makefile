@@ -72,7 +72,10 @@ lint: $(STAMP) $(BUF)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# The reference models are exported (or found in .cache/models) before pytest starts, so the
+# export counts against no test's timeout.
 pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv peers
+	$(PY) -m tests.support.models
 	$(PY) -m pytest
 
 test: lint typecheck k8s-check pytest

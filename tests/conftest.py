@@ -1,11 +1,13 @@
-"""Shared fixtures (the reference SavedModels, exported once per test session) and the
-markers given by place: everything under tests/e2e is `e2e`."""
+"""Shared fixtures (the reference SavedModels, from the export cache of tests/support/models.py)
+and the markers given by place: everything under tests/e2e is `e2e`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+from tests.support import models
 
 E2E = Path(__file__).parent / "e2e"
 
@@ -19,13 +21,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model repository with version 1 of every reference model (serving.reference:
-    four detectors, three classifiers; about 20 s to export on 2 cores).
+    four detectors, three classifiers), copied from the export cache (tests/support/models.py;
+    exported there first when the cache has none for the current sources).
 
     Layout: <repo>/<model name>/1/ (SavedModel, assets.extra/ with warmup and label_map.pbtxt
     or labels.txt).
     """
-    from serving.export import export_models
-
-    root = tmp_path_factory.mktemp("models")
-    export_models(root, version=1)
-    return root
+    return models.copy_to(tmp_path_factory.mktemp("models"))

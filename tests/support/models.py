@@ -1,0 +1,81 @@
+"""The reference SavedModels for the tests, exported once per version of what makes them.
+
+Exporting the seven reference models (serving.export) takes about 20 s on an idle machine and
+minutes on a loaded one. They are exported once into .cache/models/<key>, where the key is a
+hash of the files under serving/ that the export reads and of TensorFlow's version, so a change
+to a model's code exports them again. `make test` exports before pytest starts
+(`python -m tests.support.models`), outside any test's timeout; the tests' `model_repo` fixture
+copies them from there, and exports them itself when the cache is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "models"
+VERSION = 1
+_COMPLETE = ".complete"
+
+
+def sources() -> list[Path]:
+    """The files the export reads: serving/'s own modules and data, not the local server's."""
+    serving = ROOT / "serving"
+    return sorted(p for p in serving.iterdir() if p.is_file() and p.suffix != ".pyc")
+
+
+def key() -> str:
+    digest = hashlib.sha256(metadata.version("tensorflow").encode())
+    for path in sources():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def export(directory: Path) -> Path:
+    """Exports version VERSION of every reference model into `directory`."""
+    from serving.export import export_models
+
+    export_models(directory, version=VERSION)
+    return directory
+
+
+def cached(cache: Path = CACHE) -> Path:
+    """The exported models for the current sources, exporting them if they are not there yet.
+    Concurrent callers each export into a directory of their own; the first one in place wins."""
+    target = cache / key()
+    if (target / _COMPLETE).exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="export-", dir=cache))
+    try:
+        export(scratch)
+        (scratch / _COMPLETE).touch()
+        try:
+            scratch.rename(target)
+        except OSError:  # another run put its export there first
+            if not (target / _COMPLETE).exists():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def copy_to(directory: Path) -> Path:
+    """The cached models copied into `directory` (a test may change its copy)."""
+    skip = shutil.ignore_patterns(_COMPLETE)
+    shutil.copytree(cached(), directory, dirs_exist_ok=True, ignore=skip)
+    return directory
+
+
+def main() -> None:
+    path = cached()
+    sys.stdout.write(f"reference models for the tests: {path.relative_to(ROOT)}\n")
+
+
+if __name__ == "__main__":
+    main()
