@@ -237,6 +237,12 @@ def test_every_repository_path_the_docs_name_exists() -> None:
     assert not stale, "paths that no longer exist (moved or renamed?):\n" + "\n".join(stale)
 
 
+def test_every_guide_is_linked_from_the_readme() -> None:
+    linked = set(LINK.findall(README.read_text()))
+    unlinked = [f"docs/{page.name}" for page in DOCS if f"docs/{page.name}" not in linked]
+    assert not unlinked, f"add these guides to README.md's Documentation table: {unlinked}"
+
+
 def test_the_readme_is_a_front_page() -> None:
     text = README.read_text()
     assert len(text.splitlines()) <= 350, "README.md is the front page: move detail to docs/"
