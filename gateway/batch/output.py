@@ -91,7 +91,7 @@ class Output:
         """
         directory = self.parts_dir(unit)
         storage.remove_temporaries(self.fs, directory)
-        found = committed(self.fs, directory)
+        found = committed(self.fs, directory, verify=True)
         storage.delete(self.fs, found.stray)
         return found.lines, [path for _, path in found.parts], found.counts
 
@@ -157,38 +157,64 @@ class Committed:
     stray: list[str]  # parts off the chain
 
 
-def read_header(fs: Any, path: str) -> Counts | None:
+# Headers of parts already read, by (filesystem, path, size): a part is never changed once
+# written, and its size tells a part written again under the same name by another job apart.
+_HEADERS: dict[tuple[str, str, int], Counts] = {}
+_MAX_HEADERS = 100_000
+
+
+def read_header(fs: Any, path: str, size: int | None = None) -> Counts | None:
     """A part's header (the counts of its lines); None when the part is gone or damaged."""
+    key = (type(fs).__name__, path, size) if size is not None else None
+    if key is not None and key in _HEADERS:
+        return _HEADERS[key]
     try:
         head = fs.cat_file(path, start=0, end=_HEADER_READ)
         newline = head.find(b"\n")
         if newline < 0:
             head = fs.cat_file(path)
             newline = head.find(b"\n")
-        return Counts.from_json(json.loads(head[:newline])) if newline >= 0 else None
+        header = Counts.from_json(json.loads(head[:newline])) if newline >= 0 else None
     except FileNotFoundError:
         return None
     except (ValueError, AttributeError):
         return None
+    if key is not None and header is not None:
+        if len(_HEADERS) >= _MAX_HEADERS:
+            _HEADERS.clear()
+        _HEADERS[key] = header
+    return header
 
 
-def committed(fs: Any, directory: str) -> Committed:
+def _whole_part(fs: Any, path: str, lines: int) -> bool:
+    """The part holds its header and exactly `lines` lines, the last one ended."""
+    try:
+        data = storage.read_bytes(fs, path)
+    except FileNotFoundError:
+        return False
+    return data.endswith(b"\n") and data.count(b"\n") == lines + 1
+
+
+def committed(fs: Any, directory: str, verify: bool = False) -> Committed:
     """The parts in `directory` that chain from line 0: from each start, the longest part
-    whose header counts as many lines as its name spans. The one reader of the part layout,
-    for resuming a run and for showing a job's progress."""
-    spans: dict[int, list[tuple[int, str]]] = {}
-    for path in storage.listing(fs, directory):
+    whose header counts as many lines as its name spans (with `verify`, also holding as many:
+    a resumed run reads each part whole, a look at progress reads headers only). The one
+    reader of the part layout, for resuming a run and for showing a job's progress."""
+    spans: dict[int, list[tuple[int, str, int]]] = {}
+    for path, size in storage.sized_listing(fs, directory):
         match = _PART.match(posixpath.basename(path))
         if match:
             start, end = int(match.group(1)), int(match.group(2))
-            spans.setdefault(start, []).append((end, path))
+            spans.setdefault(start, []).append((end, path, size))
     chain: list[tuple[int, str]] = []
     counts = Counts()
     position = 0
     while position in spans:
-        for end, path in sorted(spans[position], reverse=True):
-            header = read_header(fs, path) if end > position else None
-            if header is not None and header.total == end - position:
+        for end, path, size in sorted(spans[position], reverse=True):
+            header = read_header(fs, path, size) if end > position else None
+            if header is None or header.total != end - position:
+                continue
+            if not verify or _whole_part(fs, path, end - position):
                 break
         else:
             break
@@ -196,7 +222,7 @@ def committed(fs: Any, directory: str) -> Committed:
         chain.append((position, path))
         position = end
     used = {path for _, path in chain}
-    stray = [p for group in spans.values() for _, p in group if p not in used]
+    stray = [p for group in spans.values() for _, p, _ in group if p not in used]
     return Committed(position, chain, counts, stray)
 
 

@@ -7,19 +7,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.batch import sources
 from gateway.batch.output import Counts, Output
 from gateway.batch.report import ProgressReport
 from gateway.batch.sources import Dataset, Item, Unit
-from gateway.batch.transport import Answer, Deliver, Transport, Work, failed
+from gateway.batch.transport import Answer, Deliver, StopJob, Transport, Work, failed
 from gateway.errors import GatewayError, Kind
 
 Connect = Callable[[Deliver], Transport]
+T = TypeVar("T")
 _READ_ERRORS: dict[type[OSError], Kind] = {
     FileNotFoundError: Kind.NOT_FOUND,
     PermissionError: Kind.PERMISSION_DENIED,
@@ -34,6 +35,9 @@ class RunSettings:
     checkpoint_seconds: float = 2.0
     log_interval: float = 5.0
     read_threads: int = 16
+    # Stop (StopJob NOT_FOUND) at the first input that cannot be found, in input order, once
+    # the lines before it are committed: jobs over the API fail there, naming it.
+    stop_at_missing: bool = False
 
 
 @dataclass
@@ -45,7 +49,10 @@ class UnitState:
     next_index: int = 0  # next line to put in `ready`
     ready: list[bytes] = field(default_factory=list)
     ready_counts: Counts = field(default_factory=Counts)
-    waiting: dict[int, tuple[bytes, str, str | None]] = field(default_factory=dict)
+    # index -> (line, status code, model@version, (source, error message) of a missing input)
+    waiting: dict[int, tuple[bytes, str, str | None, tuple[str, str] | None]] = field(
+        default_factory=dict
+    )
     total: int | None = None  # known once the input is read to its end
     last_commit: float = field(default_factory=time.monotonic)
     finished: bool = False
@@ -60,6 +67,19 @@ def _line(item: Item, answer: Answer) -> bytes:
     else:
         line["error"] = {"code": answer.error.code, "message": answer.error.message}
     return (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+async def _whole(write: Coroutine[Any, Any, T]) -> tuple[T, bool]:
+    """Awaits a write to OUTPUT to its end even when the run is cancelled meanwhile (the
+    write goes on in its thread regardless), so the bookkeeping after it matches what was
+    written (else the lines committed as the run stops would get the wrong part name).
+    Returns the result and whether the run was cancelled meanwhile (then the caller raises
+    CancelledError once its bookkeeping is done)."""
+    task = asyncio.ensure_future(write)
+    try:
+        return await asyncio.shield(task), False
+    except asyncio.CancelledError:
+        return await task, True
 
 
 def _take(iterator: Iterator[Item], count: int) -> list[Item]:
@@ -95,6 +115,8 @@ class ShardRun:
         self.seen = 0
         self.progress = ProgressReport(settings.shard_index, settings.log_interval)
         self.transport = connect(self._deliver)
+        self.missing: StopJob | None = None  # the first missing input, with stop_at_missing
+        self.halt = asyncio.Event()
         self.pool = ThreadPoolExecutor(settings.read_threads, thread_name_prefix="batch-read")
         self.loading: set[asyncio.Task[None]] = set()
 
@@ -108,9 +130,19 @@ class ShardRun:
         if item.index < state.next_index or item.index in state.waiting:
             return  # answered twice (sent again after a stream ended): the first answer stays
         code = "OK" if answer.error is None else answer.error.code
-        state.waiting[item.index] = (_line(item, answer), code, answer.model)
+        missing = None
+        if answer.error is not None and answer.error.kind is Kind.NOT_FOUND:
+            missing = (item.source, answer.error.message)
+        state.waiting[item.index] = (_line(item, answer), code, answer.model, missing)
         while state.next_index in state.waiting:
-            line, code, model = state.waiting.pop(state.next_index)
+            line, code, model, missing = state.waiting.pop(state.next_index)
+            if missing is not None and self.settings.stop_at_missing and self.missing is None:
+                self.missing = StopJob(
+                    Kind.NOT_FOUND,
+                    f"input {missing[0]} is missing (it vanished during the run or never "
+                    f"existed): {missing[1]}; the job stopped at its first missing input",
+                )
+                self.halt.set()
             state.ready.append(line)
             state.ready_counts.codes[code] += 1
             if model is not None:
@@ -174,21 +206,25 @@ class ShardRun:
 
     async def _commit(self, state: UnitState, force: bool) -> None:
         due = time.monotonic() - state.last_commit >= self.settings.checkpoint_seconds
+        cancelled = False
         if state.ready and (force or due or len(state.ready) >= 20000):
             lines, counts = state.ready, state.ready_counts
             state.ready, state.ready_counts = [], Counts()
-            path = await asyncio.to_thread(
-                self.out.commit_part, state.unit.name, state.start, lines, counts
+            path, cancelled = await _whole(
+                asyncio.to_thread(self.out.commit_part, state.unit.name, state.start, lines, counts)
             )
             state.parts.append(path)
             state.counts.add(counts)
             state.start += len(lines)
             state.last_commit = time.monotonic()
-        if state.total is not None and state.start == state.total and not state.finished:
-            await asyncio.to_thread(
-                self.out.finish_unit, state.unit.name, state.parts, state.counts
+        complete = state.total is not None and state.start == state.total
+        if not cancelled and complete and not state.finished:
+            _, cancelled = await _whole(
+                asyncio.to_thread(self.out.finish_unit, state.unit.name, state.parts, state.counts)
             )
             state.finished = True
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _estimate(self) -> int | None:
         """This run's expected lines, from how much of the shard's input is read."""
@@ -223,20 +259,24 @@ class ShardRun:
         feeder = asyncio.create_task(self._feed())
         writer = asyncio.create_task(self._writer())
         fatal = asyncio.create_task(self.transport.stopped.wait())
+        halted = asyncio.create_task(self.halt.wait())
         try:
-            pending = {feeder, writer, fatal}
+            pending = {feeder, writer, fatal, halted}
             while writer in pending:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in finished:
                     if task is fatal:
                         self.transport.check()
+                    elif task is halted and self.missing is not None:
+                        raise self.missing
                     elif task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
             await self.transport.close()
         finally:
-            for task in (feeder, writer, fatal, *self.loading):
+            tasks = (feeder, writer, fatal, halted, *self.loading)
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(feeder, writer, fatal, *self.loading, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.transport.abort()
             # Lines answered but not committed yet are kept: commit them before leaving.
             for state in self.states:

@@ -157,6 +157,16 @@ def listing(fs: Any, path: str) -> list[str]:
     return sorted(found)
 
 
+def sized_listing(fs: Any, path: str) -> list[tuple[str, int]]:
+    """Every file below `path` with its size, sorted (empty when there is none)."""
+    fs.invalidate_cache()
+    try:
+        found = fs.find(path, detail=True)
+    except FileNotFoundError:
+        return []
+    return sorted((p, int(info.get("size") or 0)) for p, info in found.items())
+
+
 def delete(fs: Any, paths: list[str]) -> None:
     for path in paths:
         with contextlib.suppress(FileNotFoundError):

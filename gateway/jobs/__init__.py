@@ -11,9 +11,12 @@ another replica) lists the same jobs:
 - uploads.py: images uploaded for a job, bounded per upload, per caller and by the store;
 - results.py, paging.py: result lines in input order; filters and page tokens;
 - records.py, store.py, views.py: the record, the store, what an Operation shows;
-- expiry.py: finished operations and unused uploads go after their TTLs;
-- local.py: the `local` executor, which runs the runner inside the gateway, straight on its
-  pipeline, yielding to online requests;
+- leases.py: which process runs a job (compare-and-swap generations in the store), so any
+  replica answers for every job and one works on it;
+- expiry.py: finished operations and unused uploads go after their TTLs (one replica at a
+  time);
+- local.py: the `local` executor, which runs jobs inside the gateway processes sharing the
+  store, under their leases, straight on the pipeline, yielding to online requests;
 - kube.py: the `kubernetes` executor, one Indexed Job per batch job (the `kubernetes`
   client is imported only there, only when that executor is chosen).
 """

@@ -1,5 +1,6 @@
 """Expiry: finished operations older than GATEWAY_OPERATION_TTL go with the results kept in
-the store, and uploads no job uses go GATEWAY_UPLOAD_TTL after their last image."""
+the store, and uploads no job uses go GATEWAY_UPLOAD_TTL after their last upload call. One
+replica at a time sweeps: the one holding the `expiry` lease (gateway.jobs.leases)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ log = logging.getLogger("gateway.jobs")
 
 # Between sweeps: a quarter of the shorter TTL, within these bounds (seconds).
 MIN_INTERVAL, MAX_INTERVAL = 0.5, 60.0
+LEASE = "expiry"
 
 
 def interval(upload_ttl: float, operation_ttl: float) -> float:
@@ -35,6 +37,13 @@ async def sweep(service: JobService) -> tuple[int, int]:
             log.info("operation expired", extra={"fields": {"operation": job.name}})
     kept = await asyncio.to_thread(store.jobs)
     in_use = {j.upload_id for j in kept if j.upload_id}
+    known = {j.id for j in kept}
+    for name in await asyncio.to_thread(service.leases.names):
+        if name == LEASE or name in known:
+            continue
+        lease = await asyncio.to_thread(service.leases.current, name)
+        if lease is None or not lease.live():  # a deleted job's, left by its last holder
+            await asyncio.to_thread(service.leases.remove, name)
     uploads = 0
     for upload in await asyncio.to_thread(store.uploads):
         if upload.id not in in_use and now - upload.update_time > settings.upload_ttl:
@@ -45,11 +54,14 @@ async def sweep(service: JobService) -> tuple[int, int]:
 
 
 async def run(service: JobService) -> None:
-    """Sweeps until cancelled; a failed pass is logged and retried at the next."""
+    """Sweeps, while this process holds the expiry lease, until cancelled; a failed pass is
+    logged and retried at the next."""
     every = interval(service.settings.upload_ttl, service.settings.operation_ttl)
+    leases = service.leases
     while True:
         try:
-            await sweep(service)
+            if await asyncio.to_thread(leases.acquire, LEASE) is not None:
+                await sweep(service)
         except asyncio.CancelledError:
             raise
         except Exception:

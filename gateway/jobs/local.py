@@ -1,20 +1,25 @@
-"""The `local` executor: batch jobs run inside the gateway process.
+"""The `local` executor: batch jobs run inside the gateway processes that share the job
+store, each job in one of them at a time.
 
-Each job runs the batch runner (gateway.batch.job.run_shard, shard after shard) with the
-in-process transport: images go straight to this process's pipeline through one Lane, which
-starts a batch image only while fewer than `--batch-yield-threshold` online images are in
-flight. So online calls keep priority, and jobs run with their own budget:
-`--batch-max-running` jobs at once, `--batch-concurrency` images in flight over all of them.
+Each process looks for work in the store (the unfinished jobs, at once when it creates one,
+else every third of a lease's length) and runs a job only under its lease
+(gateway.jobs.leases), renewed while it runs, up to `--batch-max-running` jobs at once. A job
+runs the batch runner (gateway.batch.job.run_shard, shard after shard) with the in-process
+transport: images go straight to this process's pipeline through one Lane, which starts a
+batch image only while fewer than `--batch-yield-threshold` online images are in flight. So
+online calls keep priority, and jobs run with their own budget: `--batch-concurrency` images
+in flight over all of a process's jobs.
 
-The runner's checkpoints make every image land exactly once in the output, whatever stops
-the gateway: on start, jobs left QUEUED or RUNNING are run again and resume where their
-committed lines end.
+The runner's checkpoints make every image land exactly once in the output, whatever stops a
+process: a job whose holder stopped (its lease released, or expired after a crash) is taken
+by the next process that looks, and resumes where its committed lines end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -29,6 +34,7 @@ from gateway.batch.transport import RETRY, Deliver, StopJob
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.admission import input_guard
+from gateway.jobs.leases import Lease
 from gateway.jobs.records import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job
 from gateway.jobs.views import end
 
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.jobs")
 
 MONITOR_SECONDS = 1.0  # how often a running job looks for a cancel made elsewhere
+LOOK_SECONDS = 5.0  # at most this long between looks for work (less for short leases)
 READ_ATTEMPTS = 5  # a dataset file that cannot be read this many times in a row fails the job
 CANCELLED_BY_CALLER = GatewayError(Kind.CANCELLED, "cancelled by the caller")
 
@@ -54,32 +61,36 @@ class LocalExecutor:
         self._service = service
         self._settings = settings
         self._lane = lane
-        self._slots = asyncio.Semaphore(settings.batch_max_running)
+        self._leases = service.leases
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._held: dict[str, Lease] = {}
         self._cancelling: set[str] = set()
+        self._wake = asyncio.Event()
+        self._scheduler: asyncio.Task[None] | None = None
+        self._look_every = max(0.1, min(LOOK_SECONDS, settings.job_lease_seconds / 3))
 
     async def start(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            if job.cancel_requested:
-                await self._end(job, CANCELLED, CANCELLED_BY_CALLER)
-            else:
-                log.info("resuming batch job", extra={"fields": {"operation": job.name}})
-                await self.submit(job)
+        self._scheduler = asyncio.create_task(self._schedule())
 
     async def submit(self, job: Job) -> None:
-        task = asyncio.create_task(self._run(job.id))
-        self._tasks[job.id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(job.id, None))
+        self._wake.set()
 
     async def cancel(self, job: Job) -> None:
         task = self._tasks.get(job.id)
-        if task is None:
-            await self._end(job, CANCELLED, CANCELLED_BY_CALLER)
+        if task is not None:
+            self._cancelling.add(job.id)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
             return
-        self._cancelling.add(job.id)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(task)
+        # Not running here: its holder, if any, sees the cancel in the record and ends it.
+        lease = await asyncio.to_thread(self._leases.acquire, job.id)
+        if lease is None:
+            return
+        try:
+            await self._end(job, CANCELLED, CANCELLED_BY_CALLER)
+        finally:
+            await asyncio.to_thread(self._leases.release, lease)
 
     async def delete(self, job: Job) -> None:
         task = self._tasks.get(job.id)
@@ -88,20 +99,91 @@ class LocalExecutor:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(task)
+        # A holder elsewhere sees the record gone and stops (and forgets the lease again).
+        await asyncio.to_thread(self._leases.remove, job.id)
 
     async def refresh(self, job: Job) -> Job:
         return job
 
     async def close(self) -> None:
-        """Stops the running jobs without changing their state: a restart resumes them."""
+        """Stops the running jobs without changing their state and releases their leases:
+        another process (or this one, restarted) resumes them."""
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scheduler
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    # --- finding work --------------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self._fill()
+            except Exception:
+                log.exception("looking for batch work failed; looked again later")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._look_every)
+
+    async def _fill(self) -> None:
+        """Takes unfinished jobs whose lease is free, oldest first, while slots are free."""
+        store = self._service.store
+        if len(self._tasks) >= self._settings.batch_max_running:
+            return
+        waiting = []
+        for job_id in await asyncio.to_thread(store.active):
+            if job_id in self._tasks:
+                continue
+            job = await asyncio.to_thread(store.load, job_id)
+            if job is not None and not job.done and job.executor == self.name:
+                waiting.append(job)
+        waiting.sort(key=lambda j: (j.create_time, j.id))
+        for job in waiting:
+            if len(self._tasks) >= self._settings.batch_max_running:
+                return
+            lease = await asyncio.to_thread(self._leases.acquire, job.id)
+            if lease is None:
+                continue  # another process runs it
+            fresh = await asyncio.to_thread(store.load, job.id)
+            if fresh is None or fresh.done:
+                await asyncio.to_thread(self._leases.release, lease)
+                continue
+            if fresh.cancel_requested:
+                await self._end(fresh, CANCELLED, CANCELLED_BY_CALLER)
+                await asyncio.to_thread(self._leases.release, lease)
+                continue
+            self._held[job.id] = lease
+            task = asyncio.create_task(self._run(job.id))
+            self._tasks[job.id] = task
+            task.add_done_callback(functools.partial(self._finished, job.id))
+
+    def _finished(self, job_id: str, _: object) -> None:
+        self._tasks.pop(job_id, None)
+        self._wake.set()  # a slot is free
+
+    async def _keep(self, job_id: str) -> None:
+        """Renews the job's lease; when it is lost, stops the job here (its new holder goes
+        on with it)."""
+        while True:
+            await asyncio.sleep(self._settings.job_lease_seconds / 3)
+            renewed = await asyncio.to_thread(self._leases.renew, self._held[job_id])
+            if renewed is None:
+                log.warning("batch job lease lost", extra={"fields": {"operation": job_id}})
+                self._held.pop(job_id, None)
+                task = self._tasks.get(job_id)
+                if task is not None:
+                    task.cancel()
+                return
+            self._held[job_id] = renewed
+
     # --- one job -------------------------------------------------------------------------
 
     async def _end(self, job: Job, state: str, error: GatewayError | None) -> None:
+        """Ends the job (under its lease, held by this process)."""
         store = self._service.store
         fresh = await asyncio.to_thread(store.load, job.id)
         if fresh is None or fresh.done:
@@ -116,44 +198,75 @@ class LocalExecutor:
         )
 
     async def _run(self, job_id: str) -> None:
+        keeper = asyncio.create_task(self._keep(job_id))
         try:
-            async with self._slots:  # QUEUED until a slot is free
-                await self._work(job_id)
+            await self._work(job_id)
         except asyncio.CancelledError:
+            if job_id not in self._cancelling:
+                # The gateway is stopping or the lease was lost: the job keeps its state and
+                # is resumed by whoever takes its lease.
+                raise
             job = await asyncio.to_thread(self._service.store.load, job_id)
-            if job_id in self._cancelling and job is not None:
-                self._cancelling.discard(job_id)
+            if job is not None and job_id in self._held:
                 await self._end(job, CANCELLED, CANCELLED_BY_CALLER)
-                return
-            raise  # the gateway is stopping: the job keeps its state and resumes on restart
+        finally:
+            self._cancelling.discard(job_id)
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            await self._let_go(job_id)
+
+    async def _let_go(self, job_id: str) -> None:
+        lease = self._held.pop(job_id, None)
+        if lease is None:
+            return
+        if await asyncio.to_thread(self._service.store.load, job_id) is None:
+            await asyncio.to_thread(self._leases.remove, job_id)  # deleted
+        else:
+            await asyncio.to_thread(self._leases.release, lease)
 
     async def _work(self, job_id: str) -> None:
-        job = await asyncio.to_thread(self._service.store.load, job_id)
+        store = self._service.store
+        job = await asyncio.to_thread(store.load, job_id)
         if job is None or job.done:
             return
+        log.info(
+            "batch job running",
+            extra={"fields": {"operation": job.name, "replica": self._leases.holder}},
+        )
         try:
-            job.state = RUNNING
+            if not job.cancel_requested:  # else it ends at its first look for a cancel
+                job.state = RUNNING
             job.start_time = job.start_time or time.time()
             await self._service.save(job)
+            await self._check_missing(job)  # one found before a restart still ends the job
             for shard in range(job.shards):
                 await self._shard(job, shard)
             await self._check_missing(job)
             out = Output(storage.resolve(job.spec.output))
             await asyncio.to_thread(batch_job.finalize, out)
         except GatewayError as e:
-            await self._end(job, FAILED, e)
+            await self._end_held(job, FAILED, e)
             return
         except Exception as e:
             log.exception("batch job failed", extra={"fields": {"operation": job.name}})
-            await self._end(job, FAILED, GatewayError(Kind.INTERNAL, f"internal error: {e}"))
+            await self._end_held(job, FAILED, GatewayError(Kind.INTERNAL, f"internal error: {e}"))
             return
-        await self._end(job, SUCCEEDED, None)
+        await self._end_held(job, SUCCEEDED, None)
+
+    async def _end_held(self, job: Job, state: str, error: GatewayError | None) -> None:
+        """Ends the job unless its lease was lost meanwhile (its new holder ends it)."""
+        if job.id in self._held:
+            await self._end(job, state, error)
 
     async def _shard(self, job: Job, shard: int) -> None:
         s = self._settings
         concurrency = job_concurrency(s)
         settings = RunSettings(
-            shard_index=shard, checkpoint_seconds=s.batch_checkpoint_seconds, log_interval=3600.0
+            shard_index=shard,
+            checkpoint_seconds=s.batch_checkpoint_seconds,
+            log_interval=3600.0,
+            stop_at_missing=True,
         )
 
         binding = job.spec.binding(self._service.bindings)
@@ -171,11 +284,10 @@ class LocalExecutor:
                 while not work.done():
                     await asyncio.wait({work}, timeout=MONITOR_SECONDS)
                     await self._check_cancelled(job)
-                    await self._check_missing(job)
                 work.result()
                 return
             except StopJob as e:
-                if e.kind not in RETRY:
+                if e.kind not in RETRY:  # a missing input, no such model, no access
                     raise GatewayError(e.kind, e.message) from None
                 failures += 1  # the gateway's own upstream is down: try again, resumable
                 log.warning("batch shard retried", extra={"fields": {"error": e.message}})
@@ -202,7 +314,8 @@ class LocalExecutor:
             raise asyncio.CancelledError
 
     async def _check_missing(self, job: Job) -> None:
-        """Fails the job at its first input that could not be read (it vanished)."""
+        """Fails the job at its first committed input that could not be found (the runner
+        stops at the first one it meets; this finds one committed before a restart)."""
         output = job.spec.output
         found = await asyncio.to_thread(status.read, output, job.units, job.shards)
         if found.codes.get("NOT_FOUND", 0) == 0:

@@ -26,6 +26,7 @@ from gateway.errors import GatewayError, Kind
 from gateway.frontends.api import Bindings
 from gateway.jobs import expiry, results
 from gateway.jobs.admission import Admission, Request, split
+from gateway.jobs.leases import Leases, replica_id
 from gateway.jobs.paging import decode_token, encode_token, parse_filter
 from gateway.jobs.records import CANCELLING, Job, new_id
 from gateway.jobs.store import JobStore
@@ -74,6 +75,7 @@ class JobService:
         self.store = store
         self.bindings = bindings
         self.admins = frozenset(split(settings.batch_admins))
+        self.leases = Leases(store, replica_id(), settings.job_lease_seconds)
         self.admission = Admission(settings, store, pipeline, client, bindings)
         self.uploads = Uploads(settings, store, self.admins)
         self._changed = asyncio.Condition()
@@ -86,6 +88,8 @@ class JobService:
     async def start(self) -> None:
         jobs = await asyncio.to_thread(self.store.jobs)
         mine = [j for j in jobs if j.executor == self.executor.name and not j.done]
+        # Stores written before the index of unfinished jobs existed get it.
+        await asyncio.to_thread(self.store.mark_active, [j.id for j in mine])
         await self.executor.start(mine)
         self._expiry = asyncio.create_task(expiry.run(self))
 

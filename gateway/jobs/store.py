@@ -4,6 +4,9 @@ every replica.
 Layout:
 
     <store>/operations/<id>.json       one job record (JSON), replaced atomically
+    <store>/active/<id>                an unfinished job (what replicas look for work in)
+    <store>/leases/<name>/<generation>.json
+                                       who runs a job (or sweeps expired ones): see leases.py
     <store>/uploads/<upload id>.json   an upload's owner and times
     <store>/uploads/<upload id>/<name> its images
     <store>/jobs/<id>/output/          a job's results when the caller named no output
@@ -111,11 +114,32 @@ class JobStore:
 
     def create(self, job: Job) -> bool:
         """Writes a new record; False when one with this id exists already."""
-        return self.create_file(self.record_path(job.id), job.to_json())
+        if not self.create_file(self.record_path(job.id), job.to_json()):
+            return False
+        storage.write_atomic(self.fs, self._active(job.id), b"")
+        return True
 
     def save(self, job: Job) -> None:
         job.update_time = time.time()
         storage.write_atomic(self.fs, self.record_path(job.id), job.to_json())
+        if job.done:
+            storage.delete(self.fs, [self._active(job.id)])
+
+    def mark_active(self, job_ids: list[str]) -> None:
+        """Adds unfinished jobs to the index (those that are there already stay)."""
+        have = set(self.active())
+        for job_id in job_ids:
+            if job_id not in have:
+                storage.write_atomic(self.fs, self._active(job_id), b"")
+
+    def active(self) -> list[str]:
+        """The ids of unfinished jobs (a job that ended or was deleted meanwhile may be among
+        them: load its record)."""
+        names = [posixpath.basename(p) for p in storage.listing(self.fs, self._path("active"))]
+        return [n for n in names if valid_id(n)]
+
+    def _active(self, job_id: str) -> str:
+        return self._path("active", job_id)
 
     def load(self, job_id: str) -> Job | None:
         if not valid_id(job_id):
@@ -124,9 +148,11 @@ class JobStore:
             return Job.from_json(storage.read_bytes(self.fs, self.record_path(job_id)))
         except FileNotFoundError:
             return None
+        except (ValueError, TypeError):  # not a record this version can read
+            return None
 
     def delete(self, job_id: str) -> None:
-        storage.delete(self.fs, [self.record_path(job_id)])
+        storage.delete(self.fs, [self.record_path(job_id), self._active(job_id)])
 
     def jobs(self) -> list[Job]:
         """Every record, oldest first."""

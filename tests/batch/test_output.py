@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.batch import storage
-from gateway.batch.output import Counts, Output
+from gateway.batch.output import Counts, Output, committed
 
 
 def output(tmp_path: Path) -> Output:
@@ -62,3 +62,13 @@ def test_temporaries_of_this_shard_go_and_other_shards_stay(tmp_path: Path) -> N
     assert [p.exists() for p in theirs] == [True, True]
     out.remove_temporaries(0, [], alone=True)
     assert [p.exists() for p in theirs] == [False, False]
+
+
+def test_resume_reads_parts_whole_and_progress_reads_headers(tmp_path: Path) -> None:
+    out = output(tmp_path)
+    out.commit_part("u.jsonl", 0, lines(0, 2), ok_counts(2))
+    short = Path(out.parts_dir("u.jsonl")) / "000000000002-000000000004.jsonl"
+    short.write_bytes(b'{"codes": {"OK": 2}}\n{"n": 2}\n')  # its header counts 2, it holds 1
+    assert committed(out.fs, out.parts_dir("u.jsonl")).lines == 4
+    assert out.resume_point("u.jsonl")[0] == 2
+    assert not short.exists()  # off the chain a resumed run keeps: deleted

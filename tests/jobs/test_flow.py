@@ -1,11 +1,12 @@
 """Batch jobs over the API end to end: a real gateway process (local executor), the local
-TF Serving, the official google.longrunning Operations stub."""
+TF Serving, the official google.longrunning Operations stub; each test twice, over plaintext
+and over mTLS with a client certificate (the caller is then its identity)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -17,14 +18,33 @@ from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from tests.support.certs import Certificates, make_certificates
 from tests.support.gatewayproc import GatewayProcess
-from tests.support.jobs import Client, State, gateway, make_images, metadata, result
+from tests.support.jobs import (
+    Client,
+    State,
+    channel,
+    gateway,
+    make_images,
+    metadata,
+    result,
+)
 
 COUNT = 40
 
 
+@pytest.fixture(scope="module", params=["plaintext", "mtls"])
+def certs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Certificates | None:
+    if request.param == "plaintext":
+        return None
+    return make_certificates(tmp_path_factory.mktemp("jobs-flow-certs"))
+
+
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def dirs(tmp_path_factory: pytest.TempPathFactory, certs: Certificates | None) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("jobs-flow")
     images = root / "images"
     make_images(images, COUNT)
@@ -33,29 +53,36 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def gw(tfs, dirs) -> Iterator[GatewayProcess]:
+def gw(tfs, dirs, certs) -> Iterator[GatewayProcess]:
     extra = [f"--batch-allowed-uris={dirs['allowed']}", "--batch-max-upload-bytes=200000"]
-    with gateway(tfs, dirs["store"], dirs["root"], extra) as process:
+    with gateway(tfs, dirs["store"], dirs["root"], extra, certs) as process:
         yield process
 
 
 @pytest.fixture(scope="module")
-def client(gw: GatewayProcess) -> Iterator[Client]:
-    with gw.channel() as channel:
-        yield Client(channel)
+def client(gw: GatewayProcess, certs: Certificates | None) -> Iterator[Client]:
+    with channel(gw, certs) as opened:
+        yield Client(opened)
 
 
-def unary_detect(gw: GatewayProcess, data: bytes) -> object:
-    with gw.channel() as channel:
+@pytest.fixture(scope="module")
+def connect(gw: GatewayProcess, certs: Certificates | None) -> Callable[[], grpc.Channel]:
+    return lambda: channel(gw, certs)
+
+
+def unary_detect(connect: Callable[[], grpc.Channel], data: bytes) -> object:
+    with connect() as opened:
         try:
-            answer = gw.stub(channel).Detect(pb.DetectRequest(image=data), timeout=30)
+            answer = pb_grpc.DetectionServiceStub(opened).Detect(
+                pb.DetectRequest(image=data), timeout=30
+            )
         except grpc.RpcError as e:
             return (e.code().value[0], e.details())
     answer.request_id = ""
     return answer
 
 
-def test_whole_flow_with_the_official_operations_stub(gw, client, dirs) -> None:
+def test_whole_flow_with_the_official_operations_stub(client, connect, dirs) -> None:
     op = client.create(input_uri=str(dirs["images"]), shards=2)
     assert op.name.startswith("operations/") and not op.done
     first = metadata(op)
@@ -84,7 +111,7 @@ def test_whole_flow_with_the_official_operations_stub(gw, client, dirs) -> None:
     inputs = sorted(dirs["images"].iterdir())
     assert [line.id for line in lines] == [p.name for p in inputs]
     for line, path in zip(lines, inputs, strict=True):
-        expected = unary_detect(gw, path.read_bytes())
+        expected = unary_detect(connect, path.read_bytes())
         if isinstance(expected, tuple):
             assert not line.HasField("result")
             assert (line.error.code, line.error.message) == expected
@@ -118,7 +145,7 @@ def test_whole_flow_with_the_official_operations_stub(gw, client, dirs) -> None:
     assert not Path(answer.output_uri).exists()  # the job's own area goes with it
 
 
-def test_classification_job_from_uploaded_images(gw, client, dirs) -> None:
+def test_classification_job_from_uploaded_images(client, connect, dirs) -> None:
     images = [p.read_bytes() for p in sorted(dirs["images"].iterdir())[:6] if p.stat().st_size > 20]
 
     def messages() -> Iterator[bpb.UploadImagesRequest]:
@@ -142,8 +169,8 @@ def test_classification_job_from_uploaded_images(gw, client, dirs) -> None:
     assert metadata(done).state == State.SUCCEEDED, done.error
     lines = client.lines(op.name)
     assert [x.id for x in lines] == [*(f"u{i}.jpg" for i in range(len(images))), "u9.jpg"]
-    with gw.channel() as channel:
-        stub = cpb_grpc.ClassificationServiceStub(channel)
+    with connect() as opened:
+        stub = cpb_grpc.ClassificationServiceStub(opened)
         for line, data in zip(lines, [*images, images[0]], strict=True):
             found = cpb.ClassificationResult()
             assert line.result.Unpack(found)

@@ -28,15 +28,12 @@ from pathlib import Path
 import grpc
 import pytest
 from google.longrunning import operations_pb2 as lro
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
-from gateway.client.channel import open_channel
 from gateway.proto.detection.v1 import batch_pb2 as bpb
-from gateway.tls import TLS
 from tests.support.certs import Certificates, make_certificates
-from tests.support.gatewayproc import GatewayProcess, run_gateway
-from tests.support.jobs import MODEL_CONFIG, Client, State, make_images, metadata
+from tests.support.gatewayproc import GatewayProcess
+from tests.support.jobs import Client, State, channel, gateway, make_images, metadata
 from tests.support.localserver import LocalServer, run_local_server
 
 ALICE = "spiffe://test.local/ns/shop/sa/alice"
@@ -72,47 +69,13 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "data": data, "secret": secret}
 
 
-def tls_client(gw: GatewayProcess, certs: Certificates, name: str | None) -> grpc.Channel:
-    pair = certs.clients[name] if name else None
-    tls = TLS(str(certs.ca), str(pair.cert) if pair else None, str(pair.key) if pair else None)
-    return open_channel(gw.target, tls)
-
-
-def wait_serving(channel: grpc.Channel) -> None:
-    stub = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1:
-                return
-        except grpc.RpcError:
-            pass
-        assert time.monotonic() < deadline, "the gateway did not become SERVING over TLS"
-        time.sleep(0.1)
-
-
 @contextmanager
 def jobs_gateway(
     tfs: LocalServer, root: Path, extra: Sequence[str], certs: Certificates | None = None
 ) -> Iterator[GatewayProcess]:
     """A gateway with the jobs API (mTLS when `certs` are given), its store under `root`."""
     root.mkdir(parents=True, exist_ok=True)
-    args = [
-        f"--model-config={MODEL_CONFIG}",
-        f"--job-store={root / 'store'}",
-        "--batch-checkpoint-seconds=0.2",
-        *extra,
-    ]
-    if certs is not None:
-        args += [
-            f"--tls-cert-file={certs.server.cert}",
-            f"--tls-key-file={certs.server.key}",
-            f"--tls-client-ca-file={certs.ca}",
-        ]
-    with run_gateway(tfs.target, args, log_dir=root, wait_ready=certs is None) as gw:
-        if certs is not None:
-            with tls_client(gw, certs, "alice") as channel:
-                wait_serving(channel)
+    with gateway(tfs, root / "store", root, extra, certs) as gw:
         yield gw
 
 
@@ -131,8 +94,8 @@ def mtls(tfs: LocalServer, certs: Certificates, dirs: dict[str, Path]) -> Iterat
 def client(
     gw: GatewayProcess, certs: Certificates, name: str, headers: Sequence[tuple[str, str]] = ()
 ) -> Iterator[Client]:
-    with tls_client(gw, certs, name) as channel:
-        yield Client(channel, headers)
+    with channel(gw, certs, name) as opened:
+        yield Client(opened, headers)
 
 
 def refused(call: object, *args: object, **kwargs: object) -> grpc.RpcError:

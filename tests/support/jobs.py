@@ -11,10 +11,14 @@ from pathlib import Path
 import grpc
 from google.longrunning import operations_pb2 as lro
 from google.longrunning import operations_pb2_grpc as lro_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
+from gateway.client.channel import open_channel
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
+from gateway.tls import TLS
+from tests.support.certs import Certificates
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer
@@ -43,8 +47,14 @@ def make_images(directory: Path, count: int, size: tuple[int, int] = (64, 48)) -
 
 @contextmanager
 def gateway(
-    tfs: LocalServer | FaultyUpstream, store: Path, log_dir: Path, extra: Sequence[str] = ()
+    tfs: LocalServer | FaultyUpstream,
+    store: Path | str,
+    log_dir: Path,
+    extra: Sequence[str] = (),
+    certs: Certificates | None = None,
 ) -> Iterator[GatewayProcess]:
+    """A gateway with the jobs API; with `certs`, mTLS on its port (clients need a
+    certificate from certs.ca: open them with `channel`)."""
     args = [
         f"--model-config={MODEL_CONFIG}",
         f"--job-store={store}",
@@ -52,8 +62,41 @@ def gateway(
         f"--batch-allowed-input-uris={','.join(ALLOWED_INPUTS)}",
         *extra,
     ]
-    with run_gateway(tfs.target, args, log_dir=log_dir) as gw:
+    if certs is not None:
+        args += [
+            f"--tls-cert-file={certs.server.cert}",
+            f"--tls-key-file={certs.server.key}",
+            f"--tls-client-ca-file={certs.ca}",
+        ]
+    with run_gateway(tfs.target, args, log_dir=log_dir, wait_ready=certs is None) as gw:
+        if certs is not None:
+            with channel(gw, certs) as ready:
+                _wait_serving(ready)
         yield gw
+
+
+def channel(
+    gw: GatewayProcess, certs: Certificates | None = None, client: str | None = None
+) -> grpc.Channel:
+    """A channel to the gateway: plaintext, or TLS with the client certificate `client`
+    (one of certs.clients; None: certs.client)."""
+    if certs is None:
+        return gw.channel()
+    pair = certs.clients[client] if client else certs.client
+    return open_channel(gw.target, TLS(str(certs.ca), str(pair.cert), str(pair.key)))
+
+
+def _wait_serving(ready: grpc.Channel) -> None:
+    stub = health_pb2_grpc.HealthStub(ready)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1:
+                return
+        except grpc.RpcError:
+            pass
+        assert time.monotonic() < deadline, "the gateway did not become SERVING over TLS"
+        time.sleep(0.1)
 
 
 class Client:
