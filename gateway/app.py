@@ -25,6 +25,7 @@ from gateway.core.pipeline import Pipeline
 from gateway.frontends import api
 from gateway.frontends.grpc import server as grpc_door
 from gateway.imaging import resize
+from gateway.jobs.admission import Admission
 from gateway.jobs.local import LocalExecutor
 from gateway.jobs.service import Executor, JobService
 from gateway.jobs.store import JobStore
@@ -232,7 +233,7 @@ def build_jobs(
             return KubernetesExecutor(service, settings)
         return LocalExecutor(service, settings, Lane(pipeline, settings.batch_yield_threshold))
 
-    return JobService(settings, store, pipeline, client, bindings, executor)
+    return JobService(Admission(settings, store, pipeline, client, bindings), executor)
 
 
 def _tls_mode(tls: object, mutual: object) -> str:

@@ -58,9 +58,9 @@ class Admission:
         client: TFServingClient,
         bindings: Bindings,
     ) -> None:
-        self._settings = settings
-        self._bindings = bindings
-        self._store = store
+        self.settings = settings
+        self.store = store  # the jobs' store, shared with the service
+        self.bindings = bindings
         self._pipeline = pipeline
         self._client = client
         self._outputs = [p for p in (place(u) for u in split(settings.batch_allowed_uris)) if p]
@@ -77,14 +77,14 @@ class Admission:
                 "set exactly one of input_uri (a dataset the gateway can read) and upload_id "
                 "(images sent with UploadImages)"
             )
-        binding = request.spec.binding(self._bindings)
+        binding = request.spec.binding(self.bindings)
         request.spec.check()
         return binding
 
     def check_input(self, url: str) -> None:
         """An input_uri a caller named: inside an allowed prefix and not in the job store
         (uploads are named by upload_id); the same refusal whether it exists or not."""
-        guard = input_guard(self._settings)
+        guard = input_guard(self.settings)
         where = place(url)
         store = self._store_place
         if not guard.allows(where) or (
@@ -105,7 +105,7 @@ class Admission:
 
     async def check_limits(self, caller: str, jobs: list[Job]) -> None:
         live = [j for j in jobs if not j.done]
-        s = self._settings
+        s = self.settings
         if len(live) >= s.batch_max_jobs:
             raise GatewayError(
                 Kind.OVERLOADED,
@@ -119,7 +119,7 @@ class Admission:
                 "batch jobs; wait for some to finish or cancel them "
                 "(GATEWAY_BATCH_MAX_JOBS_PER_CALLER)",
             )
-        used = await asyncio.to_thread(self._store.usage)
+        used = await asyncio.to_thread(self.store.usage)
         if used >= s.job_store_max_bytes:
             raise store_full(used, s.job_store_max_bytes)
 
@@ -138,8 +138,8 @@ class Admission:
             message = binding.request(b"", model_spec(*model), "", **spec.options)
         except (TypeError, ValueError) as e:
             raise errors.invalid_input(f"options {dict(spec.options)}: {e}") from None
-        task.resolve(binding.to_request(message, "", "", None, ()).options, config, self._settings)
-        signature = await self._client.signature(model, self._settings.upstream_timeout)
+        task.resolve(binding.to_request(message, "", "", None, ()).options, config, self.settings)
+        signature = await self._client.signature(model, self.settings.upstream_timeout)
         task.output_plan(signature, config)
 
     async def prepare(self, job: Job) -> Job:
@@ -147,7 +147,7 @@ class Admission:
         directory of images, its total."""
         try:
             dataset, _ = await asyncio.to_thread(
-                batch_job.prepare, job.spec, input_guard(self._settings, job)
+                batch_job.prepare, job.spec, input_guard(self.settings, job)
             )
         except sources.DatasetError as e:
             raise errors.invalid_input(f"input: {e}") from None

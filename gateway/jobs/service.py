@@ -20,19 +20,14 @@ from typing import Any, Protocol
 
 from gateway import errors
 from gateway.batch import status
-from gateway.config import Settings
-from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.api import Bindings
 from gateway.jobs import expiry, results
 from gateway.jobs.admission import Admission, Request, split
 from gateway.jobs.leases import Leases, replica_id
 from gateway.jobs.paging import decode_token, encode_token, parse_filter
 from gateway.jobs.records import CANCELLING, Job, new_id
-from gateway.jobs.store import JobStore
 from gateway.jobs.uploads import Uploads
 from gateway.jobs.views import JobView, view
-from gateway.upstream.client import TFServingClient
 
 log = logging.getLogger("gateway.jobs")
 
@@ -64,20 +59,18 @@ def no_operation(name: str) -> GatewayError:
 class JobService:
     def __init__(
         self,
-        settings: Settings,
-        store: JobStore,
-        pipeline: Pipeline,
-        client: TFServingClient,
-        bindings: Bindings,
+        admission: Admission,
         executor_factory: Callable[[JobService], Executor],
     ) -> None:
-        self.settings = settings
-        self.store = store
-        self.bindings = bindings
-        self.admins = frozenset(split(settings.batch_admins))
-        self.leases = Leases(store, replica_id(), settings.job_lease_seconds)
-        self.admission = Admission(settings, store, pipeline, client, bindings)
-        self.uploads = Uploads(settings, store, self.admins)
+        # What creation checks holds the settings, the store and the bindings the job
+        # service shares (built by the composition root: it alone reaches the pipeline).
+        self.admission = admission
+        self.settings = admission.settings
+        self.store = admission.store
+        self.bindings = admission.bindings
+        self.admins = frozenset(split(self.settings.batch_admins))
+        self.leases = Leases(self.store, replica_id(), self.settings.job_lease_seconds)
+        self.uploads = Uploads(self.settings, self.store, self.admins)
         self._changed = asyncio.Condition()
         self._create_lock = asyncio.Lock()
         self._expiry: asyncio.Task[None] | None = None
