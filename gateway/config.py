@@ -102,7 +102,7 @@ class Settings:
     # The default model: used when a detection request names none (unless the model config
     # says otherwise), by readiness, and by the HTTP door's /invocations and /ping.
     model: str = "detector"
-    # Per-model config (TOML, gateway/models.py): task, labels, input preparation, request
+    # Per-model config (TOML, gateway/models/): task, labels, input preparation, request
     # defaults. Empty: every model is a detection model with the defaults below.
     model_config: str = ""
     # Per-model OD API label maps: model name -> label_map.pbtxt.

@@ -1,0 +1,195 @@
+"""The per-model configuration file (`--model-config FILE`, TOML): what a signature does not say.
+
+    default_model = "detector"            # optional: overrides --model
+
+    [defaults]                            # optional: the model a task uses when a request
+    detection = "detector"                #   names none (else --model, when it has that task)
+    classification = "classifier"
+
+    [models.detector]
+    task = "detection"                    # detection | classification
+    label_map = "label_map.pbtxt"         # OD API label map (paths relative to this file)
+    min_score = 0.5                       # request defaults
+    max_detections = 100
+
+    [models.classifier_logits]
+    task = "classification"
+    labels = "labels.txt"                 # one label per line; line k is class id k
+    top_k = 5
+    [models.classifier_logits.input]      # preparation the graph does not do
+    scale = 0.00392156862745098           # pixel values (0..255) times this ...
+    mean = [0.5, 0.5, 0.5]                # ... minus mean, divided by std, per channel
+    std = [0.5, 0.5, 0.5]
+    layout = "NCHW"                       # NHWC | NCHW (default: read from the signature)
+
+Other `input` keys: `resize = [height, width]` (when the signature does not fix the size),
+`max_side` (longest side sent; larger images are scaled down), `dtype` (uint8 | float32, a
+check against the signature), `channel_order` (RGB | BGR; mean and std are in the model's
+order), `name` (the input to fill when the signature has several), `string_encoding` (raw |
+base64url | tf_example, for string inputs) with `tf_example_key` (default image/encoded).
+`signature = "..."` in [models.NAME] picks a signature other than serving_default.
+
+`[models.NAME.outputs]` says what the signature does not (docs/models.md has one per exporter):
+classification `probabilities`, or `logits` (+ `logits_activation` softmax | sigmoid), or
+`label` + `confidence`; detection `boxes`, `scores`, `classes`, `num_detections`,
+`box_format` (yxyx | xyxy | xywh | cxcywh), `box_coordinates` (normalized | pixels |
+image_info), `image_info`, `class_offset`; raw heads `decoder = "yolo"` with `nms_iou` and
+`max_candidates`.
+
+Without the file every model is a detection model with the flags' defaults.
+Unknown keys and impossible combinations are refused at startup, naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.labels import Labels, LabelsError
+from gateway.models.input_prep import read_input
+from gateway.models.output_mapping import read_outputs
+from gateway.models.registry import DEFAULT_SIGNATURE, ModelConfig, ModelRegistry
+from gateway.models.values import (
+    CLASSIFICATION,
+    DETECTION,
+    ModelConfigError,
+    as_table,
+    read_file_name,
+    read_integer,
+    read_number,
+    refuse_unknown,
+)
+
+_TOP_KEYS = {"default_model", "defaults", "models"}
+_MODEL_KEYS = {
+    "task",
+    "label_map",
+    "labels",
+    "input",
+    "outputs",
+    "signature",
+    "min_score",
+    "max_detections",
+    "top_k",
+}
+
+
+def load_registry(
+    path: Path,
+    default_model: str,
+    label_maps: Mapping[str, Labels] | None = None,
+    *,
+    tasks: Collection[str],
+) -> ModelRegistry:
+    """Reads a model config file whose models may have the `tasks` named; raises
+    ModelConfigError naming the file and the key."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ModelConfigError(f"cannot read model config {path}: {e.strerror or e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ModelConfigError(f"{path}: not valid TOML: {e}") from None
+    return parse_registry(data, path, default_model, label_maps, tasks=tasks)
+
+
+def parse_registry(
+    data: Mapping[str, Any],
+    path: Path,
+    default_model: str,
+    label_maps: Mapping[str, Labels] | None = None,
+    *,
+    tasks: Collection[str],
+) -> ModelRegistry:
+    refuse_unknown(data, _TOP_KEYS, str(path), "")
+    models_table = as_table(data.get("models", {}), path, "models")
+    models: dict[str, ModelConfig] = {}
+    for name, table in models_table.items():
+        models[name] = _model(name, as_table(table, path, f"models.{name}"), path, tasks)
+    # --label-maps still applies to models the file lists without labels, and to others.
+    for name, labels in (label_maps or {}).items():
+        config = models.get(name)
+        if config is None:
+            models[name] = ModelConfig(name, DETECTION, labels)
+        elif not config.labels.names:
+            models[name] = dataclasses.replace(config, labels=labels)
+
+    default = data.get("default_model", default_model)
+    if not isinstance(default, str) or not default:
+        raise ModelConfigError(f"{path}: default_model must be a model name")
+    defaults = as_table(data.get("defaults", {}), path, "defaults")
+    refuse_unknown(defaults, set(tasks), str(path), "defaults.")
+    task_defaults: dict[str, str] = {}
+    for task in tasks:
+        chosen = defaults.get(task)
+        if chosen is None:
+            # The default model serves as its own task's default.
+            own_task = models[default].task if default in models else DETECTION
+            if own_task == task:
+                task_defaults[task] = default
+            continue
+        if not isinstance(chosen, str) or not chosen:
+            raise ModelConfigError(f"{path}: defaults.{task} must be a model name")
+        if chosen in models and models[chosen].task != task:
+            raise ModelConfigError(
+                f"{path}: defaults.{task} is '{chosen}', which is configured with "
+                f"task = '{models[chosen].task}'"
+            )
+        task_defaults[task] = chosen
+    return ModelRegistry(models, default, task_defaults)
+
+
+def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[str]) -> ModelConfig:
+    where = f"models.{name}"
+    refuse_unknown(table, _MODEL_KEYS, str(path), where + ".")
+    task = table.get("task")
+    if not isinstance(task, str) or task not in tasks:
+        raise ModelConfigError(
+            f"{path}: {where}.task must be one of {', '.join(tasks)}, got {task!r}"
+        )
+    if "label_map" in table and "labels" in table:
+        raise ModelConfigError(f"{path}: {where} has both label_map and labels; keep one")
+    if task == CLASSIFICATION and "label_map" in table:
+        raise ModelConfigError(
+            f"{path}: {where}.label_map is an OD API (detection) label map; classification "
+            "models take labels = 'labels.txt' (one label per line, line k is class id k)"
+        )
+    for key, wrong_task in (("max_detections", CLASSIFICATION), ("top_k", DETECTION)):
+        if key in table and task == wrong_task:
+            raise ModelConfigError(f"{path}: {where}.{key} does not apply to task '{task}'")
+    base = path.parent
+    labels = Labels()
+    try:
+        if "label_map" in table:
+            labels = Labels.load_label_map(base / read_file_name(table, "label_map", path, where))
+        elif "labels" in table:
+            labels = Labels.load_lines(base / read_file_name(table, "labels", path, where))
+    except LabelsError as e:
+        raise ModelConfigError(f"{path}: {where}: {e}") from None
+    min_score = read_number(table, "min_score", path, where, 0.0, 1.0)
+    max_detections = read_integer(table, "max_detections", path, where)
+    top_k = read_integer(table, "top_k", path, where)
+    prep = read_input(
+        as_table(table.get("input", {}), path, where + ".input"), path, where + ".input"
+    )
+    outputs = read_outputs(
+        as_table(table.get("outputs", {}), path, where + ".outputs"), task, path, where + ".outputs"
+    )
+    signature = DEFAULT_SIGNATURE
+    if "signature" in table:
+        signature = table["signature"]
+        if not isinstance(signature, str) or not signature:
+            raise ModelConfigError(f"{path}: {where}.signature must be a signature name")
+    return ModelConfig(
+        name,
+        task,
+        labels,
+        prep,
+        outputs,
+        signature,
+        min_score=min_score,
+        max_detections=max_detections,
+        top_k=top_k,
+    )

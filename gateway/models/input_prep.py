@@ -1,0 +1,124 @@
+"""`[models.NAME.input]`: how the gateway prepares an image for a model where its graph does
+not (InputPrep), read from the model config file; combinations that cannot work are refused
+naming the key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.models.values import (
+    ModelConfigError,
+    read_choice,
+    read_integer,
+    read_number,
+    read_triple,
+    refuse_unknown,
+)
+
+DEFAULT_TF_EXAMPLE_KEY = "image/encoded"  # what OD API and Model Garden tf_example exports read
+
+
+@dataclass(frozen=True)
+class InputPrep:
+    """How the gateway prepares an image for the model, where the graph does not do it."""
+
+    resize: tuple[int, int] | None = None  # (height, width) for signatures without a size
+    max_side: int | None = None
+    scale: float | None = None  # None: pixel values as they are (0..255)
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    layout: str | None = None  # NHWC | NCHW; None: from the signature
+    dtype: str | None = None  # uint8 | float32; None: from the signature
+    string_encoding: str = "raw"  # raw | base64url | tf_example
+    channel_order: str = "RGB"  # RGB | BGR: the order the model takes its channels in
+    name: str | None = None  # the signature input to fill; None: its only input
+    tf_example_key: str = DEFAULT_TF_EXAMPLE_KEY  # the Example feature holding the image
+
+
+_INPUT_KEYS = {
+    "resize",
+    "max_side",
+    "scale",
+    "mean",
+    "std",
+    "layout",
+    "dtype",
+    "string_encoding",
+    "channel_order",
+    "name",
+    "tf_example_key",
+}
+
+
+def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
+    """The `[input]` table at `where` (e.g. models.NAME.input) of the file at `path`."""
+    refuse_unknown(table, _INPUT_KEYS, str(path), where + ".")
+    resize = None
+    if "resize" in table:
+        value = table["resize"]
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or not all(isinstance(v, int) and v > 0 for v in value)
+        ):
+            raise ModelConfigError(f"{path}: {where}.resize must be [height, width] in pixels")
+        resize = (value[0], value[1])
+    max_side = read_integer(table, "max_side", path, where)
+    if resize is not None and max_side is not None:
+        raise ModelConfigError(
+            f"{path}: {where} has both resize and max_side; a fixed size already bounds the side"
+        )
+    scale = read_number(table, "scale", path, where, 0.0, None)
+    mean = read_triple(table, "mean", path, where)
+    std = read_triple(table, "std", path, where)
+    if std is not None and any(v == 0 for v in std):
+        raise ModelConfigError(f"{path}: {where}.std must not contain 0")
+    layout = read_choice(table, "layout", ("NHWC", "NCHW"), path, where)
+    dtype = read_choice(table, "dtype", ("uint8", "float32"), path, where)
+    encoding = (
+        read_choice(table, "string_encoding", ("raw", "base64url", "tf_example"), path, where)
+        or "raw"
+    )
+    channel_order = read_choice(table, "channel_order", ("RGB", "BGR"), path, where) or "RGB"
+    name = None
+    if "name" in table:
+        name = table["name"]
+        if not isinstance(name, str) or not name:
+            raise ModelConfigError(f"{path}: {where}.name must name an input of the signature")
+    example_key = DEFAULT_TF_EXAMPLE_KEY
+    if "tf_example_key" in table:
+        example_key = table["tf_example_key"]
+        if encoding != "tf_example":
+            raise ModelConfigError(
+                f"{path}: {where}.tf_example_key is for string_encoding = 'tf_example'"
+            )
+        if not isinstance(example_key, str) or not example_key:
+            raise ModelConfigError(f"{path}: {where}.tf_example_key must be a feature name")
+    normalises = scale is not None or mean is not None or std is not None
+    if dtype == "uint8" and normalises:
+        raise ModelConfigError(
+            f"{path}: {where}: scale, mean and std need dtype = 'float32' (uint8 inputs take "
+            "the pixels as they are)"
+        )
+    pixel_keys = normalises or layout is not None or dtype is not None or channel_order != "RGB"
+    if encoding != "raw" and pixel_keys:
+        raise ModelConfigError(
+            f"{path}: {where}.string_encoding is for models that take encoded images; "
+            "scale, mean, std, layout, dtype and channel_order are for models that take pixels"
+        )
+    return InputPrep(
+        resize,
+        max_side,
+        scale,
+        mean,
+        std,
+        layout,
+        dtype,
+        encoding,
+        channel_order,
+        name,
+        example_key,
+    )

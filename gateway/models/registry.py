@@ -1,0 +1,87 @@
+"""The configured models: each one's config (ModelConfig: task, labels, input preparation,
+output mapping, signature, request defaults), the default model and the default model of
+each task; ModelRegistry gives a request's model its config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.labels import Labels
+from gateway.models.input_prep import InputPrep
+from gateway.models.output_mapping import OutputMapping
+from gateway.models.values import DETECTION
+
+DEFAULT_SIGNATURE = "serving_default"
+# Classification's top_k when neither the request nor the model config gives one.
+DEFAULT_TOP_K = 5
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    task: str = DETECTION
+    labels: Labels = field(default_factory=Labels)
+    input: InputPrep = field(default_factory=InputPrep)
+    outputs: OutputMapping = field(default_factory=OutputMapping)
+    signature: str = DEFAULT_SIGNATURE  # the signature to call (model_spec.signature_name)
+    # Request defaults; None means the gateway-wide default.
+    min_score: float | None = None
+    max_detections: int | None = None
+    top_k: int | None = None
+
+
+_MAX_UNLISTED = 1024
+
+
+@dataclass(frozen=True)
+class ModelRegistry:
+    """Every configured model, the default model, and the default model of each task."""
+
+    models: Mapping[str, ModelConfig]
+    default_model: str
+    task_defaults: Mapping[str, str]
+    # Configs made for unlisted models, kept (bounded: callers choose the names) so that a
+    # request for one does not build its config again.
+    _unlisted: dict[tuple[str, str], ModelConfig] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def get(self, name: str, task: str) -> ModelConfig:
+        """The config of `name` for `task`; an unlisted model gets the task's defaults."""
+        config = self.models.get(name)
+        if config is None:
+            config = self._unlisted.get((name, task))
+            if config is None:
+                if len(self._unlisted) >= _MAX_UNLISTED:
+                    self._unlisted.clear()
+                config = self._unlisted[(name, task)] = ModelConfig(name=name, task=task)
+        return config
+
+    def task_of(self, name: str) -> str:
+        """The task of model `name`: its config's; detection for a model the config does not
+        list (as without a config file)."""
+        config = self.models.get(name)
+        return config.task if config is not None else DETECTION
+
+    def default_for(self, task: str) -> str | None:
+        return self.task_defaults.get(task)
+
+    def signature_names(self) -> dict[str, str]:
+        """Models called with a signature other than serving_default, and its name."""
+        return {
+            name: config.signature
+            for name, config in self.models.items()
+            if config.signature != DEFAULT_SIGNATURE
+        }
+
+
+def default_registry(
+    default_model: str, label_maps: Mapping[str, Labels] | None = None
+) -> ModelRegistry:
+    """Today's behaviour without a file: every model is a detection model."""
+    models = {
+        name: ModelConfig(name=name, task=DETECTION, labels=labels)
+        for name, labels in (label_maps or {}).items()
+    }
+    return ModelRegistry(models, default_model, {DETECTION: default_model})

@@ -1,0 +1,99 @@
+"""What every table of the model config file shares: ModelConfigError, the names of the
+built-in tasks whose own rules the tables apply, and reading one value with an error that
+names the file and the key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# The built-in tasks' names, for their own config rules; which tasks exist is the app's task
+# registry's business (its names are passed in as `tasks`).
+DETECTION = "detection"
+CLASSIFICATION = "classification"
+
+
+class ModelConfigError(ValueError):
+    """A model config file that cannot be used; the message names the file and the key."""
+
+
+def refuse_unknown(table: Mapping[str, Any], known: set[str], path: str, prefix: str) -> None:
+    for key in table:
+        if key not in known:
+            raise ModelConfigError(
+                f"{path}: unknown key '{prefix}{key}' (known here: {', '.join(sorted(known))})"
+            )
+
+
+def as_table(value: Any, path: Path, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ModelConfigError(f"{path}: {where} must be a table")
+    return value
+
+
+def read_file_name(table: Mapping[str, Any], key: str, path: Path, where: str) -> str:
+    value = table[key]
+    if not isinstance(value, str) or not value:
+        raise ModelConfigError(f"{path}: {where}.{key} must be a file name")
+    return value
+
+
+def read_number(
+    table: Mapping[str, Any],
+    key: str,
+    path: Path,
+    where: str,
+    low: float,
+    high: float | None,
+) -> float | None:
+    if key not in table:
+        return None
+    value = table[key]
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and (value <= low if high is None else not low <= value <= high):
+        ok = False
+    if not ok:
+        bound = f"above {low}" if high is None else f"in [{low}, {high}]"
+        raise ModelConfigError(f"{path}: {where}.{key} must be a number {bound}, got {value!r}")
+    return float(value)
+
+
+def read_integer(table: Mapping[str, Any], key: str, path: Path, where: str) -> int | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelConfigError(f"{path}: {where}.{key} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def read_triple(
+    table: Mapping[str, Any], key: str, path: Path, where: str
+) -> tuple[float, float, float] | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    ):
+        raise ModelConfigError(
+            f"{path}: {where}.{key} must be three numbers, one per channel in the model's "
+            "channel_order"
+        )
+    return (float(value[0]), float(value[1]), float(value[2]))
+
+
+def read_choice(
+    table: Mapping[str, Any], key: str, allowed: tuple[str, ...], path: Path, where: str
+) -> str | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if value not in allowed:
+        raise ModelConfigError(
+            f"{path}: {where}.{key} must be one of {', '.join(allowed)}, got {value!r}"
+        )
+    return str(value)

@@ -1,0 +1,174 @@
+"""The forms other than OD API's, per request (plan forms `boxes` and `yolo`): boxes under
+other names or in other formats and coordinates (through gateway.tasks.decoders.boxes), and
+raw YOLO heads decoded and NMS'd (gateway.tasks.decoders.yolo) -> detections in pixels of the
+image. numpy over the arrays; the outputs are checked as the OD API form's are."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from gateway.labels import Labels
+from gateway.tasks.base import Frame, OutputError
+from gateway.tasks.decoders import boxes as box_forms
+from gateway.tasks.decoders import yolo
+from gateway.tasks.detection.od_api import BOX_MARGIN, MAX_CLASS_ID, valid_count
+from gateway.tasks.detection.plans import DetectionPlan
+from gateway.tasks.types import Box, Detection, NormalizedBox
+from gateway.upstream.tensors import Tensor, as_array
+
+# As in od_api: the result tuples without the NamedTuples' Python-level __new__.
+_make = tuple.__new__
+
+
+def _array(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
+    if key not in outputs:
+        raise OutputError(f"TF Serving response lacks output '{key}'")
+    values = as_array(outputs[key])
+    if values.dtype.kind not in "fiu":
+        raise OutputError(f"{key} has dtype {values.dtype}; expected numbers")
+    return values
+
+
+def map_boxes(
+    outputs: Mapping[str, Tensor],
+    plan: DetectionPlan,
+    frame: Frame,
+    labels: Labels,
+    min_score: float,
+    max_detections: int,
+) -> list[Detection]:
+    boxes = _array(outputs, plan.boxes)
+    scores = _array(outputs, plan.scores)
+    classes = _array(outputs, plan.classes)
+    if boxes.ndim != 3 or boxes.shape[2] != 4 or boxes.shape[0] < 1:
+        raise OutputError(f"{plan.boxes} has shape {list(boxes.shape)}; expected [1, N, 4]")
+    rows = boxes.shape[1]
+    if scores.shape[:2] != (boxes.shape[0], rows) or classes.shape[:2] != (boxes.shape[0], rows):
+        raise OutputError(
+            f"{plan.scores} {list(scores.shape)} and {plan.classes} {list(classes.shape)} "
+            f"do not match {plan.boxes} {list(boxes.shape)}"
+        )
+    valid = rows
+    if plan.num_detections is not None:
+        num = _array(outputs, plan.num_detections).reshape(-1)
+        if num.size < 1:
+            raise OutputError(f"{plan.num_detections} is empty")
+        valid = valid_count(float(num[0]), rows)
+    score = scores[0, :valid].astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = ~((score >= 0.0) & (score <= 1.0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise OutputError(f"{plan.scores}[{i}] is {score[i]}; scores must be numbers in [0, 1]")
+    kept = np.flatnonzero(score >= min_score)
+    kept = kept[np.argsort(-score[kept], kind="stable")][:max_detections]
+    image_info = None
+    if plan.image_info is not None:
+        image_info = _array(outputs, plan.image_info)[0]
+    try:
+        yxyx = box_forms.to_yxyx(boxes[0, kept], plan.box_format)
+        normalized = box_forms.normalize(yxyx, plan.box_coordinates, frame.sent, image_info)
+    except box_forms.BoxError as e:
+        raise OutputError(str(e)) from None
+    if not np.isfinite(normalized).all():
+        raise OutputError(f"{plan.boxes} holds NaN or infinite values")
+    if plan.box_coordinates == "normalized":
+        outside = (normalized < -BOX_MARGIN) | (normalized > 1 + BOX_MARGIN)
+        if outside.any():
+            i = int(np.argmax(outside.any(axis=1)))
+            shown = ", ".join(f"{v:g}" for v in boxes[0, kept[i]])
+            raise OutputError(
+                f"{plan.boxes}[{int(kept[i])}] is [{shown}], outside [0, 1]: set "
+                "outputs.box_coordinates (pixels, image_info) and outputs.box_format in the "
+                "model config if the boxes are not normalized "
+                f"[{', '.join(plan.box_format)}]"
+            )
+    return _detections(
+        normalized, score[kept], classes[0, kept], plan.class_offset, frame, labels, plan.classes
+    )
+
+
+def map_yolo(
+    outputs: Mapping[str, Tensor],
+    plan: DetectionPlan,
+    frame: Frame,
+    labels: Labels,
+    min_score: float,
+    max_detections: int,
+) -> list[Detection]:
+    assert plan.head is not None
+    raw = _array(outputs, plan.head)
+    if raw.ndim != 3 or raw.shape[0] < 1 or raw.shape[1] < 5:
+        raise OutputError(
+            f"{plan.head} has shape {list(raw.shape)}; expected [1, 4 + classes, candidates]"
+        )
+    head_values = raw[0].astype(np.float32, copy=False)
+    if not np.isfinite(head_values).all():
+        raise OutputError(f"{plan.head} holds NaN or infinite values")
+    decoded = yolo.decode(
+        head_values,
+        min_score=min_score,
+        nms_iou=plan.nms_iou,
+        max_candidates=plan.max_candidates,
+        max_detections=max_detections,
+    )
+    try:
+        normalized = box_forms.normalize(decoded.boxes, "pixels", frame.sent)
+    except box_forms.BoxError as e:
+        raise OutputError(str(e)) from None
+    return _detections(
+        normalized, decoded.scores, decoded.classes, plan.class_offset, frame, labels, plan.head
+    )
+
+
+def _detections(
+    normalized: np.ndarray,
+    scores: np.ndarray,
+    classes: np.ndarray,
+    class_offset: int,
+    frame: Frame,
+    labels: Labels,
+    classes_key: str,
+) -> list[Detection]:
+    """Detection tuples from normalized yxyx boxes of the image the model received, best
+    first; boxes are clamped to the image and mapped to the displayed image, class values
+    plus `class_offset` checked as class ids."""
+    class_ids = classes.astype(np.float64) + class_offset
+    found: list[Detection] = []
+    names = labels.names
+    width, height = frame.width, frame.height
+    for i, (ymin, xmin, ymax, xmax) in enumerate(np.clip(normalized, 0.0, 1.0).tolist()):
+        if frame.transform is not None:
+            ymin, xmin, ymax, xmax = frame.transform((ymin, xmin, ymax, xmax))
+        ymin, ymax = min(ymin, ymax), max(ymin, ymax)
+        xmin, xmax = min(xmin, xmax), max(xmin, xmax)
+        class_value = float(class_ids[i])
+        if not 0 <= class_value <= MAX_CLASS_ID:
+            raise OutputError(
+                f"{classes_key}[{i}] gives class id {class_value}; class ids must be numbers "
+                f"from 0 to {MAX_CLASS_ID} (set outputs.class_offset if the model counts "
+                "from another base)"
+            )
+        class_id = round(class_value)
+        box = _make(Box, (
+            int(xmin * width + 0.5),
+            int(ymin * height + 0.5),
+            int(xmax * width + 0.5),
+            int(ymax * height + 0.5),
+        ))  # fmt: skip
+        label = names.get(class_id) or labels.label(class_id)
+        found.append(
+            _make(
+                Detection,
+                (
+                    class_id,
+                    label,
+                    float(scores[i]),
+                    box,
+                    _make(NormalizedBox, (xmin, ymin, xmax, ymax)),
+                ),
+            )
+        )
+    return found

@@ -1,0 +1,90 @@
+"""The detection task: a request's options completed with the model's defaults, the output
+plan of a model version (gateway.tasks.detection.plans), and its outputs mapped to
+detections per request by the plan's form (od_api, or forms for the others)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from gateway import errors
+from gateway.config import Settings
+from gateway.models import DETECTION, ModelConfig
+from gateway.tasks.base import Frame, OutputPlan
+from gateway.tasks.detection.forms import map_boxes, map_yolo
+from gateway.tasks.detection.od_api import map_detections
+from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
+from gateway.tasks.types import Detections, DetectOptions
+from gateway.upstream.signatures import Signature
+from gateway.upstream.tensors import Tensor
+
+
+class DetectionSettings(NamedTuple):
+    """A request's detection options with the defaults filled in."""
+
+    min_score: float
+    max_detections: int
+
+
+class DetectionTask:
+    name = DETECTION
+
+    def resolve(
+        self, options: DetectOptions, config: ModelConfig, settings: Settings
+    ) -> DetectionSettings:
+        min_score = config.min_score if config.min_score is not None else settings.min_score
+        max_detections = config.max_detections or settings.max_detections
+        if math.isnan(options.min_score) or not 0.0 <= options.min_score <= 1.0:
+            raise errors.invalid_input(
+                f"min_score must be in [0, 1] (0 means the server default {min_score}), "
+                f"got {options.min_score}"
+            )
+        if options.max_detections < 0:
+            raise errors.invalid_input(
+                f"max_detections must be >= 0 (0 means the server default "
+                f"{max_detections}), got {options.max_detections}"
+            )
+        return DetectionSettings(
+            min_score=options.min_score or min_score,
+            max_detections=options.max_detections or max_detections,
+        )
+
+    def output_plan(self, signature: Signature, config: ModelConfig) -> DetectionPlan:
+        return plan_outputs(signature, config.outputs)
+
+    def map(
+        self,
+        outputs: Mapping[str, Tensor],
+        plan: OutputPlan,
+        frame: Frame,
+        options: DetectionSettings,
+        config: ModelConfig,
+    ) -> Detections:
+        if plan.form == "od_api":
+            return Detections(
+                map_detections(
+                    outputs,
+                    width=frame.width,
+                    height=frame.height,
+                    labels=config.labels,
+                    min_score=options.min_score,
+                    max_detections=options.max_detections,
+                    transform=frame.transform,
+                )
+            )
+        assert isinstance(plan, DetectionPlan)
+        if plan.form == "yolo":
+            return Detections(
+                map_yolo(
+                    outputs, plan, frame, config.labels, options.min_score, options.max_detections
+                )
+            )
+        return Detections(
+            map_boxes(
+                outputs, plan, frame, config.labels, options.min_score, options.max_detections
+            )
+        )
+
+    def summary(self, result: Detections) -> dict[str, object]:
+        return {"detections": len(result.detections)}
