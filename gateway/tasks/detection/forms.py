@@ -13,13 +13,10 @@ from gateway.labels import Labels
 from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.decoders import boxes as box_forms
 from gateway.tasks.decoders import yolo
-from gateway.tasks.detection.od_api import BOX_MARGIN, MAX_CLASS_ID, valid_count
+from gateway.tasks.detection.od_api import BOX_MARGIN, MAX_CLASS_ID, to_detections, valid_count
 from gateway.tasks.detection.plans import DetectionPlan
-from gateway.tasks.types import Box, Detection, NormalizedBox
+from gateway.tasks.types import Detection
 from gateway.upstream.tensors import Tensor, as_array
-
-# As in od_api: the result tuples without the NamedTuples' Python-level __new__.
-_make = tuple.__new__
 
 
 def _array(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
@@ -31,7 +28,7 @@ def _array(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
     return values
 
 
-def map_boxes(
+def map_decoded(
     outputs: Mapping[str, Tensor],
     plan: DetectionPlan,
     frame: Frame,
@@ -39,6 +36,47 @@ def map_boxes(
     min_score: float,
     max_detections: int,
 ) -> list[Detection]:
+    """Detections of the first batch item, best first, in pixels of the image, for a plan of
+    form `boxes` or `yolo`; class values plus the plan's `class_offset` checked as class
+    ids."""
+    decode = _yolo if plan.form == "yolo" else _boxes
+    normalized, scores, classes, classes_key = decode(
+        outputs, plan, frame.sent, min_score, max_detections
+    )
+    class_ids = classes.astype(np.float64) + plan.class_offset
+    with np.errstate(invalid="ignore"):
+        bad = ~((class_ids >= 0) & (class_ids <= MAX_CLASS_ID))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise OutputError(
+            f"{classes_key}[{i}] gives class id {float(class_ids[i])}; class ids must be "
+            f"numbers from 0 to {MAX_CLASS_ID} (set outputs.class_offset if the model counts "
+            "from another base)"
+        )
+    return to_detections(
+        normalized.tolist(),
+        scores.tolist(),
+        class_ids.tolist(),
+        range(len(class_ids)),
+        frame.width,
+        frame.height,
+        labels,
+        frame.transform,
+    )
+
+
+# The kept rows of a decoded form: normalized yxyx boxes of the image sent, their scores and
+# class values, and the output that gave the classes (for messages).
+_Decoded = tuple[np.ndarray, np.ndarray, np.ndarray, str]
+
+
+def _boxes(
+    outputs: Mapping[str, Tensor],
+    plan: DetectionPlan,
+    sent: tuple[int, int] | None,
+    min_score: float,
+    max_detections: int,
+) -> _Decoded:
     boxes = _array(outputs, plan.boxes)
     scores = _array(outputs, plan.scores)
     classes = _array(outputs, plan.classes)
@@ -69,7 +107,7 @@ def map_boxes(
         image_info = _array(outputs, plan.image_info)[0]
     try:
         yxyx = box_forms.to_yxyx(boxes[0, kept], plan.box_format)
-        normalized = box_forms.normalize(yxyx, plan.box_coordinates, frame.sent, image_info)
+        normalized = box_forms.normalize(yxyx, plan.box_coordinates, sent, image_info)
     except box_forms.BoxError as e:
         raise OutputError(str(e)) from None
     if not np.isfinite(normalized).all():
@@ -85,19 +123,16 @@ def map_boxes(
                 "model config if the boxes are not normalized "
                 f"[{', '.join(plan.box_format)}]"
             )
-    return _detections(
-        normalized, score[kept], classes[0, kept], plan.class_offset, frame, labels, plan.classes
-    )
+    return normalized, score[kept], classes[0, kept], plan.classes
 
 
-def map_yolo(
+def _yolo(
     outputs: Mapping[str, Tensor],
     plan: DetectionPlan,
-    frame: Frame,
-    labels: Labels,
+    sent: tuple[int, int] | None,
     min_score: float,
     max_detections: int,
-) -> list[Detection]:
+) -> _Decoded:
     assert plan.head is not None
     raw = _array(outputs, plan.head)
     if raw.ndim != 3 or raw.shape[0] < 1 or raw.shape[1] < 5:
@@ -115,60 +150,7 @@ def map_yolo(
         max_detections=max_detections,
     )
     try:
-        normalized = box_forms.normalize(decoded.boxes, "pixels", frame.sent)
+        normalized = box_forms.normalize(decoded.boxes, "pixels", sent)
     except box_forms.BoxError as e:
         raise OutputError(str(e)) from None
-    return _detections(
-        normalized, decoded.scores, decoded.classes, plan.class_offset, frame, labels, plan.head
-    )
-
-
-def _detections(
-    normalized: np.ndarray,
-    scores: np.ndarray,
-    classes: np.ndarray,
-    class_offset: int,
-    frame: Frame,
-    labels: Labels,
-    classes_key: str,
-) -> list[Detection]:
-    """Detection tuples from normalized yxyx boxes of the image the model received, best
-    first; boxes are clamped to the image and mapped to the displayed image, class values
-    plus `class_offset` checked as class ids."""
-    class_ids = classes.astype(np.float64) + class_offset
-    found: list[Detection] = []
-    names = labels.names
-    width, height = frame.width, frame.height
-    for i, (ymin, xmin, ymax, xmax) in enumerate(np.clip(normalized, 0.0, 1.0).tolist()):
-        if frame.transform is not None:
-            ymin, xmin, ymax, xmax = frame.transform((ymin, xmin, ymax, xmax))
-        ymin, ymax = min(ymin, ymax), max(ymin, ymax)
-        xmin, xmax = min(xmin, xmax), max(xmin, xmax)
-        class_value = float(class_ids[i])
-        if not 0 <= class_value <= MAX_CLASS_ID:
-            raise OutputError(
-                f"{classes_key}[{i}] gives class id {class_value}; class ids must be numbers "
-                f"from 0 to {MAX_CLASS_ID} (set outputs.class_offset if the model counts "
-                "from another base)"
-            )
-        class_id = round(class_value)
-        box = _make(Box, (
-            int(xmin * width + 0.5),
-            int(ymin * height + 0.5),
-            int(xmax * width + 0.5),
-            int(ymax * height + 0.5),
-        ))  # fmt: skip
-        label = names.get(class_id) or labels.label(class_id)
-        found.append(
-            _make(
-                Detection,
-                (
-                    class_id,
-                    label,
-                    float(scores[i]),
-                    box,
-                    _make(NormalizedBox, (xmin, ymin, xmax, ymax)),
-                ),
-            )
-        )
-    return found
+    return normalized, decoded.scores, decoded.classes, plan.head

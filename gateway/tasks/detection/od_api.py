@@ -10,7 +10,7 @@ model: plain Python over lists, few calls per detection.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.labels import Labels
@@ -135,6 +135,23 @@ def map_detections(
     # model's order) costs little and makes the contract hold for models that do not.
     kept = sorted([i for i in range(valid) if scores[i] >= min_score], key=scores.__getitem__,
                   reverse=True)[:max_detections]  # fmt: skip
+    return to_detections(boxes, scores, classes, kept, width, height, labels, transform)
+
+
+def to_detections(
+    boxes: Sequence[Sequence[float]],
+    scores: Sequence[float],
+    classes: Sequence[float],
+    kept: Iterable[int],
+    width: int,
+    height: int,
+    labels: Labels,
+    transform: BoxTransform | None,
+) -> list[Detection]:
+    """Detection tuples for the rows `kept`, in that order: normalized [ymin, xmin, ymax,
+    xmax] boxes of the image the model received (Python floats), mapped to the displayed
+    image, clamped to it, then to pixels of a width x height image; class values (checked
+    already) rounded to class ids. Every form's detections are made here."""
     found: list[Detection] = []
     names = labels.names
     for i in kept:

@@ -12,7 +12,7 @@ from gateway import errors
 from gateway.config import Settings
 from gateway.models import DETECTION, ModelConfig
 from gateway.tasks.base import Frame, OutputPlan
-from gateway.tasks.detection.forms import map_boxes, map_yolo
+from gateway.tasks.detection.forms import map_decoded
 from gateway.tasks.detection.od_api import map_detections
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
 from gateway.tasks.types import Detections, DetectOptions
@@ -74,14 +74,8 @@ class DetectionTask:
                 )
             )
         assert isinstance(plan, DetectionPlan)
-        if plan.form == "yolo":
-            return Detections(
-                map_yolo(
-                    outputs, plan, frame, config.labels, options.min_score, options.max_detections
-                )
-            )
         return Detections(
-            map_boxes(
+            map_decoded(
                 outputs, plan, frame, config.labels, options.min_score, options.max_detections
             )
         )
