@@ -9,6 +9,9 @@
 
 `make peers` builds the two venvs from the pinned lists beside this file
 (bench/peers/venvs.py); `python -m bench.peers` measures all of them against the gateway
-(bench/peers/__main__.py). This package imports nothing itself: each peer imports only its
-own venv's packages and bench.peers.odapi.
+(bench/peers/__main__.py), in the project's venv: `servers` starts each server and knows its
+doors (`processes`: the process trees, their CPU and RSS; `answers`: each door's answer read
+back and checked), `runs` measures one run, `report` writes the section of bench/results.md.
+This package imports nothing itself: each peer imports only its own venv's packages and
+bench.peers.odapi.
 """
