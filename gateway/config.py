@@ -156,10 +156,11 @@ class Settings:
     # Seconds between the runner's checkpoints (at most this much is redone after a crash).
     batch_checkpoint_seconds: float = 2.0
     # kubernetes executor: namespace (empty: the pod's own), kubeconfig (empty: in-cluster),
-    # the runner's image, the gateway address its pods call, and their resources.
+    # the runner's image (empty: the gateway pod's own, so runners are the same release), the
+    # gateway address its pods call, and their resources.
     batch_namespace: str = ""
     batch_kubeconfig: str = ""
-    batch_image: str = "detection-gateway:0.1.0"
+    batch_image: str = ""
     batch_runner_target: str = "detection-gateway:50051"
     batch_parallelism: int = 10
     batch_cpu: str = "250m,1"

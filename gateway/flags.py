@@ -199,7 +199,7 @@ _HELP = {
     "batch_checkpoint_seconds": "seconds between batch checkpoints (redone after a crash)",
     "batch_namespace": "kubernetes executor: namespace for Jobs (default: the pod's own)",
     "batch_kubeconfig": "kubernetes executor: kubeconfig file (default: in-cluster config)",
-    "batch_image": "kubernetes executor: image of the runner pods (the gateway's image)",
+    "batch_image": "kubernetes executor: image of the runner pods (default: the gateway pod's own)",
     "batch_runner_target": "kubernetes executor: gateway host:port the runner pods call",
     "batch_parallelism": "kubernetes executor: shards (pods) running at once per job",
     "batch_cpu": "kubernetes executor: runner pod CPU request,limit",

@@ -7,8 +7,14 @@ job's state is derived on every read from the Job's status and the shards' `_SUC
 markers, and kept in the job store once it has ended, so every gateway replica sees the same
 jobs. Cancel and Delete delete the Job (its pods go with it, propagationPolicy Background).
 
-Calls made: create, get and delete of jobs in one namespace — within the Role of
-k8s/components/batch (create/get/list/watch/delete jobs, get/list pods).
+The runner pods run GATEWAY_BATCH_IMAGE; empty (the default) means the image of the gateway's
+own pod, read once from the API server: the pod named by POD_NAME in POD_NAMESPACE (the
+downward API; else the host name and the ServiceAccount's namespace), its container
+`gateway` (or its only one). So the runners are the same release as the gateway without the
+manifests repeating the image.
+
+Calls made: create, get and delete of jobs in one namespace, get of the gateway's own pod —
+within the Role of k8s/components/jobs (create/get/list/watch/delete jobs, get/list pods).
 
 This module imports `kubernetes`; the gateway imports it only with --batch-executor
 kubernetes.
@@ -19,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -36,21 +44,16 @@ from gateway.errors import GatewayError, Kind
 from gateway.frontends.api import Binding
 from gateway.jobs.admission import input_guard
 from gateway.jobs.records import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
+from gateway.jobs.service import ExecutorError, JobService
 from gateway.jobs.views import end
-
-if TYPE_CHECKING:
-    from gateway.jobs.service import JobService
 
 log = logging.getLogger("gateway.jobs")
 
 OPERATION_LABEL = "detection.gateway/operation"
 APP = "detection-batch"
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+GATEWAY_CONTAINER = "gateway"  # the gateway's container in k8s/base/gateway.yaml
 RUNNER_CONCURRENCY = 64  # as k8s/jobs/batch: per pod, against the gateway Service
-
-
-class ExecutorError(Exception):
-    """The job could not be started; the message says why."""
 
 
 def _message(error: ApiException) -> str:
@@ -92,13 +95,39 @@ def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
     return args
 
 
+def own_pod() -> tuple[str, str]:
+    """The gateway's own pod, (namespace, name): from the downward API (POD_NAMESPACE,
+    POD_NAME), else the ServiceAccount's namespace and the host name (a pod's host name is its
+    name unless its spec sets another)."""
+    name = os.environ.get("POD_NAME") or socket.gethostname()
+    return os.environ.get("POD_NAMESPACE") or _own_namespace(), name
+
+
+def container_image(pod: Any) -> str:
+    """The image of the gateway's container in `pod` (a V1Pod): the one named `gateway`,
+    else the pod's only container; ValueError when neither is there."""
+    containers = pod.spec.containers or []
+    named = [c for c in containers if c.name == GATEWAY_CONTAINER]
+    chosen = named or (containers if len(containers) == 1 else [])
+    if not chosen or not chosen[0].image:
+        names = ", ".join(c.name for c in containers) or "none"
+        raise ValueError(
+            f"it has no container named {GATEWAY_CONTAINER!r} and not exactly one container "
+            f"(containers: {names})"
+        )
+    return str(chosen[0].image)
+
+
 def _pair(text: str) -> tuple[str, str]:
     request, _, limit = text.partition(",")
     return request.strip(), (limit or request).strip()
 
 
-def job_manifest(job: Job, settings: Settings, namespace: str, binding: Binding) -> dict[str, Any]:
-    """The Indexed Job for `job`: k8s/jobs/batch/job.yaml with this job's values."""
+def job_manifest(
+    job: Job, settings: Settings, namespace: str, binding: Binding, image: str
+) -> dict[str, Any]:
+    """The Indexed Job for `job`: k8s/jobs/batch/job.yaml with this job's values, its pods
+    running `image`."""
     cpu, memory = _pair(settings.batch_cpu), _pair(settings.batch_memory)
     labels = {"app": APP, OPERATION_LABEL: job.id, "app.kubernetes.io/part-of": "detection"}
     hardening = {"runAsNonRoot": True, "runAsUser": 10001}
@@ -141,7 +170,7 @@ def job_manifest(job: Job, settings: Settings, namespace: str, binding: Binding)
                     "containers": [
                         {
                             "name": "batch",
-                            "image": settings.batch_image,
+                            "image": image,
                             "imagePullPolicy": "IfNotPresent",
                             "command": ["detection-batch"],
                             "args": runner_args(job, settings, binding),
@@ -190,16 +219,49 @@ class KubernetesExecutor:
         self._api = k8s.ApiClient(configuration)
         self._batch = k8s.BatchV1Api(self._api)
         self.namespace = settings.batch_namespace or _own_namespace()
+        self._image = settings.batch_image  # empty until read from the gateway's own pod
 
     async def start(self, jobs: list[Job]) -> None:
         """Jobs whose Kubernetes Job was never created (a crash in between) get it now."""
+        if not self._image:
+            try:
+                await self.runner_image()
+            except ExecutorError as e:  # said at once; each job creation tries again
+                log.error("batch runner image unknown", extra={"fields": {"error": str(e)}})
+                return  # those jobs get their Job at the next start
         for job in jobs:
             if job.state == QUEUED and not job.cancel_requested:
                 await self.submit(job)
 
+    async def runner_image(self) -> str:
+        """GATEWAY_BATCH_IMAGE, or when it is empty the image of the gateway's own pod."""
+        if not self._image:
+            namespace, name = own_pod()
+            core = k8s.CoreV1Api(self._api)
+            where = f"the gateway's own Pod {namespace}/{name}"
+            try:
+                pod = await asyncio.to_thread(core.read_namespaced_pod, name, namespace)
+                self._image = container_image(pod)
+            except ApiException as e:
+                raise ExecutorError(
+                    f"GATEWAY_BATCH_IMAGE is empty, so runner pods run the image of {where}, "
+                    f"but the Kubernetes API refused to read it: {e.status} {e.reason}: "
+                    f"{_message(e)}; set POD_NAME and POD_NAMESPACE from the downward API "
+                    "(k8s/components/jobs does) and allow `get pods` to the gateway's "
+                    "ServiceAccount, or set GATEWAY_BATCH_IMAGE"
+                ) from None
+            except ValueError as e:
+                raise ExecutorError(
+                    f"GATEWAY_BATCH_IMAGE is empty, so runner pods run the image of {where}, "
+                    f"but {e}; set GATEWAY_BATCH_IMAGE"
+                ) from None
+            log.info("batch runner image", extra={"fields": {"image": self._image, "pod": name}})
+        return self._image
+
     async def submit(self, job: Job) -> None:
         binding = job.spec.binding(self._service.bindings)
-        manifest = job_manifest(job, self._settings, self.namespace, binding)
+        image = await self.runner_image()
+        manifest = job_manifest(job, self._settings, self.namespace, binding, image)
         try:
             await asyncio.to_thread(self._batch.create_namespaced_job, self.namespace, manifest)
         except ApiException as e:

@@ -52,6 +52,10 @@ class Executor(Protocol):
     async def close(self) -> None: ...
 
 
+class ExecutorError(Exception):
+    """The executor could not start a job; the message says why (and what to change)."""
+
+
 def no_operation(name: str) -> GatewayError:
     return GatewayError(Kind.NOT_FOUND, f"no operation named {name!r}")
 
@@ -161,7 +165,11 @@ class JobService:
         except Exception as e:
             # Not started: forget the record, so the same request_id can be sent again.
             await asyncio.to_thread(self.store.delete, job.id)
-            log.exception("batch job not started", extra={"fields": {"operation": job.name}})
+            fields = {"operation": job.name, "error": str(e)}
+            if isinstance(e, ExecutorError):  # a refusal the message explains
+                log.error("batch job not started", extra={"fields": fields})
+            else:
+                log.exception("batch job not started", extra={"fields": fields})
             raise GatewayError(
                 Kind.UNAVAILABLE, f"the batch job could not be started: {e}"
             ) from None

@@ -240,3 +240,47 @@ def test_cancel_deletes_the_job(apiserver, client, setup) -> None:
     assert done.error.code == grpc.StatusCode.CANCELLED.value[0]
     gone = apiserver.kubectl("get", "job", name, f"--namespace={NAMESPACE}", check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def test_an_empty_image_is_the_image_of_the_gateways_own_pod(
+    apiserver, tfs, setup, tmp_path, monkeypatch
+) -> None:
+    """GATEWAY_BATCH_IMAGE empty: runner pods run the image of the gateway pod's `gateway`
+    container, read with the executor's token (the pod named by the downward API's
+    POD_NAME/POD_NAMESPACE). A pod it cannot read refuses the job saying what to set; the
+    next creation reads it again."""
+    pod_name = "detection-gateway-5f7c9d-q2kx8"
+    image = "registry.example/detection-gateway@sha256:" + "ab" * 32
+    monkeypatch.setenv("POD_NAME", pod_name)
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    extra = [a for a in setup["extra"] if not a.startswith("--batch-image=")]
+    with gateway(tfs, tmp_path / "store", tmp_path, [*extra, "--batch-image="]) as gw:
+        with gw.channel() as channel:
+            client = Client(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                client.create(input_uri=str(setup["images"]))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            details = info.value.details() or ""
+            assert f"Pod {NAMESPACE}/{pod_name}" in details and "404" in details, details
+            assert "GATEWAY_BATCH_IMAGE" in details
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": pod_name},
+                "spec": {
+                    "serviceAccountName": EXECUTOR,
+                    "containers": [
+                        {"name": "istio-proxy", "image": "docker.io/istio/proxyv2:1.30.3"},
+                        {"name": "gateway", "image": image},
+                    ],
+                },
+            }
+            apiserver.kubectl(
+                "create", f"--namespace={NAMESPACE}", "--filename=-", input=json.dumps(pod)
+            )
+            op = client.create(input_uri=str(setup["images"]))
+            (container,) = kube_job(apiserver, op.name)["spec"]["template"]["spec"]["containers"]
+            assert container["image"] == image
+        log = gw.log_path.read_text()
+    assert "batch runner image unknown" in log  # said at startup, before any job
+    assert "Traceback" not in log

@@ -168,24 +168,54 @@ def secret_data(server: ApiServer, name: str) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
 
-def container_env(server: ApiServer, spec: dict[str, Any]) -> dict[str, str]:
-    """The environment the kubelet gives a container: envFrom Secrets, then env values."""
+def container_env(
+    server: ApiServer, spec: dict[str, Any], pod: dict[str, Any] | None = None
+) -> dict[str, str]:
+    """The environment the kubelet gives a container: envFrom Secrets, then env values and
+    the downward API's fields of its `pod`."""
     env: dict[str, str] = {}
     for source in spec.get("envFrom", []):
         ref = source["secretRef"]
         data = secret_data(server, ref["name"])
         assert data or ref.get("optional"), f"Secret {ref['name']} is missing"
         env.update(data)
-    env.update({e["name"]: e["value"] for e in spec.get("env", []) if "value" in e})
+    for entry in spec.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+            continue
+        path = entry["valueFrom"]["fieldRef"]["fieldPath"]
+        assert pod is not None and path.startswith("metadata."), entry
+        env[entry["name"]] = pod["metadata"][path.removeprefix("metadata.")]
     return env
 
 
 @pytest.fixture(scope="module")
-def pod_env(
+def gateway_pod(
     apiserver: ApiServer, prod: list[dict[str, Any]], deployed: dict[str, Any]
+) -> dict[str, Any]:
+    """One pod of the rendered Deployment, as its ReplicaSet would create it (no kubelet
+    runs it here: the gateway process stands for it and reads it back for its image)."""
+    template = find(prod, "Deployment", GATEWAY)["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**template["metadata"], "name": f"{GATEWAY}-7d4b9c-x2x5q"},
+        "spec": template["spec"],
+    }
+    created = apiserver.kubectl(
+        "create", f"--namespace={NAMESPACE}", "--output=json", "--filename=-",
+        input=json.dumps(pod),
+    )  # fmt: skip
+    return dict(json.loads(created.stdout))
+
+
+@pytest.fixture(scope="module")
+def pod_env(
+    apiserver: ApiServer, prod: list[dict[str, Any]], gateway_pod: dict[str, Any]
 ) -> Iterator[dict[str, str]]:
     """The gateway pod's environment, set for the gateway processes this module starts."""
-    env = container_env(apiserver, container(find(prod, "Deployment", GATEWAY), "gateway"))
+    spec = container(find(prod, "Deployment", GATEWAY), "gateway")
+    env = container_env(apiserver, spec, gateway_pod)
     assert env["GATEWAY_BATCH_EXECUTOR"] == "kubernetes"
     with pytest.MonkeyPatch.context() as patch:
         for name in list(os.environ):
@@ -282,8 +312,10 @@ def test_a_job_created_through_the_api_runs_as_a_kubernetes_job_and_reports_from
         name = job["metadata"]["name"]
         pod = job["spec"]["template"]["spec"]
         (spec,) = pod["containers"]
+        # The same release as the gateway: the image of its pod's container, read back.
+        assert pod_env["GATEWAY_BATCH_IMAGE"] == ""
         gateway_image = container(find(prod, "Deployment", GATEWAY), "gateway")["image"]
-        assert spec["image"] == gateway_image  # the same release as the gateway
+        assert spec["image"] == gateway_image
         apiserver.kubectl("get", "serviceaccount", pod["serviceAccountName"], "-n", NAMESPACE)
         assert [s["secretRef"]["name"] for s in spec["envFrom"]] == [CREDENTIALS]
         assert metadata(op).output_uri.startswith(deployed["store"])

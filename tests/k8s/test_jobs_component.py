@@ -177,7 +177,17 @@ def test_runner_pods_run_the_gateways_image_against_its_service(target: str) -> 
     objs = rendered(target)
     settings = gateway_settings(objs)
     c = container(find(objs, "Deployment", GATEWAY), "gateway")
-    assert settings.batch_image == c["image"]
+    # Empty: the gateway reads its own pod's image (gateway/jobs/kube.py), so an overlay's
+    # `images` reach the runner pods with nothing to copy; the pod is named by the downward
+    # API, and the Role lets the gateway read pods.
+    assert settings.batch_image == ""
+    fields = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e
+    }
+    assert fields["POD_NAME"] == "metadata.name"
+    assert fields["POD_NAMESPACE"] == "metadata.namespace"
+    role = find(objs, "Role", "detection-batch-executor")
+    assert any("pods" in r["resources"] and "get" in r["verbs"] for r in role["rules"])
     assert c["image"] != GATEWAY and ":" in c["image"]  # the overlay's release, not a bare name
     service = find(objs, "Service", GATEWAY)
     grpc = {p["name"]: p["port"] for p in service["spec"]["ports"]}["grpc"]
