@@ -2,19 +2,22 @@
 
 In the product the proto would sit in proto/ and `make proto` would generate its code into
 gateway/proto/; here it is compiled at test time with the same tool (grpc_tools.protoc) and
-the same include path, so the tests need no generated code of their own.
+the same include path, so the tests need no generated code of their own. protoc runs in a
+process of its own: run inside the test process, beside the other native libraries loaded
+there, its C++ compiler can crash that process (SIGSEGV in protoc.main).
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import google.rpc.status_pb2
-from grpc_tools import protoc
+import grpc_tools
 
 from gateway.core.domain import Outcome, Request
 from gateway.frontends.api import Binding, Trace, served_model, to_model_ref
@@ -31,16 +34,19 @@ def compile_messages(out: Path) -> ModuleType:
         return sys.modules["embedding.v1.embedding_pb2"]
     googleapis = Path(google.rpc.status_pb2.__file__).resolve().parents[2]
     args = [
+        sys.executable,
+        "-m",
         "grpc_tools.protoc",
         f"-I{HERE / 'proto'}",
         f"-I{ROOT / 'proto'}",
-        f"-I{Path(protoc.__file__).parent / '_proto'}",
+        f"-I{Path(grpc_tools.__file__).parent / '_proto'}",
         f"-I{googleapis}",
         f"--python_out={out}",
         str(PROTO),
     ]
-    if protoc.main(args) != 0:
-        raise RuntimeError("protoc failed on the embedding proto")
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"protoc failed on the embedding proto: {done.stderr.strip()}")
     generated = out / PROTO.with_name("embedding_pb2.py")
     # As proto/generate.py does: the shared messages come from the gateway's package.
     shared = re.compile(r"^from detection\.v1 ", re.MULTILINE)
