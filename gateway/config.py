@@ -64,6 +64,15 @@ class Settings:
     # ~5 Mbit/s; the body is read before the request takes a concurrency slot, so a slow
     # client never holds one.
     http_body_timeout: float = 60.0
+    # What an HTTP request may carry besides its image, in bytes: options, form fields and a
+    # MessagePack body's metadata (which comes back in the result). 64 KiB holds a thousand
+    # short keys and values; past it the body is refused (413) before anything is built from
+    # the rest.
+    http_max_metadata_bytes: int = 64 * 1024
+    # Keys of a MessagePack body's metadata. Each becomes objects and a member of the result;
+    # 1,000 is far beyond what callers attach (camera, frame, timestamps) and reads in a few
+    # milliseconds. A map announcing more is refused from its header, before it is read.
+    http_max_metadata_keys: int = 1000
 
     # === upstream: the TF Serving hop ===
     # TF Serving's gRPC target: host:port, or dns:///headless-service:8500 with
@@ -242,6 +251,8 @@ class Settings:
             "max_pixels",
             "max_concurrent_requests",
             "grpc_max_concurrent_streams",
+            "http_max_metadata_bytes",
+            "http_max_metadata_keys",
             "stream_window",
             "decode_threads",
             "workers",

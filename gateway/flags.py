@@ -42,6 +42,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
             "stream_window",
             "http_header_timeout",
             "http_body_timeout",
+            "http_max_metadata_bytes",
+            "http_max_metadata_keys",
         ),
     ),
     "upstream": (
@@ -141,6 +143,8 @@ _HELP = {
     "http_port": "HTTP port (REST routes, /invocations, /ping, web page); 0 disables",
     "http_header_timeout": "seconds for a request's headers (and idle keep-alive)",
     "http_body_timeout": "seconds for a request's body to arrive; then 408",
+    "http_max_metadata_bytes": "bytes an HTTP request may carry besides its image (metadata)",
+    "http_max_metadata_keys": "metadata keys a MessagePack body may carry",
     "upstream": "TF Serving gRPC target (host:port or dns:///service:port)",
     "upstream_lb": "client-side load balancing over the target's addresses",
     "model": "model used when a request names none",

@@ -8,25 +8,21 @@ with an `image` file part. Query parameters (`min_score`, `max_detections`, `top
 `request_id`, and `model` / `version` / `label` where the path names no model) override the
 body. (Responses: gateway.frontends.http.responses.)
 
-Conversion only: values are checked by the pipeline, as for gRPC. Every failure here is a
-GatewayError naming the field (INVALID_INPUT; TOO_LARGE for a body over the limit), or an
-HttpError (408 for a body that does not arrive in time).
+Conversion only: values are checked by the pipeline, as for gRPC. What a body may make the
+gateway build (nesting, keys, parts, everything besides the image) is bounded while it is
+read (gateway.frontends.http.limits). Every failure here is a GatewayError naming the field
+(INVALID_INPUT; TOO_LARGE for a body over a limit), or an HttpError (408 for a body that does
+not arrive in time).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from email import policy
-from email.parser import BytesParser
 from typing import Any
 
-import msgpack
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
@@ -34,6 +30,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from gateway import errors
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
+from gateway.frontends.http import limits
 from gateway.frontends.http.status import body_timeout
 
 JSON = "application/json"
@@ -103,11 +100,8 @@ def option_names(message: ApiRequest) -> tuple[str, ...]:
 # --- request bodies -------------------------------------------------------------------------
 
 
-def decode_json(body: bytes, message: ApiRequest) -> Decoded:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise errors.invalid_input(f"the body is not valid JSON: {exc}") from None
+def decode_json(body: bytes, message: ApiRequest, bounds: limits.BodyLimits) -> Decoded:
+    data = limits.json_request(body, bounds)
     if not isinstance(data, dict):
         raise errors.invalid_input(
             f"the JSON body must be an object with an 'image' field, got {_json_type(data)}"
@@ -133,18 +127,8 @@ def decode_json(body: bytes, message: ApiRequest) -> Decoded:
         json_format.ParseDict(data, message)
     except json_format.ParseError as exc:
         raise errors.invalid_input(f"invalid JSON request: {exc}") from None
-    message.image = _base64(image)
+    message.image = limits.base64_image(image)
     return Decoded(message)
-
-
-def _base64(text: str) -> bytes:
-    """Standard or URL-safe base64, padded or not (as proto3 JSON accepts), strictly."""
-    value = text.strip().replace("-", "+").replace("_", "/")
-    value += "=" * (-len(value) % 4)
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise errors.invalid_input(f"image is not valid base64: {exc}") from None
 
 
 def _json_type(value: object) -> str:
@@ -155,43 +139,16 @@ def _json_type(value: object) -> str:
     return "null" if value is None else "a number"
 
 
-def decode_msgpack(body: bytes, message: ApiRequest) -> Decoded:
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(body), 1))
-    unpacker.feed(body)
-    fields = {field.name: field for field in message.DESCRIPTOR.fields}
-    metadata: RawMetadata = []
-    seen_image = False
-    try:
-        try:
-            count = unpacker.read_map_header()
-        except ValueError:
-            raise errors.invalid_input(
-                "the MessagePack body must be a map with an 'image' (bin) entry"
-            ) from None
-        for _ in range(count):
-            key_start = unpacker.tell()
-            key = unpacker.unpack()
-            value_start = unpacker.tell()
-            if isinstance(key, str) and key in fields:
-                _set_field(message, fields[key], unpacker.unpack())
-                seen_image = seen_image or key == "image"
-            else:
-                unpacker.skip()
-                metadata.append((body[key_start:value_start], body[value_start : unpacker.tell()]))
-        if unpacker.tell() != len(body):
-            raise errors.invalid_input(
-                f"the MessagePack body has {len(body) - unpacker.tell()} bytes after its map; "
-                "send one map"
-            )
-    except (ValueError, msgpack.OutOfData) as exc:
-        raise errors.invalid_input(
-            f"the body is not valid MessagePack: {exc or 'truncated'}"
-        ) from None
-    if not seen_image:
+def decode_msgpack(body: bytes, message: ApiRequest, bounds: limits.BodyLimits) -> Decoded:
+    fields = {f.name: f for f in message.DESCRIPTOR.fields}
+    read = limits.msgpack_request(body, fields.keys(), bounds)
+    for name, value in read.fields:
+        _set_field(message, fields[name], value)
+    if not any(name == "image" for name, _ in read.fields):
         raise errors.invalid_input(
             "the MessagePack map has no 'image' entry: put the encoded image under 'image' as bin"
         )
-    return Decoded(message, metadata)
+    return Decoded(message, read.metadata)
 
 
 def _set_field(message: Any, field: FieldDescriptor, value: Any) -> None:
@@ -255,28 +212,19 @@ def _msgpack_type(value: object) -> str:
     return "nil" if value is None else type(value).__name__
 
 
-def decode_multipart(content_type: str, body: bytes, message: ApiRequest) -> Decoded:
-    """multipart/form-data: an `image` file part and option fields (CPU-bound for large
-    bodies: the caller runs it in a thread)."""
-    head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
-    parsed = BytesParser(policy=policy.HTTP).parsebytes(head + body)
-    if not parsed.is_multipart():
-        raise errors.invalid_input(
-            "the multipart body could not be read: check the boundary in Content-Type"
-        )
-    parts: dict[str, bytes] = {}
-    for part in parsed.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not isinstance(name, str) or not name:
-            raise errors.invalid_input("a multipart part has no name (Content-Disposition)")
-        payload = part.get_payload(decode=True)
-        parts[name] = payload if isinstance(payload, bytes) else b""
+def decode_multipart(
+    content_type: str, body: bytes, message: ApiRequest, bounds: limits.BodyLimits
+) -> Decoded:
+    """multipart/form-data: an `image` file part and option fields."""
+    parts = {part.name: part.data for part in limits.form_parts(content_type, body)}
     image = parts.pop("image", None)
     if image is None:
         raise errors.invalid_input(
             f"the multipart body has no 'image' part (parts: {', '.join(parts) or 'none'}): "
             "add the image file as 'image'"
         )
+    if sum(len(name) + len(data) for name, data in parts.items()) > bounds.max_rest_bytes:
+        raise bounds.budget_error("the form's fields")
     fields: dict[str, str] = {}
     for name, data in parts.items():
         try:
@@ -373,15 +321,35 @@ async def read_body(request: web.Request, body_format: str, settings: Settings) 
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def decode(body_format: str, content_type: str, body: bytes, message: ApiRequest) -> Decoded:
-    """`body` (of `body_format`; `content_type` is the full header) into `message`."""
+async def decode(
+    body_format: str,
+    content_type: str,
+    body: bytes,
+    message: ApiRequest,
+    bounds: limits.BodyLimits,
+) -> Decoded:
+    """`body` (of `body_format`; `content_type` is the full header) into `message`; bodies
+    over limits.DECODE_INLINE_BYTES are decoded in a thread, off the event loop."""
+    if body_format == BodyFormat.RAW:
+        message.image = body
+        return Decoded(message)
+    if len(body) <= limits.DECODE_INLINE_BYTES:
+        return _decode(body_format, content_type, body, message, bounds)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(
+        None, _decode, body_format, content_type, body, message, bounds
+    )
+
+
+def _decode(
+    body_format: str,
+    content_type: str,
+    body: bytes,
+    message: ApiRequest,
+    bounds: limits.BodyLimits,
+) -> Decoded:
     if body_format == BodyFormat.JSON:
-        return decode_json(body, message)
+        return decode_json(body, message, bounds)
     if body_format == BodyFormat.MSGPACK:
-        return decode_msgpack(body, message)
-    if body_format == BodyFormat.MULTIPART:
-        # The email parser is pure Python: off the event loop for large forms.
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, decode_multipart, content_type, body, message)
-    message.image = body
-    return Decoded(message)
+        return decode_msgpack(body, message, bounds)
+    return decode_multipart(content_type, body, message, bounds)

@@ -28,6 +28,7 @@ from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.api import TRACE_HEADERS, Binding, Bindings
 from gateway.frontends.http import bodies, openapi, page
+from gateway.frontends.http.limits import BodyLimits
 from gateway.frontends.http.responses import (
     REQUEST_ID,
     error_response,
@@ -67,6 +68,9 @@ class Handlers:
         self._pipeline = pipeline
         self._bindings = bindings
         self._readiness = readiness
+        self._body_limits = BodyLimits(
+            settings.http_max_metadata_bytes, settings.http_max_metadata_keys
+        )
         self.draining = False  # set on SIGTERM: /ping answers 503 from then on
 
     # --- unknown routes, wrong methods, unexpected failures as JSON errors (middleware) -----
@@ -183,7 +187,9 @@ class Handlers:
             )
         body = await bodies.read_body(request, body_format, self._settings)
         content_type = request.headers.get("Content-Type", "")
-        decoded = await bodies.decode(body_format, content_type, body, binding.request_type())
+        decoded = await bodies.decode(
+            body_format, content_type, body, binding.request_type(), self._body_limits
+        )
         message = decoded.message
         bodies.apply_query(message, request.query, allow_model=path_model is None)
         if path_model is not None:

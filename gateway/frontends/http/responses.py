@@ -19,6 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from gateway.frontends.http.bodies import JSON, MSGPACK, MSGPACK_TYPES, RawMetadata
+from gateway.frontends.http.limits import unpack_small
 
 REQUEST_ID = "x-request-id"
 Field = FieldDescriptor
@@ -67,7 +68,7 @@ def to_json(result: Message, metadata: RawMetadata | None = None) -> bytes:
     )
     if metadata is not None:
         data["metadata"] = {
-            _json_key(_unpack(key)): _jsonable(_unpack(value)) for key, value in metadata
+            _json_key(unpack_small(key)): _jsonable(unpack_small(value)) for key, value in metadata
         }
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
@@ -102,13 +103,6 @@ def _native(message: Message) -> dict[str, Any]:
         else:
             out[field.name] = value
     return out
-
-
-def _unpack(raw: bytes) -> Any:
-    try:
-        return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except UnicodeDecodeError:
-        return msgpack.unpackb(raw, raw=True, strict_map_key=False)
 
 
 def _json_key(key: Any) -> str:
