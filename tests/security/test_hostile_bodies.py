@@ -235,7 +235,7 @@ AT_THE_LIMIT: dict[str, tuple[str, Callable[[], bytes], int, str]] = {
         "application/json",
         lambda: _fill(b'{"image": "", "x": [', b"[],", b"[]]}", JSON_LIMIT),
         413,
-        "more than 10000 strings, brackets and commas",
+        "more than 10000 tokens",
     ),
     "json escapes": (
         "application/json",

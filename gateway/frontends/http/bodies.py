@@ -101,7 +101,8 @@ def option_names(message: ApiRequest) -> tuple[str, ...]:
 
 
 def decode_json(body: bytes, message: ApiRequest, bounds: limits.BodyLimits) -> Decoded:
-    data = limits.json_request(body, bounds)
+    read = limits.json_request(body, bounds)
+    data = read.data
     if not isinstance(data, dict):
         raise errors.invalid_input(
             f"the JSON body must be an object with an 'image' field, got {_json_type(data)}"
@@ -127,7 +128,7 @@ def decode_json(body: bytes, message: ApiRequest, bounds: limits.BodyLimits) -> 
         json_format.ParseDict(data, message)
     except json_format.ParseError as exc:
         raise errors.invalid_input(f"invalid JSON request: {exc}") from None
-    message.image = limits.base64_image(image)
+    message.image = limits.base64_image(image if read.image is None else read.image)
     return Decoded(message)
 
 

@@ -80,13 +80,49 @@ def _too_deep(what: str) -> GatewayError:
 # --- JSON -----------------------------------------------------------------------------------
 
 # The next string or structural character.
-_JSON_TOKEN = re.compile(rb'["\[\]{},]')
+_JSON_TOKEN = re.compile(rb'["\[\]{},:]')
+# Where a request puts its image: {"image": "<base64>"} or {"image": {"b64": "<base64>"}}.
+_IMAGE_PATHS = ([b"image"], [b"image", b"b64"])
+
+
+@dataclass
+class JsonRequest:
+    data: Any  # the body decoded, the image's string left empty when it was cut out
+    image: bytes | None  # that string's text as sent (base64, escapes and all)
+
+
+def json_request(body: bytes, limits: BodyLimits) -> JsonRequest:
+    """A JSON request body: its structure checked, the image's string (the one large part of
+    a request) cut out, and the rest, within the budget, decoded by json.loads."""
+    span = _scan_json(body)
+    image = None
+    if span is not None:
+        start, end = span
+        image, body = body[start:end], body[:start] + body[end:]
+    if len(body) > limits.max_rest_bytes:
+        raise GatewayError(
+            Kind.TOO_LARGE,
+            f"the JSON body has {len(body)} bytes besides a base64 string under 'image'; the "
+            f"limit is {limits.max_rest_bytes}: send the image there with a few options, or "
+            "raise GATEWAY_HTTP_MAX_METADATA_BYTES",
+        )
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise errors.invalid_input(f"the body is not valid JSON: {exc}") from None
+    return JsonRequest(data, image)
 
 
 def check_json_structure(body: bytes) -> None:
-    """Refuses a JSON text nested over MAX_DEPTH or with over MAX_JSON_TOKENS tokens, before
-    json.loads builds anything. Not a validator: malformed JSON within the bounds is left to
-    json.loads; an unterminated string is refused here because scanning stops there.
+    """Refuses a JSON text nested over MAX_DEPTH, with over MAX_JSON_TOKENS tokens or escapes,
+    or with a string that never ends (see _scan_json)."""
+    _scan_json(body)
+
+
+def _scan_json(body: bytes) -> tuple[int, int] | None:
+    """The structure of a JSON text, checked before json.loads builds anything; returns where
+    the image's string (its text between the quotes) is, if the body has one where requests
+    put it. Not a validator: malformed JSON within the bounds is json.loads' to refuse.
 
     Strings are skipped with bytes.find. Escaped backslashes and quotes are first replaced by
     two plain bytes each (same length, so positions hold), leaving a quote only where a
@@ -101,82 +137,93 @@ def check_json_structure(body: bytes) -> None:
                 "needs none (base64 has no characters to escape)",
             )
         body = body.replace(b"\\\\", b"__").replace(b'\\"', b"__")
-    depth = tokens = 0
-    position = 0
+    # Per open container: b"{" or b"[", and an object's current key (None for arrays).
+    kinds: list[int] = []
+    keys: list[bytes | None] = []
+    expect_key = False
+    image = None
+    tokens = position = 0
     search = _JSON_TOKEN.search
     while (token := search(body, position)) is not None:
         tokens += 1
         if tokens > MAX_JSON_TOKENS:
             raise GatewayError(
                 Kind.TOO_LARGE,
-                f"the JSON body has more than {MAX_JSON_TOKENS} strings, brackets and commas; "
-                "a request has the image and a few options",
+                f"the JSON body has more than {MAX_JSON_TOKENS} tokens (strings, brackets, "
+                "commas, colons); a request has the image and a few options",
             )
         start = token.start()
         char = body[start]
+        position = start + 1
         if char == 0x22:  # a string: skipped whole
-            end = body.find(b'"', start + 1)
+            end = body.find(b'"', position)
             if end < 0:
                 raise errors.invalid_input(
                     f"the body is not valid JSON: the string at byte {start} never ends"
                 )
+            if expect_key:
+                keys[-1] = body[position:end] if end - position <= 8 else None
+                expect_key = False
+            elif keys in _IMAGE_PATHS:
+                image = (position, end)
             position = end + 1
-            continue
-        position = start + 1
-        if char in b"[{":
-            depth += 1
-            if depth > MAX_DEPTH:
+        elif char == 0x7B:  # {
+            kinds.append(char)
+            keys.append(None)
+            expect_key = True
+            if len(kinds) > MAX_DEPTH:
+                raise _too_deep("the JSON body")
+        elif char == 0x5B:  # [
+            kinds.append(char)
+            keys.append(None)
+            expect_key = False
+            if len(kinds) > MAX_DEPTH:
                 raise _too_deep("the JSON body")
         elif char in b"]}":
-            depth -= 1
+            if kinds:
+                kinds.pop()
+                keys.pop()
+            expect_key = False
+        elif char == 0x2C:  # ,
+            expect_key = bool(kinds) and kinds[-1] == 0x7B
+    return image
 
 
-def json_request(body: bytes, limits: BodyLimits) -> Any:
-    """A JSON request body as an object whose members besides `image` fit the budget."""
-    check_json_structure(body)
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
+
+
+def base64_image(text: str | bytes, chunk: int = 1024 * 1024) -> bytes:
+    r"""Standard or URL-safe base64, padded or not (as proto3 JSON accepts), strictly, decoded
+    a MiB at a time: the event loop's thread gets the GIL between pieces. Bytes are the text
+    as it stood in the JSON body, where `\/` may stand for a slash."""
+    if isinstance(text, str):
+        try:
+            data = text.encode("ascii")
+        except UnicodeEncodeError:
+            raise errors.invalid_input(
+                "image is not valid base64: Only base64 data is allowed"
+            ) from None
+    else:
+        data = text
+        if b"\\" in data:
+            data = data.replace(b"\\/", b"/")
+            if b"\\" in data:
+                raise errors.invalid_input(
+                    "image is not valid base64: it holds JSON escapes (only \\/ stands for a "
+                    "base64 character)"
+                )
+    data = data.strip()
+    padding = b"=" * (-len(data) % 4)
+    pieces = []
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise errors.invalid_input(f"the body is not valid JSON: {exc}") from None
-    if isinstance(data, dict):
-        rest = {key: value for key, value in data.items() if key != "image"}
-        if _size(rest) > limits.max_rest_bytes:
-            raise limits.budget_error("the JSON body's members")
-    return data
-
-
-def _size(value: Any) -> int:
-    """About how many bytes a decoded JSON value holds: its strings' lengths, 8 for any other
-    scalar (iterative; the structure check bounds how many items there are)."""
-    total, stack = 0, [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            stack += item.keys()
-            stack += item.values()
-        elif isinstance(item, list):
-            stack += item
-        else:
-            total += 8
-    return total
-
-
-def base64_image(text: str, chunk: int = 4 * 1024 * 1024) -> bytes:
-    """Standard or URL-safe base64, padded or not (as proto3 JSON accepts), strictly, decoded
-    a few MiB at a time: the event loop's thread gets the GIL between pieces."""
-    value = text.strip().replace("-", "+").replace("_", "/")
-    value += "=" * (-len(value) % 4)
-    try:
-        if len(value) <= chunk:
-            return base64.b64decode(value, validate=True)
-        return b"".join(
-            base64.b64decode(value[i : i + chunk], validate=True)
-            for i in range(0, len(value), chunk)
-        )
+        for i in range(0, len(data), chunk):
+            piece = data[i : i + chunk].translate(_URLSAFE)
+            if i + chunk >= len(data):
+                piece += padding
+            pieces.append(binascii.a2b_base64(piece, strict_mode=True))
     except (binascii.Error, ValueError) as exc:
         raise errors.invalid_input(f"image is not valid base64: {exc}") from None
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 # --- MessagePack ----------------------------------------------------------------------------

@@ -58,18 +58,63 @@ def test_brackets_and_escaped_quotes_inside_strings_are_not_structure() -> None:
     text = {"image": "AAAA", "request_id": '[[[{{{"\\' * 20 + '\\"}'}
     body = json.dumps(text).encode()
     assert body.count(b"[") > MAX_DEPTH
-    assert json_request(body, LIMITS) == text
+    assert decoded(body) == (text, "AAAA")
     # An escaped backslash right before the closing quote ends the string.
-    assert json_request(b'{"image":"AAAA","request_id":"a\\\\"}', LIMITS)["request_id"] == "a\\"
+    body = b'{"image":"AAAA","request_id":"a\\\\"}'
+    assert decoded(body) == ({"image": "AAAA", "request_id": "a\\"}, "AAAA")
+
+
+def decoded(body: bytes) -> tuple[object, str]:
+    """json_request's result put back together: the data, and the image's text."""
+    read = json_request(body, LIMITS)
+    image = (read.image or b"").decode()
+    data = read.data
+    if read.image is not None:
+        if isinstance(data["image"], dict):
+            data["image"]["b64"] = image
+        else:
+            data["image"] = image
+    return data, image
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"image": "QUJD", "min_score": 0.5}',
+        b'{"min_score": 0.5, "image": {"b64": "QUJD"}}',
+        b'{"model": {"name": "d"}, "image" : "QUJD" }',
+    ],
+)
+def test_the_image_string_is_cut_out_before_json_loads(body: bytes) -> None:
+    read = json_request(body, LIMITS)
+    assert read.image == b"QUJD"
+    assert "QUJD" not in json.dumps(read.data)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"x": {"image": "QUJD"}}',  # not at the top
+        b'{"image": ["QUJD"]}',  # in an array
+        b'{"image": {"b64x": "QUJD"}}',
+        b'["image", "QUJD"]',
+        b'{"a": "image", "b": "QUJD"}',  # a value, not a key
+    ],
+)
+def test_only_the_image_where_requests_put_it_is_cut_out(body: bytes) -> None:
+    assert json_request(body, LIMITS).image is None
 
 
 def test_escapes_are_bounded_but_escaped_slashes_in_base64_are_free() -> None:
     image = base64.b64encode(bytes(range(256)) * 2000).decode()
     assert image.count("/") > MAX_JSON_TOKENS
     body = json.dumps({"image": image}).replace("/", "\\/").encode()  # as PHP writes it
-    assert json_request(body, LIMITS) == {"image": image}
+    read = json_request(body, BodyLimits())
+    assert base64_image(read.image or b"", chunk=1024) == bytes(range(256)) * 2000
     error = refusal(check_json_structure, b'["' + b"\\n" * (MAX_JSON_TOKENS + 1) + b'"]')
     assert error.kind == Kind.TOO_LARGE and "escaped characters" in error.message
+    error = refusal(base64_image, b"QUJD\\u0041AAA")
+    assert "JSON escapes" in error.message
 
 
 def test_an_unterminated_string_is_invalid_json() -> None:
@@ -83,10 +128,11 @@ def test_an_unterminated_string_is_invalid_json() -> None:
         (b"{", "not valid JSON"),
         (b'{"image": "AAAA", "max_detections": ' + b"9" * 5000 + b"}", "not valid JSON"),
         (b"\xff\xfe", "not valid JSON"),
+        (b'{"image": "AAAA"', "not valid JSON"),
     ],
 )
 def test_malformed_json_within_the_bounds_is_invalid_input(body: bytes, named: str) -> None:
-    error = refusal(json_request, body, LIMITS)
+    error = refusal(json_request, body, BodyLimits())
     assert error.kind == Kind.INVALID_INPUT and named in error.message
 
 
@@ -94,10 +140,14 @@ def test_everything_besides_the_image_shares_the_budget() -> None:
     image = base64.b64encode(bytes(100_000)).decode()
     for form in (image, {"b64": image}):
         assert json_request(json.dumps({"image": form, "min_score": 0.5}).encode(), LIMITS)
-    body = json.dumps({"image": "AAAA", "request_id": "x" * 2000}).encode()
-    error = refusal(json_request, body, LIMITS)
-    assert error.kind == Kind.TOO_LARGE
-    assert "GATEWAY_HTTP_MAX_METADATA_BYTES" in error.message and "1024" in error.message
+    for body in (
+        json.dumps({"image": "AAAA", "request_id": "x" * 2000}).encode(),
+        b'{"image": "AAAA", "min_score": 0.' + b"1" * 2000 + b"}",  # any bytes count
+        json.dumps({"picture": image}).encode(),  # no image where requests put it
+    ):
+        error = refusal(json_request, body, LIMITS)
+        assert error.kind == Kind.TOO_LARGE
+        assert "GATEWAY_HTTP_MAX_METADATA_BYTES" in error.message and "1024" in error.message
 
 
 @pytest.mark.parametrize("size", [0, 1, 2, 3, 11, 12, 13, 100])
@@ -106,11 +156,14 @@ def test_base64_in_pieces_decodes_like_in_one_piece(size: int) -> None:
     data = data[:size]
     text = base64.b64encode(data).decode()
     assert base64_image(text, chunk=8) == data
+    assert base64_image(text.encode(), chunk=4) == data
     assert base64_image(base64.urlsafe_b64encode(data).decode().rstrip("="), chunk=4) == data
+    assert base64_image(f" {text}\n", chunk=8) == data
 
 
-def test_invalid_base64_is_named() -> None:
-    error = refusal(base64_image, "AAAA" * 10 + "!!!!", 8)
+@pytest.mark.parametrize("text", ["AAAA" * 10 + "!!!!", "AAAA=AAA", "AAAAA", "ÀAAA"])
+def test_invalid_base64_is_named(text: str) -> None:
+    error = refusal(base64_image, text, 8)
     assert error.kind == Kind.INVALID_INPUT and "image is not valid base64" in error.message
 
 
