@@ -53,6 +53,23 @@ MAX_BOUNDARY = 70
 DECODE_INLINE_BYTES = 256 * 1024
 
 
+# Searches over a body go a window at a time: a search over a few MiB crafted to be slow
+# (a short needle made of the body's own bytes) holds the GIL for milliseconds, not seconds,
+# and the event loop's thread gets it between windows.
+WINDOW = 1024 * 1024
+
+
+def find(data: bytes, needle: bytes, start: int = 0, end: int | None = None) -> int:
+    """data.find(needle, start, end), a window at a time."""
+    end = len(data) if end is None else min(end, len(data))
+    while start < end:
+        found = data.find(needle, start, min(start + WINDOW + len(needle) - 1, end))
+        if found >= 0:
+            return found
+        start += WINDOW
+    return -1
+
+
 @dataclass(frozen=True)
 class BodyLimits:
     """The settable limits (gateway.config: http_max_metadata_bytes, http_max_metadata_keys)."""
@@ -88,29 +105,52 @@ _IMAGE_PATHS = ([b"image"], [b"image", b"b64"])
 @dataclass
 class JsonRequest:
     data: Any  # the body decoded, the image's string left empty when it was cut out
-    image: bytes | None  # that string's text as sent (base64, escapes and all)
+    image: bytes | memoryview | None  # that string's text (base64; escaped slashes undone)
 
 
 def json_request(body: bytes, limits: BodyLimits) -> JsonRequest:
     """A JSON request body: its structure checked, the image's string (the one large part of
     a request) cut out, and the rest, within the budget, decoded by json.loads."""
+    image: bytes | memoryview | None = None
     span = _scan_json(body)
-    image = None
-    if span is not None:
-        start, end = span
-        image, body = body[start:end], body[:start] + body[end:]
-    if len(body) > limits.max_rest_bytes:
+    rest = len(body) - (span[1] - span[0] if span else 0)
+    if rest > limits.max_rest_bytes:
         raise GatewayError(
             Kind.TOO_LARGE,
-            f"the JSON body has {len(body)} bytes besides a base64 string under 'image'; the "
+            f"the JSON body has {rest} bytes besides a base64 string under 'image'; the "
             f"limit is {limits.max_rest_bytes}: send the image there with a few options, or "
             "raise GATEWAY_HTTP_MAX_METADATA_BYTES",
         )
+    if span is not None:
+        start, end = span
+        image = _unescape_slashes(body, start, end)
+        body = body[:start] + body[end:]
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise errors.invalid_input(f"the body is not valid JSON: {exc}") from None
     return JsonRequest(data, image)
+
+
+def _unescape_slashes(body: bytes, start: int, end: int) -> bytes | memoryview:
+    r"""The image's text between `start` and `end`: a view of the body, or where it holds
+    escapes (some encoders write / as \/), a copy with them undone a window at a time."""
+    if find(body, b"\\", start, end) < 0:
+        return memoryview(body)[start:end]
+    pieces = []
+    while start < end:
+        stop = min(start + WINDOW, end)
+        if body[stop - 1] == 0x5C and stop < end:  # keep an escape in one piece
+            stop += 1
+        pieces.append(body[start:stop].replace(b"\\/", b"/"))
+        start = stop
+    text = b"".join(pieces)
+    if find(text, b"\\") >= 0:
+        raise errors.invalid_input(
+            "image is not valid base64: it holds JSON escapes (only \\/ stands for a base64 "
+            "character)"
+        )
+    return text
 
 
 def check_json_structure(body: bytes) -> None:
@@ -124,19 +164,10 @@ def _scan_json(body: bytes) -> tuple[int, int] | None:
     the image's string (its text between the quotes) is, if the body has one where requests
     put it. Not a validator: malformed JSON within the bounds is json.loads' to refuse.
 
-    Strings are skipped with bytes.find. Escaped backslashes and quotes are first replaced by
-    two plain bytes each (same length, so positions hold), leaving a quote only where a
-    string starts or ends. At most MAX_JSON_TOKENS escapes are accepted, not counting the
-    slashes some encoders escape in base64 text."""
-    if b"\\" in body:
-        backslashes = body.count(b"\\")
-        if backslashes - body.count(b"\\/") > MAX_JSON_TOKENS:
-            raise GatewayError(
-                Kind.TOO_LARGE,
-                f"the JSON body has more than {MAX_JSON_TOKENS} escaped characters; a request "
-                "needs none (base64 has no characters to escape)",
-            )
-        body = body.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    Tokens are found a window at a time and strings skipped with bytes.find. At most
+    MAX_JSON_TOKENS escapes are accepted (not counting the slashes some encoders escape in
+    base64 text), which bounds the look back over backslashes before each quote."""
+    _check_escapes(body)
     # Per open container: b"{" or b"[", and an object's current key (None for arrays).
     kinds: list[int] = []
     keys: list[bytes | None] = []
@@ -144,7 +175,13 @@ def _scan_json(body: bytes) -> tuple[int, int] | None:
     image = None
     tokens = position = 0
     search = _JSON_TOKEN.search
-    while (token := search(body, position)) is not None:
+    while True:
+        token = search(body, position, position + WINDOW)
+        if token is None:
+            if position + WINDOW >= len(body):
+                return image
+            position += WINDOW
+            continue
         tokens += 1
         if tokens > MAX_JSON_TOKENS:
             raise GatewayError(
@@ -156,11 +193,7 @@ def _scan_json(body: bytes) -> tuple[int, int] | None:
         char = body[start]
         position = start + 1
         if char == 0x22:  # a string: skipped whole
-            end = body.find(b'"', position)
-            if end < 0:
-                raise errors.invalid_input(
-                    f"the body is not valid JSON: the string at byte {start} never ends"
-                )
+            end = _string_end(body, start)
             if expect_key:
                 keys[-1] = body[position:end] if end - position <= 8 else None
                 expect_key = False
@@ -186,38 +219,63 @@ def _scan_json(body: bytes) -> tuple[int, int] | None:
             expect_key = False
         elif char == 0x2C:  # ,
             expect_key = bool(kinds) and kinds[-1] == 0x7B
-    return image
+
+
+def _check_escapes(body: bytes) -> None:
+    if b"\\" not in body:
+        return
+    escapes = 0
+    for start in range(0, len(body), WINDOW):
+        escapes += body.count(b"\\", start, start + WINDOW)
+        escapes -= body.count(b"\\/", start, start + WINDOW + 1)  # pairs starting here
+        if escapes > MAX_JSON_TOKENS:
+            raise GatewayError(
+                Kind.TOO_LARGE,
+                f"the JSON body has more than {MAX_JSON_TOKENS} escaped characters; a request "
+                "needs none (base64 has no characters to escape)",
+            )
+
+
+def _string_end(body: bytes, start: int) -> int:
+    """Where the string opened at `start` ends: the next quote after an even number of
+    backslashes (escapes are bounded, so is the look back)."""
+    end = start
+    while True:
+        end = find(body, b'"', end + 1)
+        if end < 0:
+            raise errors.invalid_input(
+                f"the body is not valid JSON: the string at byte {start} never ends"
+            )
+        run = 0
+        while body[end - 1 - run] == 0x5C:
+            run += 1
+        if run % 2 == 0:
+            return end
 
 
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
+_SPACE = b" \t\r\n"
 
 
-def base64_image(text: str | bytes, chunk: int = 1024 * 1024) -> bytes:
-    r"""Standard or URL-safe base64, padded or not (as proto3 JSON accepts), strictly, decoded
-    a MiB at a time: the event loop's thread gets the GIL between pieces. Bytes are the text
-    as it stood in the JSON body, where `\/` may stand for a slash."""
+def base64_image(text: str | bytes | memoryview, chunk: int = 1024 * 1024) -> bytes:
+    """Standard or URL-safe base64, padded or not (as proto3 JSON accepts), strictly, decoded
+    a MiB at a time: the event loop's thread gets the GIL between pieces."""
     if isinstance(text, str):
         try:
-            data = text.encode("ascii")
+            data: bytes | memoryview = text.encode("ascii")
         except UnicodeEncodeError:
             raise errors.invalid_input(
                 "image is not valid base64: Only base64 data is allowed"
             ) from None
     else:
         data = text
-        if b"\\" in data:
-            data = data.replace(b"\\/", b"/")
-            if b"\\" in data:
-                raise errors.invalid_input(
-                    "image is not valid base64: it holds JSON escapes (only \\/ stands for a "
-                    "base64 character)"
-                )
-    data = data.strip()
+    if len(data) and (data[0] in _SPACE or data[-1] in _SPACE):
+        data = bytes(data).strip()
     padding = b"=" * (-len(data) % 4)
     pieces = []
     try:
         for i in range(0, len(data), chunk):
-            piece = data[i : i + chunk].translate(_URLSAFE)
+            piece = bytes(data[i : i + chunk]).translate(_URLSAFE)
             if i + chunk >= len(data):
                 piece += padding
             pieces.append(binascii.a2b_base64(piece, strict_mode=True))
@@ -438,7 +496,7 @@ def form_parts(
     if body.startswith(delimiter):
         position = len(delimiter)
     else:
-        found = body.find(b"\r\n" + delimiter)
+        found = find(body, b"\r\n" + delimiter)
         if found < 0:
             raise errors.invalid_input(
                 "the multipart body does not contain its boundary: check the boundary in "
@@ -470,7 +528,7 @@ def form_parts(
                 "end with an empty line",
             )
         data_start = headers_end + 4
-        data_end = body.find(separator, data_start)
+        data_end = find(body, separator, data_start)
         if data_end < 0:
             raise errors.invalid_input(
                 "the multipart body ends without its closing boundary; the upload may have "

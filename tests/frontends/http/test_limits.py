@@ -67,7 +67,7 @@ def test_brackets_and_escaped_quotes_inside_strings_are_not_structure() -> None:
 def decoded(body: bytes) -> tuple[object, str]:
     """json_request's result put back together: the data, and the image's text."""
     read = json_request(body, LIMITS)
-    image = (read.image or b"").decode()
+    image = bytes(read.image or b"").decode()
     data = read.data
     if read.image is not None:
         if isinstance(data["image"], dict):
@@ -87,7 +87,7 @@ def decoded(body: bytes) -> tuple[object, str]:
 )
 def test_the_image_string_is_cut_out_before_json_loads(body: bytes) -> None:
     read = json_request(body, LIMITS)
-    assert read.image == b"QUJD"
+    assert read.image is not None and bytes(read.image) == b"QUJD"
     assert "QUJD" not in json.dumps(read.data)
 
 
@@ -113,8 +113,8 @@ def test_escapes_are_bounded_but_escaped_slashes_in_base64_are_free() -> None:
     assert base64_image(read.image or b"", chunk=1024) == bytes(range(256)) * 2000
     error = refusal(check_json_structure, b'["' + b"\\n" * (MAX_JSON_TOKENS + 1) + b'"]')
     assert error.kind == Kind.TOO_LARGE and "escaped characters" in error.message
-    error = refusal(base64_image, b"QUJD\\u0041AAA")
-    assert "JSON escapes" in error.message
+    error = refusal(json_request, b'{"image": "QUJD\\u0041AAA"}', LIMITS)
+    assert error.kind == Kind.INVALID_INPUT and "JSON escapes" in error.message
 
 
 def test_an_unterminated_string_is_invalid_json() -> None:
@@ -165,6 +165,23 @@ def test_base64_in_pieces_decodes_like_in_one_piece(size: int) -> None:
 def test_invalid_base64_is_named(text: str) -> None:
     error = refusal(base64_image, text, 8)
     assert error.kind == Kind.INVALID_INPUT and "image is not valid base64" in error.message
+
+
+def test_windowed_searches_see_what_one_search_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "WINDOW", 8)
+    for size in range(30):
+        for needle in (b"ab", b"abcde", b"a"):
+            data = b"x" * size + needle + b"y" * 5
+            assert limits.find(data, needle) == data.find(needle) == size
+            assert limits.find(data, needle, 1, size + len(needle) - 1) == -1
+    # JSON across windows: tokens, strings with escaped quotes, escaped slashes in the image.
+    image = base64.b64encode(bytes(range(200))).decode()
+    text = {"request_id": 'a"b\\', "image": {"b64": image}, "n": [1, [2, {"m": "]"}]]}
+    body = json.dumps(text).replace("/", "\\/").encode()
+    assert decoded(body) == (text, image)
+    # A multipart body across windows.
+    content_type, body = form(field("image", b"0123456789" * 5), field("min_score", b"0.5"))
+    assert [p.data for p in form_parts(content_type, body)] == [b"0123456789" * 5, b"0.5"]
 
 
 # --- MessagePack ----------------------------------------------------------------------------
