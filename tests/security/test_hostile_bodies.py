@@ -9,10 +9,10 @@ loaded 2-core machine cannot make it flake:
   request, which waiting for a core does not inflate, is under 1 s;
 - "off the event loop": the CPU time of the gateway's main thread, where its event loop
   runs, grows by far less than the decoding costs (the decoding ran in another thread);
-- "/ping keeps answering": /ping is called in a loop on a kept-alive connection during the
-  request and just before it; the slowest /ping during the request stays within 250 ms of
-  the slowest one before it, the 250 ms scaled by how much slower than its own CPU time the
-  gateway ran meanwhile (wall time over CPU time: about 1 on an idle machine).
+- "/ping keeps answering within 250 ms": /ping is called back to back on a kept-alive
+  connection during the request; while each call waits, the gateway's CPU time grows by at
+  most 250 ms. On an idle machine that is the call's own latency; on a loaded one, time spent
+  waiting for a core does not count, time spent behind the hostile body's work does.
 """
 
 from __future__ import annotations
@@ -57,29 +57,42 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+@dataclass
+class Ping:
+    start: float
+    end: float
+    gateway_cpu: float  # what the gateway's threads used while this call waited
+
+    @property
+    def wall(self) -> float:
+        return self.end - self.start
+
+
 class Pinger:
-    """Calls GET /ping back to back on one kept-alive connection; records when each call
-    started and ended, and the statuses (200, or 503 while TF Serving's health check lags on
-    a loaded machine: an answer all the same)."""
+    """Calls GET /ping back to back on one kept-alive connection; records each call and the
+    gateway's CPU time meanwhile, and the statuses (200, or 503 while TF Serving's health
+    check lags on a loaded machine: an answer all the same)."""
 
     def __init__(self, gw: GatewayProcess) -> None:
+        self.pid = gw.process.pid
         self.connection = http.client.HTTPConnection("127.0.0.1", gw.http_port, timeout=60)
-        self.calls: list[tuple[float, float]] = []
+        self.calls: list[Ping] = []
         self.statuses: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            started = time.perf_counter()
+            cpu, started = cpu_seconds(self.pid), time.perf_counter()
             self.connection.request("GET", "/ping")
             response = self.connection.getresponse()
             response.read()
-            self.calls.append((started, time.perf_counter()))
+            ended = time.perf_counter()
+            self.calls.append(Ping(started, ended, cpu_seconds(self.pid) - cpu))
             self.statuses.add(response.status)
 
     def wait_for_calls_ending_after(self, moment: float, count: int = 1) -> None:
-        while sum(end > moment for _, end in self.calls) < count:
+        while sum(call.end > moment for call in self.calls) < count:
             time.sleep(0.005)
 
     def __enter__(self) -> Pinger:
@@ -99,15 +112,14 @@ class Answer:
     wall: float
     cpu: float  # the gateway's, for the whole exchange
     loop_cpu: float  # its main (event loop) thread's
-    pings_before: list[float]  # latencies of the /ping calls just before the request
-    pings_during: list[float]  # ... and of those in flight at any time during it
+    pings: list[Ping]  # the /ping calls in flight at any time during the exchange
 
 
 def send(gw: GatewayProcess, body: bytes, content_type: str) -> Answer:
     """POSTs `body` whole while /ping is called in a loop; the answer and what it cost."""
     pid = gw.process.pid
     with Pinger(gw) as pinger:
-        pinger.wait_for_calls_ending_after(time.perf_counter(), count=20)  # the baseline
+        pinger.wait_for_calls_ending_after(time.perf_counter(), count=3)
         connection = http.client.HTTPConnection("127.0.0.1", gw.http_port, timeout=120)
         cpu, loop_cpu = cpu_seconds(pid), cpu_seconds(pid, pid)
         started = time.perf_counter()
@@ -128,26 +140,17 @@ def send(gw: GatewayProcess, body: bytes, content_type: str) -> Answer:
         assert media_type == "application/json"
         error = json.loads(raw)["error"]
     assert set(error) == {"code", "message"}
-    return Answer(
-        response.status,
-        error,
-        ended - started,
-        cpu,
-        loop_cpu,
-        [end - start for start, end in pinger.calls[1:] if end <= started],  # [0] connects
-        [end - start for start, end in pinger.calls if end > started and start < ended],
-    )
+    during = [call for call in pinger.calls if call.end > started and call.start < ended]
+    return Answer(response.status, error, ended - started, cpu, loop_cpu, during)
 
 
 def assert_cheap(answer: Answer) -> None:
-    """The request cost under a second of the gateway's CPU, and /ping kept answering: its
-    slowest answer meanwhile within 250 ms of its slowest before, the 250 ms scaled by how
-    much slower than its own CPU time the gateway ran (about 1 on an idle machine; a 100 ms
-    hold of the event loop takes 600 ms where six processes share each core)."""
+    """The request cost under a second of the gateway's CPU, and no /ping waited behind more
+    than 250 ms of the gateway's work: on an idle machine, no /ping took over 250 ms."""
     assert answer.cpu < CPU_BUDGET, answer
-    slowdown = max(1.0, answer.wall / max(answer.cpu, 1 / TICKS))
-    allowed = max(answer.pings_before) + PING_MARGIN * slowdown
-    assert max(answer.pings_during) <= allowed, (slowdown, answer)
+    assert answer.pings, answer
+    slowest = max(answer.pings, key=lambda call: call.gateway_cpu)
+    assert slowest.gateway_cpu <= PING_MARGIN, (slowest, answer)
 
 
 @pytest.fixture
