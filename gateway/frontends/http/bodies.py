@@ -10,9 +10,9 @@ body. (Responses: gateway.frontends.http.responses.)
 
 Conversion only: values are checked by the pipeline, as for gRPC. What a body may make the
 gateway build (nesting, keys, parts, everything besides the image) is bounded while it is
-read (gateway.frontends.http.limits). Every failure here is a GatewayError naming the field
-(INVALID_INPUT; TOO_LARGE for a body over a limit), or an HttpError (408 for a body that does
-not arrive in time).
+read (gateway.frontends.http.limits; the readers json_body, msgpack_body and form_body).
+Every failure here is a GatewayError naming the field (INVALID_INPUT; TOO_LARGE for a body
+over a limit), or an HttpError (408 for a body that does not arrive in time).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from gateway import errors
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.http import limits
+from gateway.frontends.http import form_body, json_body, limits, msgpack_body
 from gateway.frontends.http.status import body_timeout
 
 JSON = "application/json"
@@ -101,7 +101,7 @@ def option_names(message: ApiRequest) -> tuple[str, ...]:
 
 
 def decode_json(body: bytes, message: ApiRequest, bounds: limits.BodyLimits) -> Decoded:
-    read = limits.json_request(body, bounds)
+    read = json_body.json_request(body, bounds)
     data = read.data
     if not isinstance(data, dict):
         raise errors.invalid_input(
@@ -128,7 +128,7 @@ def decode_json(body: bytes, message: ApiRequest, bounds: limits.BodyLimits) -> 
         json_format.ParseDict(data, message)
     except json_format.ParseError as exc:
         raise errors.invalid_input(f"invalid JSON request: {exc}") from None
-    message.image = limits.base64_image(image if read.image is None else read.image)
+    message.image = json_body.base64_image(image if read.image is None else read.image)
     return Decoded(message)
 
 
@@ -142,7 +142,7 @@ def _json_type(value: object) -> str:
 
 def decode_msgpack(body: bytes, message: ApiRequest, bounds: limits.BodyLimits) -> Decoded:
     fields = {f.name: f for f in message.DESCRIPTOR.fields}
-    read = limits.msgpack_request(body, fields.keys(), bounds)
+    read = msgpack_body.msgpack_request(body, fields.keys(), bounds)
     for name, value in read.fields:
         _set_field(message, fields[name], value)
     if not any(name == "image" for name, _ in read.fields):
@@ -217,7 +217,7 @@ def decode_multipart(
     content_type: str, body: bytes, message: ApiRequest, bounds: limits.BodyLimits
 ) -> Decoded:
     """multipart/form-data: an `image` file part and option fields."""
-    parts = {part.name: part.data for part in limits.form_parts(content_type, body)}
+    parts = {part.name: part.data for part in form_body.form_parts(content_type, body)}
     image = parts.pop("image", None)
     if image is None:
         raise errors.invalid_input(

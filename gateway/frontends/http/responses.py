@@ -19,7 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from gateway.frontends.http.bodies import JSON, MSGPACK, MSGPACK_TYPES, RawMetadata
-from gateway.frontends.http.limits import unpack_small
+from gateway.frontends.http.msgpack_body import unpack_small
 
 REQUEST_ID = "x-request-id"
 Field = FieldDescriptor
