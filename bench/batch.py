@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import load
-from bench.__main__ import RESULTS, ROOT, gateway, load_average, machine, upstream
+from bench.host import load_average, machine
+from bench.processes import ROOT, gateway, upstream
+from bench.results import RESULTS
 from gateway.proto.detection.v1 import detection_pb2 as pb
 
 TITLE = "## Batch runner (`python -m bench.batch`, {mode} mode)"

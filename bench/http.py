@@ -18,11 +18,9 @@ idle RSS <= 100 MB. `--quick` runs a tiny version (the smoke test); its numbers 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import http.client
 import json
-import multiprocessing
 import re
 import subprocess
 import sys
@@ -33,24 +31,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp  # imported here, so the client processes have it before the clock starts
 import grpc
 import msgpack
 
 from bench import load, photos
-from bench.__main__ import (
-    LIMITS,
-    RESULTS,
-    ROOT,
-    _serving,
-    _stop,
-    cpu_seconds,
-    free_port,
-    load_average,
-    machine,
-    rss_mib,
-    upstream,
-)
+from bench.calls import LIMITS
+from bench.host import cpu_seconds, load_average, machine, rss_mib
+from bench.http_load import http_closed_loop
+from bench.processes import ROOT, free_port, is_serving, stop_process, upstream
+from bench.results import RESULTS
 from gateway.core.inputs import InputMode, InputPlan, build_input
 from gateway.modelref import ModelRef
 from gateway.proto.detection.v1 import detection_pb2 as pb
@@ -104,13 +93,13 @@ def gateway(up: str, http: bool = True) -> Iterator[Gateway]:
     )  # fmt: skip
     target = f"127.0.0.1:{port}"
     try:
-        while not (_serving(target) and (not http or _ping(http_port))):
+        while not (is_serving(target) and (not http or _ping(http_port))):
             if process.poll() is not None or time.perf_counter() - started > 60:
                 raise RuntimeError("gateway did not become ready")
             time.sleep(0.005)
         yield Gateway(process, target, http_port, time.perf_counter() - started)
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -200,62 +189,6 @@ def latency(up: str, gw: Gateway, jpeg: bytes, rounds: int) -> tuple[list[str], 
 
 
 # --- 2. concurrency 32 ----------------------------------------------------------------------
-
-
-def _http_client(
-    url: str, content_type: str, body: bytes, tasks: int, begin: float, end: float
-) -> tuple[list[float], int]:
-    """One client process: `tasks` callers, one keep-alive connection each, until `end`."""
-
-    async def run() -> tuple[list[float], int]:
-        latencies: list[float] = []
-        errors = 0
-        connector = aiohttp.TCPConnector(limit=tasks)
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
-        async with aiohttp.ClientSession(connector=connector) as session:
-
-            async def caller() -> None:
-                nonlocal errors
-                while (now := time.time()) < end:
-                    started = time.perf_counter()
-                    async with session.post(url, data=body, headers=headers) as response:
-                        await response.read()
-                        ok = response.status == 200
-                    if now >= begin:
-                        if ok:
-                            latencies.append((time.perf_counter() - started) * 1e3)
-                        else:
-                            errors += 1
-
-            await asyncio.gather(*(caller() for _ in range(tasks)))
-        return latencies, errors
-
-    return asyncio.run(run())
-
-
-def http_closed_loop(
-    url: str,
-    content_type: str,
-    body: bytes,
-    concurrency: int,
-    seconds: float,
-    warmup: float = 1.0,
-    processes: int = 2,
-) -> load.Latencies:
-    """As bench.load's Python generator, with aiohttp's client instead of grpc.aio."""
-    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes) as pool:
-        pool.map(time.sleep, [0] * processes)
-        begin = time.time() + warmup
-        end = begin + seconds
-        results = [
-            pool.apply_async(_http_client, (url, content_type, body, share, begin, end))
-            for share in shares
-        ]
-        outputs = [r.get(timeout=seconds + 120) for r in results]
-    latencies = [ms for out, _ in outputs for ms in out]
-    return load.Latencies(latencies, sum(e for _, e in outputs), len(latencies) / seconds)
 
 
 def throughput(gw: Gateway, jpeg: bytes, seconds: float) -> tuple[list[str], dict[str, float]]:

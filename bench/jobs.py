@@ -27,8 +27,10 @@ from google.longrunning import operations_pb2 as lro
 from google.longrunning import operations_pb2_grpc as lro_grpc
 
 from bench import load
-from bench.__main__ import RESULTS, ROOT, _serving, _stop, free_port, load_average, machine
-from bench.__main__ import upstream as canned_upstream
+from bench.host import load_average, machine
+from bench.processes import ROOT, free_port, is_serving, stop_process
+from bench.processes import upstream as canned_upstream
+from bench.results import RESULTS
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
@@ -51,13 +53,13 @@ def gateway(upstream: str, store: Path) -> Iterator[str]:
     target = f"127.0.0.1:{port}"
     try:
         started = time.monotonic()
-        while not _serving(target):
+        while not is_serving(target):
             if process.poll() is not None or time.monotonic() - started > 60:
                 raise RuntimeError("gateway did not become SERVING")
             time.sleep(0.01)
         yield target
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 def processed(ops: lro_grpc.OperationsStub, names: list[str]) -> tuple[int, bool]:

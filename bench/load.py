@@ -189,7 +189,8 @@ def h2load(
             else:
                 errors += 1
     # HTTP 200 with a gRPC error status in the trailers also counts as done for h2load;
-    # the caller compares with the gateway's own count of OK requests (see bench.__main__).
+    # the caller compares with the gateway's own count of OK requests
+    # (bench.processes.Gateway.failed_requests).
     failed = re.search(r"(\d+) failed, (\d+) errored, (\d+) timeout", output)
     if failed:
         errors += sum(int(n) for n in failed.groups())

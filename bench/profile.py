@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 
 from bench import load, photos, results
-from bench.__main__ import RESULTS, detect_body, gateway, load_average, upstream
+from bench.calls import detect_body
+from bench.host import load_average
+from bench.processes import gateway, upstream
+from bench.results import RESULTS
 
 # (label, frame-name prefix) in the order of the request path.
 PATH = [

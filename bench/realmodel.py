@@ -47,7 +47,9 @@ from pathlib import Path
 import grpc
 
 from bench import load, photos, results
-from bench.__main__ import RESULTS, ROOT, _serving, _stop, free_port, load_average, machine
+from bench.host import load_average, machine
+from bench.processes import ROOT, free_port, is_serving, stop_process
+from bench.results import RESULTS
 from gateway.core.inputs import InputMode, InputPlan, build_input
 from gateway.imaging.header import ImageLimits
 from gateway.modelref import ModelRef
@@ -119,7 +121,7 @@ def model_server(repo: Path) -> Iterator[str]:
             grpc.channel_ready_future(channel).result(timeout=300)
         yield target
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 @contextmanager
@@ -141,13 +143,13 @@ def gateway(upstream: str, config_dir: Path, max_side: int | None) -> Iterator[s
     target = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
-        while not _serving(target):
+        while not is_serving(target):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("gateway did not become SERVING")
             time.sleep(0.01)
         yield target
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 def direct_request(data: bytes, mode: str, max_side: int | None) -> bytes:

@@ -17,7 +17,7 @@ new process per allocator state:
 `python -m bench.recipe build` prints request-building medians as JSON (section 1);
 `python -m bench.recipe e2e --upstream ... --gateway ...` prints end-to-end latencies of the
 recipe calling the upstream directly and of the gateway, alternating call by call.
-bench.__main__ runs both in each state.
+`python -m bench` runs both in each state (bench.sections.building, bench.sections.footprint).
 """
 
 from __future__ import annotations

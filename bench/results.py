@@ -5,12 +5,17 @@ everything else in the file as it was.
 A new section goes right after the last marked one (so the marked sections stay together,
 ahead of sections other commands find by their `## ` heading alone, which extend to the next
 heading), or at the end of the file when there is none.
+
+`spread` and `verdict` say how repeated runs and targets read in every section.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+RESULTS = Path(__file__).resolve().parent / "results.md"
 _END = "<!-- end "
 
 
@@ -29,3 +34,21 @@ def write_section(path: Path, name: str, text: str) -> None:
     else:
         new = old.rstrip("\n") + ("\n\n" if old.strip() else "") + block
     path.write_text(new)
+
+
+def spread(values: Sequence[float], fmt: str = "{:.2f}") -> str:
+    """ "median (min to max)" of repeated runs; just the value for one run."""
+    if len(values) == 1:
+        return fmt.format(values[0])
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{fmt.format(mid)} ({fmt.format(low)} to {fmt.format(high)})"
+
+
+def verdict(values: Sequence[float], ok: Callable[[float], bool]) -> str:
+    """met when every run meets the target, not met when none does; otherwise says how many."""
+    passed = sum(ok(v) for v in values)
+    if passed == len(values):
+        return "met" if len(values) == 1 else f"met in all {len(values)} runs"
+    if passed == 0:
+        return "**not met**" if len(values) == 1 else f"**not met** in any of {len(values)} runs"
+    return f"**borderline**: met in {passed} of {len(values)} runs"

@@ -37,10 +37,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import photos, results
-from bench.__main__ import RESULTS, load_average, upstream
+from bench.host import load_average
 from bench.peers.report import report
 from bench.peers.runs import FULL, QUICK, one_run
 from bench.peers.servers import Images, jpeg_size
+from bench.processes import upstream
+from bench.results import RESULTS
 
 
 def _pixels(name: str) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.__main__ import ROOT
+from bench.processes import ROOT
 
 
 @dataclass

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 
-from bench.__main__ import load_average, machine, spread, verdict
+from bench.host import load_average, machine
 from bench.peers.runs import Key, Run, Scale
+from bench.results import spread, verdict
 
 # Targets (issue 30), judged on concurrency 16 in pixel mode.
 CPU_RATIO_TARGET = 0.33  # gateway CPU per request / the best peer's

@@ -20,7 +20,7 @@ import grpc
 import simplejpeg
 
 from bench import load
-from bench.__main__ import ROOT, free_port, predict_body
+from bench.calls import predict_body
 from bench.peers import odapi, venvs
 from bench.peers.answers import (
     Answer,
@@ -32,6 +32,7 @@ from bench.peers.answers import (
     typed,
 )
 from bench.peers.processes import Process, process
+from bench.processes import ROOT, free_port
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.upstream.client import PREDICT
 
