@@ -1,10 +1,10 @@
-"""Model versions: config, base-path polling, load/unload, labels and version states.
+"""Model versions: config, base-path polling, load/unload, version states and labels.
 
 The local counterpart of TF Serving's ServerCore + AspiredVersionsManager +
 ServableStateMonitor: a config names models and base paths; each poll turns directories
 into aspired versions (`versions.py`), versions are loaded (with retries and warmup) and
-unloaded one at a time, requests borrow a loaded version through `servable()`, and every
-state change is recorded for GetModelStatus.
+unloaded one at a time, requests borrow a loaded version through `servable()` (which one:
+`labels.py`), and every state change is recorded for GetModelStatus.
 """
 
 from __future__ import annotations
@@ -19,15 +19,9 @@ import grpc
 from google.protobuf.message import Message
 from tensorflow_serving.apis import get_model_status_pb2, model_pb2
 
-from serving.local import versions
+from serving.local import labels, versions
 from serving.local.config import ModelConfig, SessionSettings, check_allowed_batch_sizes
-from serving.local.errors import (
-    ServingError,
-    failed_precondition,
-    from_exception,
-    invalid_argument,
-    not_found,
-)
+from serving.local.errors import ServingError, from_exception, invalid_argument
 from serving.local.servable import Servable
 from serving.local.versions import Action, Harness
 from serving.local.warmup import run_warmup
@@ -94,7 +88,7 @@ class ModelManager:
         self._settings = settings
         self._cond = threading.Condition()  # guards the state below
         self._models: dict[str, _Model] = {}
-        self._labels: dict[str, dict[str, int]] = {}
+        self._labels: labels.Labels = {}
         self._states: dict[str, dict[int, VersionStatus]] = {}
         self._update_lock = threading.RLock()  # one config reload or poll at a time
         self._stopping = threading.Event()
@@ -207,41 +201,21 @@ class ModelManager:
             for v in (model.versions.values() if model else ())
             if v.state is Harness.READY
         }
-        choice = spec.WhichOneof("version_choice")
-        if choice is None:
-            if not loaded:
-                raise not_found(f"Servable not found for request: Latest({spec.name})")
-            return loaded[max(loaded)]
-        if choice == "version_label":
-            version = self._labels.get(spec.name, {}).get(spec.version_label)
-            if version is None:
-                raise invalid_argument(f"Unrecognized servable version label: {spec.version_label}")
-        else:
-            version = spec.version.value
-        if version not in loaded:
-            raise not_found(f"Servable not found for request: Specific({spec.name}, {version})")
-        return loaded[version]
+        return loaded[labels.chosen_version(spec, loaded, self._labels)]
 
-    def _label_map(self, configs: list[ModelConfig]) -> dict[str, dict[str, int]]:
+    def _label_map(self, configs: list[ModelConfig]) -> labels.Labels:
         """ServerCore::UpdateModelVersionLabelMap against the current version states."""
-        labels: dict[str, dict[str, int]] = {}
         with self._cond:
-            for config in configs:
-                states = self._states.get(config.name, {})
-                for label, version in config.version_labels.items():
-                    existing = self._labels.get(config.name, {}).get(label)
-                    allowed = self._settings.allow_version_labels_for_unavailable_models and (
-                        existing is None or existing == version
-                    )
-                    status = states.get(version)
-                    available = status is not None and status.state == State.AVAILABLE
-                    if not allowed and not available:
-                        raise failed_precondition(
-                            f"Request to assign label to version {version} of model "
-                            f"{config.name}, which is not currently available for inference"
-                        )
-                    labels.setdefault(config.name, {})[label] = version
-        return labels
+            return labels.label_map(
+                configs,
+                self._labels,
+                self._is_available,
+                self._settings.allow_version_labels_for_unavailable_models,
+            )
+
+    def _is_available(self, name: str, version: int) -> bool:
+        status = self._states.get(name, {}).get(version)
+        return status is not None and status.state == State.AVAILABLE
 
     def _set_aspired(self, name: str, wanted: dict[int, str]) -> None:
         with self._cond:
