@@ -122,11 +122,18 @@ def test_nothing_imports_late_to_dodge_a_cycle() -> None:
     assert not unexplained, "\n".join(unexplained)
 
 
+# The hand-written code the 400-line rule covers: the gateway (not its generated gateway/proto),
+# the benchmarks and the reference models + local TF Serving.
+HAND_WRITTEN = ("gateway", "bench", "serving")
+
+
 def test_no_hand_written_module_is_over_400_lines() -> None:
     sizes = {
         str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
-        for path in PACKAGE.rglob("*.py")
-        if "proto" not in path.relative_to(PACKAGE).parts[:1]
+        for top in HAND_WRITTEN
+        for path in (ROOT / top).rglob("*.py")
+        if path.relative_to(ROOT).parts[:2] != ("gateway", "proto")
     }
+    assert "bench/__main__.py" in sizes and "serving/local/manager.py" in sizes
     over = {path: lines for path, lines in sizes.items() if lines > 400}
     assert not over, over
