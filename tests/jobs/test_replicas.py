@@ -21,7 +21,7 @@ from google.longrunning import operations_pb2 as lro
 
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess
-from tests.support.jobs import Client, State, gateway, make_images, metadata
+from tests.support.jobs import Client, State, gateway, make_images, metadata, ran
 from tests.support.localserver import LocalServer, free_port
 
 COUNT = 600
@@ -59,13 +59,6 @@ def replicas(
             stack.enter_context(gateway(upstream, store, log_dir, [*LEASE, *extra]))
             for _ in range(count)
         ]
-
-
-def ran(gw: GatewayProcess, name: str) -> bool:
-    """The process logged that it runs the operation."""
-    return any(
-        r.get("message") == "batch job running" and r.get("operation") == name for r in gw.records()
-    )
 
 
 def wait_for(check: Any, what: str, seconds: float = 120) -> None:

@@ -145,6 +145,13 @@ class Client:
         return list(self.batch.ReadBatchResults(request, timeout=60, metadata=self.metadata))
 
 
+def ran(gw: GatewayProcess, name: str) -> bool:
+    """The gateway process logged that it runs the operation `name` (it holds its lease)."""
+    return any(
+        r.get("message") == "batch job running" and r.get("operation") == name for r in gw.records()
+    )
+
+
 def metadata(op: lro.Operation) -> bpb.BatchJobMetadata:
     found = bpb.BatchJobMetadata()
     assert op.metadata.Unpack(found)
