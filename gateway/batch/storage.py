@@ -12,8 +12,9 @@ import contextlib
 import os
 import posixpath
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -66,23 +67,31 @@ def read_bytes(fs: Any, path: str) -> bytes:
     return fs.cat_file(path)
 
 
+@contextlib.contextmanager
+def _replacing(path: str) -> Iterator[BinaryIO]:
+    """A local file that replaces `path` whole when the block ends (a temporary name in the
+    same directory, fsync, rename, fsync of the directory), or is removed when it fails."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+    try:
+        with open(temporary, "wb") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    _fsync_dir(directory)
+
+
 def write_atomic(fs: Any, path: str, data: bytes) -> None:
     """Writes `data` to `path` so that readers see the old state or all of it."""
     if isinstance(fs, LocalFileSystem):
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
-        try:
-            with open(temporary, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
-        _fsync_dir(directory)
+        with _replacing(path) as out:
+            out.write(data)
         return
     fs.pipe_file(path, data)
 
@@ -93,25 +102,13 @@ def write_atomic_parts(
     """Writes the concatenation of the files `parts` (each without its first line when
     `skip_first_line`) to `path`, atomically."""
     if isinstance(fs, LocalFileSystem):
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
-        try:
-            with open(temporary, "wb") as out:
-                for part in parts:
-                    with open(part, "rb") as f:
-                        if skip_first_line:
-                            f.readline()
-                        while chunk := f.read(1 << 20):
-                            out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
-        _fsync_dir(directory)
+        with _replacing(path) as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    if skip_first_line:
+                        f.readline()
+                    while chunk := f.read(1 << 20):
+                        out.write(chunk)
         return
     chunks = []
     for part in parts:

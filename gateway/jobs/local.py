@@ -75,13 +75,19 @@ class LocalExecutor:
     async def submit(self, job: Job) -> None:
         self._wake.set()
 
+    async def _stop_here(self, job_id: str) -> bool:
+        """Stops the job if this process runs it (it ends CANCELLED); False if it does not."""
+        task = self._tasks.get(job_id)
+        if task is None:
+            return False
+        self._cancelling.add(job_id)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+        return True
+
     async def cancel(self, job: Job) -> None:
-        task = self._tasks.get(job.id)
-        if task is not None:
-            self._cancelling.add(job.id)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
+        if await self._stop_here(job.id):
             return
         # Not running here: its holder, if any, sees the cancel in the record and ends it.
         lease = await asyncio.to_thread(self._leases.acquire, job.id)
@@ -93,12 +99,7 @@ class LocalExecutor:
             await asyncio.to_thread(self._leases.release, lease)
 
     async def delete(self, job: Job) -> None:
-        task = self._tasks.get(job.id)
-        if task is not None:
-            self._cancelling.add(job.id)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
+        await self._stop_here(job.id)
         # A holder elsewhere sees the record gone and stops (and forgets the lease again).
         await asyncio.to_thread(self._leases.remove, job.id)
 
