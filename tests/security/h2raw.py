@@ -205,8 +205,13 @@ class RawConnection:
             stream.reset, stream.ended = frame.error_code, True
         elif isinstance(frame, GoAwayFrame):
             self.goaways.append(frame)
-        elif isinstance(frame, PingFrame) and "ACK" in frame.flags:
-            self.pings.append(frame.opaque_data)
+        elif isinstance(frame, PingFrame):
+            if "ACK" in frame.flags:
+                self.pings.append(frame.opaque_data)
+            else:  # every HTTP/2 peer answers a PING (gRPC's graceful GOAWAY waits for it)
+                ack = PingFrame(0, opaque_data=frame.opaque_data)
+                ack.flags.add("ACK")
+                self.send(ack)
 
     def until(self, done: Callable[[], bool], what: str) -> None:
         """Reads frames until `done()` holds; fails if the connection closes first."""
