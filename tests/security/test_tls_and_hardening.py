@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from tests.support import batch
 from tests.support.certs import Certificates, Pair, make_certificates
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import ROOT, SERVICE, GatewayProcess, run_gateway
@@ -127,6 +128,42 @@ def test_mtls_listener_admits_only_clients_with_a_certificate_from_its_ca(
             assert detect_code(channel, request_small) == grpc.StatusCode.UNAVAILABLE
         oks = [r for r in gw.records() if r.get("method") == "Detect"]
     assert [r["code"] for r in oks] == ["OK"]
+
+
+def test_the_batch_runner_reaches_an_mtls_gateway_with_a_certificate_from_its_ca_only(
+    tfs: LocalServer,
+    tmp_path: Path,
+    tls_args: list[str],
+    certs: Certificates,
+    other_certs: Certificates,
+    scene_png: bytes,
+) -> None:
+    source = tmp_path / "images"
+    source.mkdir()
+    names = [f"scene-{n}.png" for n in range(3)]
+    for name in names:
+        (source / name).write_bytes(scene_png)
+    args = [*tls_args, f"--tls-client-ca-file={certs.ca}"]
+    with run_gateway(tfs.target, args, log_dir=tmp_path, wait_ready=False) as gw:
+        with tls_channel(gw.target, certs.ca, certs.client) as channel:
+            wait_serving(channel)
+
+        def runner(client: Pair, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+            return batch.run(
+                [str(source), str(out), "--target", gw.target, "--ca-file", str(certs.ca),
+                 "--cert-file", str(client.cert), "--key-file", str(client.key), *extra],
+            )  # fmt: skip
+
+        refused = runner(other_certs.client, tmp_path / "refused", "--give-up-after", "2")
+        summary = batch.ok(runner(certs.client, tmp_path / "out"))
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert f"no answer from the gateway at {gw.target}" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "refused" / "results-00000-of-00001.jsonl").exists()
+    assert summary["images"] == 3 and summary["codes"] == {"OK": 3}
+    results = batch.lines(tmp_path / "out" / "results-00000-of-00001.jsonl")
+    assert [line["id"] for line in results] == names
+    assert all(line["result"]["detections"] for line in results)
 
 
 # --- TLS and mTLS to TF Serving ----------------------------------------------------------
