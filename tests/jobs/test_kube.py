@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,11 @@ from tests.k8s.test_apiserver import render
 from tests.support.apiserver import ApiServer
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import Client, State, gateway, make_images, metadata, result
+from tests.support.kubejobs import OPERATION_LABEL, kube_job, now, write_job_status
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "batch-jobs"
 EXECUTOR = "detection-gateway"
-LABEL = "detection.gateway/operation"
 
 
 @pytest.fixture(scope="module")
@@ -88,27 +87,6 @@ def client(gw: GatewayProcess) -> Iterator[Client]:
         yield Client(channel)
 
 
-def kube_job(server: ApiServer, op_name: str) -> dict[str, Any]:
-    listed = server.kubectl(
-        "get", "jobs", f"--namespace={NAMESPACE}", "-o", "json",
-        f"--selector={LABEL}={op_name.removeprefix('operations/')}",
-    )  # fmt: skip
-    (job,) = json.loads(listed.stdout)["items"]
-    return dict(job)
-
-
-def write_status(server: ApiServer, name: str, status: dict[str, Any]) -> None:
-    """What the Job controller would write (there is none here)."""
-    server.kubectl(
-        "patch", "job", name, f"--namespace={NAMESPACE}", "--subresource=status",
-        "--type=merge", f"--patch={json.dumps({'status': status})}",
-    )  # fmt: skip
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def run_pod(job: dict[str, Any], index: int, target: str) -> None:
     """One shard's pod: the container's command and arguments, with JOB_COMPLETION_INDEX,
     calling the gateway on loopback instead of its Service."""
@@ -125,7 +103,7 @@ def run_pod(job: dict[str, Any], index: int, target: str) -> None:
 def test_the_job_it_creates_is_the_template_with_the_jobs_values(apiserver, client, setup) -> None:
     op = client.create(input_uri=str(setup["images"]), shards=3, min_score=0.25)
     assert metadata(op).state == State.QUEUED
-    stored = kube_job(apiserver, op.name)  # accepted by the API server as it was sent
+    stored = kube_job(apiserver, NAMESPACE, op.name)  # accepted by the API server as it was sent
     (template,) = [o for o in render("jobs/batch") if o["kind"] == "Job"]
     # The template as the API server stores it (defaults filled in), for a like comparison.
     template = json.loads(
@@ -158,15 +136,15 @@ def test_the_job_it_creates_is_the_template_with_the_jobs_values(apiserver, clie
     args = run_parser().parse_args(c["args"])
     assert (args.input, args.shard_count, args.min_score) == (str(setup["images"]), 3, 0.25)
     assert args.output == metadata(op).output_uri
-    assert stored["metadata"]["labels"][LABEL] == op.name.removeprefix("operations/")
+    assert stored["metadata"]["labels"][OPERATION_LABEL] == op.name.removeprefix("operations/")
 
 
 def test_state_follows_the_job_status_and_the_shard_markers(apiserver, gw, client, setup) -> None:
     op = client.create(input_uri=str(setup["images"]), shards=3)
-    job = kube_job(apiserver, op.name)
+    job = kube_job(apiserver, NAMESPACE, op.name)
     name = job["metadata"]["name"]
     assert metadata(client.get(op.name)).state == State.QUEUED
-    write_status(apiserver, name, {"startTime": now(), "active": 2})
+    write_job_status(apiserver, NAMESPACE, name, {"startTime": now(), "active": 2})
     assert metadata(client.get(op.name)).state == State.RUNNING
 
     run_pod(job, 1, gw.target)
@@ -207,13 +185,14 @@ def gw_tfs(gw: GatewayProcess) -> Any:
 
 def test_a_failed_job_status_fails_the_operation(apiserver, client, setup) -> None:
     op = client.create(input_uri=str(setup["images"]), shards=2)
-    name = kube_job(apiserver, op.name)["metadata"]["name"]
+    name = kube_job(apiserver, NAMESPACE, op.name)["metadata"]["name"]
     started = now()
-    write_status(apiserver, name, {"startTime": started, "active": 1})
+    write_job_status(apiserver, NAMESPACE, name, {"startTime": started, "active": 1})
     assert metadata(client.get(op.name)).state == State.RUNNING
     condition = {"status": "True", "reason": "FailedIndexes", "message": "Job has failed indexes"}
-    write_status(
+    write_job_status(
         apiserver,
+        NAMESPACE,
         name,
         {
             "active": 0,
@@ -233,7 +212,7 @@ def test_a_failed_job_status_fails_the_operation(apiserver, client, setup) -> No
 
 def test_cancel_deletes_the_job(apiserver, client, setup) -> None:
     op = client.create(input_uri=str(setup["images"]))
-    name = kube_job(apiserver, op.name)["metadata"]["name"]
+    name = kube_job(apiserver, NAMESPACE, op.name)["metadata"]["name"]
     client.ops.CancelOperation(lro.CancelOperationRequest(name=op.name))
     done = client.get(op.name)
     assert done.done and metadata(done).state == State.CANCELLED
@@ -279,7 +258,8 @@ def test_an_empty_image_is_the_image_of_the_gateways_own_pod(
                 "create", f"--namespace={NAMESPACE}", "--filename=-", input=json.dumps(pod)
             )
             op = client.create(input_uri=str(setup["images"]))
-            (container,) = kube_job(apiserver, op.name)["spec"]["template"]["spec"]["containers"]
+            template = kube_job(apiserver, NAMESPACE, op.name)["spec"]["template"]
+            (container,) = template["spec"]["containers"]
             assert container["image"] == image
         log = gw.log_path.read_text()
     assert "batch runner image unknown" in log  # said at startup, before any job

@@ -23,7 +23,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,12 +39,12 @@ from tests.k8s.test_manifests import GATEWAY, container, env_of, find, rendered
 from tests.support.apiserver import ApiServer
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.jobs import Client, State, make_images, metadata, result
+from tests.support.kubejobs import kube_job, now, write_job_status
 from tests.support.localserver import LocalServer, free_port, run_local_server
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "detection-jobs"
 CREDENTIALS = "detection-batch-credentials"
-OPERATION_LABEL = "detection.gateway/operation"
 IMAGES = 5
 
 
@@ -245,23 +244,6 @@ def gateway(
         yield process
 
 
-def kube_job(server: ApiServer, operation: str) -> dict[str, Any]:
-    listed = server.kubectl(
-        "get", "jobs", f"--namespace={NAMESPACE}", "--output=json",
-        f"--selector={OPERATION_LABEL}={operation.removeprefix('operations/')}",
-    )  # fmt: skip
-    (job,) = json.loads(listed.stdout)["items"]
-    return dict(job)
-
-
-def write_status(server: ApiServer, name: str, status: dict[str, Any]) -> None:
-    """What the Job controller would write (envtest runs none)."""
-    server.kubectl(
-        "patch", "job", name, f"--namespace={NAMESPACE}", "--subresource=status",
-        "--type=merge", f"--patch={json.dumps({'status': status})}",
-    )  # fmt: skip
-
-
 def run_shard(server: ApiServer, job: dict[str, Any], index: int, target: str) -> None:
     """One pod of the Indexed Job: its container's command and arguments, with the
     environment the kubelet gives it (its Secret, JOB_COMPLETION_INDEX); the gateway's Service
@@ -289,10 +271,6 @@ def upload(client: Client, tmp_path: Path) -> str:
     return str(answer.upload_id)
 
 
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def test_a_job_created_through_the_api_runs_as_a_kubernetes_job_and_reports_from_it(
     apiserver: ApiServer,
     prod: list[dict[str, Any]],
@@ -308,7 +286,7 @@ def test_a_job_created_through_the_api_runs_as_a_kubernetes_job_and_reports_from
         assert metadata(op).state == State.QUEUED
 
         # The Job, created by the gateway as its own ServiceAccount.
-        job = kube_job(apiserver, op.name)
+        job = kube_job(apiserver, NAMESPACE, op.name)
         name = job["metadata"]["name"]
         pod = job["spec"]["template"]["spec"]
         (spec,) = pod["containers"]
@@ -335,9 +313,9 @@ def test_a_job_created_through_the_api_runs_as_a_kubernetes_job_and_reports_from
         assert checked.stderr.strip() == "", checked.stderr
 
         # State from the Job's status, then from the shards' results in the bucket.
-        write_status(apiserver, name, {"startTime": now(), "active": 2})
+        write_job_status(apiserver, NAMESPACE, name, {"startTime": now(), "active": 2})
         assert metadata(client.get(op.name)).state == State.RUNNING
-        stored = kube_job(apiserver, op.name)
+        stored = kube_job(apiserver, NAMESPACE, op.name)
         run_shard(apiserver, stored, 0, gateway.target)
         found = metadata(client.get(op.name))
         assert found.state == State.RUNNING
