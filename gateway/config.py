@@ -144,6 +144,10 @@ class Settings:
     batch_max_upload_bytes: int = 1024 * MIB
     batch_max_upload_bytes_per_caller: int = 2048 * MIB
     batch_max_uploads_per_caller: int = 16
+    # Images in one upload: each is a file of its own in the store, taken in and written at a
+    # cost per image whatever its size, so the byte limits alone let tiny images buy CPU
+    # cheaply. Datasets larger than this belong in storage the gateway reads (input_uri).
+    batch_max_upload_images: int = 10_000
     # Everything the gateway writes to its job store (uploads, results kept there); past it,
     # uploads and new jobs are refused until operations are deleted or expire. Size the
     # store's volume from it (k8s/ does).
@@ -261,6 +265,7 @@ class Settings:
             "batch_max_upload_bytes",
             "batch_max_upload_bytes_per_caller",
             "batch_max_uploads_per_caller",
+            "batch_max_upload_images",
             "job_store_max_bytes",
             "batch_max_running",
             "batch_concurrency",

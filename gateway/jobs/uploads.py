@@ -2,7 +2,8 @@
 
 An upload belongs to the caller that made it: adding to it, and creating a job over it,
 work only for its owner (and the admins); for anyone else it does not exist. Bounded per
-upload, per caller (bytes kept, uploads no job uses yet) and by the whole store.
+upload (bytes, images), per caller (bytes kept, uploads no job uses yet) and by the whole
+store.
 """
 
 from __future__ import annotations
@@ -96,6 +97,14 @@ class Uploads:
             if not _NAME.match(name) or ".." in name:
                 raise errors.invalid_input(
                     f"image name {name!r}: use letters, digits, '.', '-', '_' (not first)"
+                )
+            if count >= s.batch_max_upload_images:
+                raise GatewayError(
+                    Kind.OVERLOADED,
+                    f"upload {upload.id} holds its limit of {s.batch_max_upload_images} images "
+                    "(GATEWAY_BATCH_MAX_UPLOAD_IMAGES); create a job over it and start another "
+                    "upload, or put larger datasets in storage the gateway can read and pass "
+                    "input_uri",
                 )
             if size + len(data) > s.batch_max_upload_bytes:
                 raise GatewayError(

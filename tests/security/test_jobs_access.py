@@ -11,8 +11,9 @@ Rows of the attack table in docs/security.md, each proved by the test named afte
 - caller B on caller A's operation or upload: NOT_FOUND, as for a name never created;
   ListOperations shows only the caller's own; admins see all;
 - x-forwarded-client-cert from a client the gateway does not trust: ignored;
-- uploads past the store's bound: RESOURCE_EXHAUSTED, the store stays within it; finished
-  operations and unused uploads expire.
+- uploads past the store's bound: RESOURCE_EXHAUSTED, the store stays within it; an upload
+  past its images (thousands of tiny multipart parts): RESOURCE_EXHAUSTED at the first one
+  over; finished operations and unused uploads expire.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -71,11 +73,16 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @contextmanager
 def jobs_gateway(
-    tfs: LocalServer, root: Path, extra: Sequence[str], certs: Certificates | None = None
+    tfs: LocalServer,
+    root: Path,
+    extra: Sequence[str],
+    certs: Certificates | None = None,
+    http: bool = False,
 ) -> Iterator[GatewayProcess]:
-    """A gateway with the jobs API (mTLS when `certs` are given), its store under `root`."""
+    """A gateway with the jobs API (mTLS when `certs` are given; the HTTP door with `http`),
+    its store under `root`."""
     root.mkdir(parents=True, exist_ok=True)
-    with gateway(tfs, root / "store", root, extra, certs) as gw:
+    with gateway(tfs, root / "store", root, extra, certs, http) as gw:
         yield gw
 
 
@@ -344,6 +351,47 @@ def test_per_caller_upload_limits(tfs: LocalServer, dirs: dict[str, Path], tmp_p
         error = refused(other.batch.UploadImages, iter([big]), timeout=30)
         assert error.code() == Code.RESOURCE_EXHAUSTED  # the header is not trusted: anonymous
         assert "GATEWAY_BATCH_MAX_UPLOAD" in error.details()
+
+
+def test_images_per_upload_are_bounded_on_both_doors(tfs: LocalServer, tmp_path: Path) -> None:
+    """Each image is a file in the store, with a cost per image whatever its size: an upload
+    holds at most GATEWAY_BATCH_MAX_UPLOAD_IMAGES, appended over gRPC or sent as one
+    multipart body of thousands of tiny parts over HTTP (refused at the first part past it)."""
+    with (
+        jobs_gateway(tfs, tmp_path, ["--batch-max-upload-images=3"], http=True) as gw,
+        gw.channel() as channel,
+    ):
+        jobs = Client(channel)
+        images = [bpb.UploadImagesRequest(image=jpeg(n)) for n in range(3)]
+        first = jobs.batch.UploadImages(iter(images), timeout=30)
+        assert first.image_count == 3
+        more = bpb.UploadImagesRequest(upload_id=first.upload_id, image=jpeg(4))
+        error = refused(jobs.batch.UploadImages, iter([more]), timeout=30)
+        assert error.code() == Code.RESOURCE_EXHAUSTED
+        assert f"upload {first.upload_id} holds its limit of 3 images" in error.details()
+        assert "GATEWAY_BATCH_MAX_UPLOAD_IMAGES" in error.details()
+
+        boundary = "tiny-images"
+        parts = [
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
+            f'filename="i{n}.jpg"\r\nContent-Type: image/jpeg\r\n\r\nJFIF\r\n'
+            for n in range(2000)
+        ]
+        body = tmp_path / "tiny.multipart"
+        body.write_text("".join(parts) + f"--{boundary}--\r\n")
+        answer = subprocess.run(
+            [
+                "curl", "-sS", "--max-time", "60", "-w", "\n%{http_code}",
+                "-H", f"Content-Type: multipart/form-data; boundary={boundary}",
+                "--data-binary", f"@{body}", f"{gw.http_url}/v1/uploads",
+            ],
+            capture_output=True, text=True, timeout=90, check=True,
+        )  # fmt: skip
+        text, _, status = answer.stdout.rpartition("\n")
+        assert status == "429", answer.stdout
+        found = json.loads(text)["error"]
+        assert found["code"] == "RESOURCE_EXHAUSTED"
+        assert "limit of 3 images" in found["message"]
 
 
 def test_finished_operations_and_unused_uploads_expire(

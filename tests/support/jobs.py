@@ -52,9 +52,10 @@ def gateway(
     log_dir: Path,
     extra: Sequence[str] = (),
     certs: Certificates | None = None,
+    http: bool = False,
 ) -> Iterator[GatewayProcess]:
     """A gateway with the jobs API; with `certs`, mTLS on its port (clients need a
-    certificate from certs.ca: open them with `channel`)."""
+    certificate from certs.ca: open them with `channel`); with `http`, the HTTP door too."""
     args = [
         f"--model-config={MODEL_CONFIG}",
         f"--job-store={store}",
@@ -68,7 +69,7 @@ def gateway(
             f"--tls-key-file={certs.server.key}",
             f"--tls-client-ca-file={certs.ca}",
         ]
-    with run_gateway(tfs.target, args, log_dir=log_dir, wait_ready=certs is None) as gw:
+    with run_gateway(tfs.target, args, log_dir=log_dir, wait_ready=certs is None, http=http) as gw:
         if certs is not None:
             with channel(gw, certs) as ready:
                 _wait_serving(ready)

@@ -34,7 +34,7 @@ from google.protobuf.message import Message
 
 from gateway import errors, identity
 from gateway.config import Settings
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, Kind
 from gateway.frontends.http import bodies
 from gateway.frontends.http.responses import error_response
 from gateway.frontends.http.status import STATUS, HttpError, body_timeout, unsupported_media_type
@@ -111,6 +111,15 @@ def _duration(text: str) -> float:
     if seconds < 0:
         raise errors.invalid_input(f"timeout={text!r} is negative")
     return min(seconds, MAX_WAIT_SECONDS)
+
+
+def create_too_large() -> GatewayError:
+    return GatewayError(
+        Kind.TOO_LARGE,
+        f"the request body is over {MAX_CREATE_BYTES} bytes: a CreateBatchJobRequest names its "
+        "images (input_uri or upload_id), it does not carry them; send images with "
+        "POST /v1/uploads",
+    )
 
 
 class JobHandlers:
@@ -215,10 +224,10 @@ class JobHandlers:
                 "detection.v1.CreateBatchJobRequest"
             )
         if (request.content_length or 0) > MAX_CREATE_BYTES:
-            raise errors.invalid_input(f"the request is over {MAX_CREATE_BYTES} bytes")
+            raise create_too_large()
         body = await request.content.read(MAX_CREATE_BYTES + 1)
         if len(body) > MAX_CREATE_BYTES:
-            raise errors.invalid_input(f"the request is over {MAX_CREATE_BYTES} bytes")
+            raise create_too_large()
         message = bpb.CreateBatchJobRequest()
         try:
             json_format.Parse(body, message)
