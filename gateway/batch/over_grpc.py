@@ -53,6 +53,28 @@ def kind_of(code: grpc.StatusCode) -> Kind:
     return KINDS.get(code, Kind.INTERNAL)
 
 
+# How gRPC reports a connection the server closed as it opened: what a TLS mismatch looks
+# like from the client (with TLS 1.3 a refused client certificate is only seen as a close).
+_CLOSED = ("Socket closed", "Connection reset", "handshake", "SSL_ERROR")
+
+
+def connection_hint(message: str, tls: TLS | None) -> str:
+    """What to check when the gateway closes connections as they open (else "")."""
+    if not any(sign in message for sign in _CLOSED):
+        return ""
+    if tls is None:
+        return "; the gateway closed the connection: if it serves TLS, pass --tls or --ca-file"
+    if not tls.cert_file:
+        return (
+            "; the gateway closed the TLS connection: if it requires client certificates "
+            "(mTLS), pass --cert-file and --key-file"
+        )
+    return (
+        "; the gateway closed the TLS connection: check that --cert-file is signed by the CA "
+        "the gateway trusts for clients (GATEWAY_TLS_CLIENT_CA_FILE) and has not expired"
+    )
+
+
 @dataclass(frozen=True)
 class Knobs:
     """How to reach the gateway; may change between runs of the same job."""
@@ -123,6 +145,10 @@ class GrpcTransport(Queue):
 
     def workers(self) -> int:
         return self.knobs.streams
+
+    def failing(self, error: GatewayError) -> None:
+        hint = connection_hint(error.message, self.knobs.tls)
+        super().failing(GatewayError(error.kind, error.message + hint) if hint else error)
 
     async def finish(self) -> None:
         await self.calls.close()

@@ -158,6 +158,7 @@ def test_the_batch_runner_reaches_an_mtls_gateway_with_a_certificate_from_its_ca
         summary = batch.ok(runner(certs.client, tmp_path / "out"))
     assert refused.returncode == 1, refused.stderr[-2000:]
     assert f"no answer from the gateway at {gw.target}" in refused.stderr
+    assert "GATEWAY_TLS_CLIENT_CA_FILE" in refused.stderr  # what to check, not only "closed"
     assert "Traceback" not in refused.stderr
     assert not (tmp_path / "refused" / "results-00000-of-00001.jsonl").exists()
     assert summary["images"] == 3 and summary["codes"] == {"OK": 3}
