@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import load
+from bench import load, results
 from bench.host import load_average, machine
 from bench.processes import ROOT, gateway, upstream
 from bench.results import RESULTS
@@ -52,16 +51,9 @@ def runner(target: str, source: Path, out: Path, model: str, concurrency: int) -
 
 
 def write_section(lines: list[str], path: Path, mode: str) -> None:
-    """Replaces this benchmark's section of results.md (or appends it); leaves the rest."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    title = TITLE.format(mode=mode)
-    section = "\n".join([title, "", *lines]) + "\n"
-    pattern = re.compile(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text).rstrip("\n") + "\n"
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    """Replaces this benchmark's section of results.md (one per mode); leaves the rest."""
+    text = "\n".join([TITLE.format(mode=mode), "", *lines])
+    results.write_section(path, f"batch-{mode}", text)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -21,7 +21,6 @@ import argparse
 import base64
 import http.client
 import json
-import re
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 import grpc
 import msgpack
 
-from bench import load, photos
+from bench import load, photos, results
 from bench.calls import LIMITS
 from bench.host import cpu_seconds, load_average, machine, rss_mib
 from bench.http_load import http_closed_loop
@@ -256,15 +255,8 @@ def verdict(ok: bool) -> str:
 
 
 def write(out: Path, section: list[str]) -> None:
-    """Replaces this benchmark's section of results.md (or appends it); leaves the rest."""
-    text = out.read_text() if out.exists() else "# Benchmark results\n"
-    new = "\n".join(section).rstrip() + "\n\n"
-    pattern = re.compile(rf"^{re.escape(TITLE)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: new, text)
-    else:
-        text = text.rstrip() + "\n\n" + new
-    out.write_text(text.rstrip() + "\n")
+    """Replaces this benchmark's section of results.md; leaves the rest."""
+    results.write_section(out, "http", "\n".join(section))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -319,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         "shared machine (requests/s also move with the load generators and everything else on "
         f"the 2 cores): HTTP {facts['cpu-HTTP raw JPEG']:.2f} ms, gRPC {facts['cpu-gRPC']:.2f} ms "
         f"({facts['cpu-HTTP raw JPEG'] / facts['cpu-gRPC']:.2f}x). Start to ready with the HTTP "
-        f"door adds importing aiohttp (~0.3-0.4 s on an idle core) to the gRPC-only start.",
+        "door adds importing aiohttp to the gRPC-only start (both in the footprint below).",
         "",
         f"### Concurrency 1 ({scale.rounds} rounds of direct, gRPC and HTTP calls; Python "
         "clients: grpcio, http.client with keep-alive)",

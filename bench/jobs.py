@@ -13,7 +13,6 @@ after it stopped. Target: online p50 with jobs within 1.5x of its value without.
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import grpc
 from google.longrunning import operations_pb2 as lro
 from google.longrunning import operations_pb2_grpc as lro_grpc
 
-from bench import load
+from bench import load, results
 from bench.host import load_average, machine
 from bench.processes import ROOT, free_port, is_serving, stop_process
 from bench.processes import upstream as canned_upstream
@@ -159,15 +158,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def write_section_as(lines: list[str], path: Path) -> None:
-    """Replaces this benchmark's section of results.md (or appends it); leaves the rest."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    section = "\n".join([TITLE, "", *lines]) + "\n"
-    pattern = re.compile(rf"^{re.escape(TITLE)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text).rstrip("\n") + "\n"
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    """Replaces this benchmark's section of results.md; leaves the rest."""
+    results.write_section(path, "jobs", "\n".join([TITLE, "", *lines]))
 
 
 if __name__ == "__main__":

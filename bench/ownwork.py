@@ -14,7 +14,7 @@ requests. Warm, the request costs about a third of what it costs there; with 24-
 copied (enough to leave this machine's shared cache) the figure comes near what the
 CPU-per-request comparison attributes to the gateway. A change's saving here came within a few
 µs of its saving there for savings of 10-20 µs; one of 8-13 µs here did not show there, within
-the spread of identical processes (bench/results.md, notes). Use it to rank changes; confirm
+the spread of identical processes (bench/notes.md). Use it to rank changes; confirm
 under load.
 
     python -m bench.ownwork [--requests 20000] [--cold 24]

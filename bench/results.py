@@ -6,7 +6,9 @@ A new section goes right after the last marked one (so the marked sections stay 
 ahead of sections other commands find by their `## ` heading alone, which extend to the next
 heading), or at the end of the file when there is none.
 
-`spread` and `verdict` say how repeated runs and targets read in every section.
+`spread` and `verdict` say how repeated runs and targets read in every section. Nothing but
+these sections belongs in the file: hand-written readings of the results go to bench/notes.md,
+and the docs quote only the sections (tests/test_docs.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results.md"
+
+# Each section of results.md and the command that writes it (tests/test_docs.py refuses a
+# marked section that is not listed here, and the docs may quote only these).
+SECTIONS = {
+    "bench": "python -m bench",
+    "realmodel": "python -m bench.realmodel",
+    "profile": "python -m bench.profile",
+    "peers": "python -m bench.peers",
+    "batch-pixel": "python -m bench.batch --mode pixel",
+    "batch-string": "python -m bench.batch --mode string",
+    "http": "python -m bench.http",
+    "jobs": "python -m bench.jobs",
+}
 _END = "<!-- end "
 
 

@@ -1,13 +1,7 @@
-"""The README and the guides in docs/: every measured figure they quote is in a committed
-results file (bench/results.md, or the soak table rendered from bench/soak-report.json), every
-relative link and every repository path they name resolves, and the README stays a front page.
-
-A figure is what a measurement gives: a ratio (`1.05x`), a time in ms or µs, a rate
-(`requests/s`), a range with a unit (`0.98 to 1.80 s`, `74-75 MB`) or an approximate quantity
-(`about 9 MiB`, `~600 MB`). In docs/benchmarks.md every number with a unit counts. Settings and
-limits (`60 s`, `32 MiB`), inline code and code blocks are not figures. A figure matches when the
-results hold the same number (thousands separators and signs aside) with the same unit after it
-or in its table column's header, a range when they hold the same two ends.
+"""The README, the guides in docs/ and the k8s READMEs: every measured figure they quote is in
+the source its paragraph names (tests/support/docfigures.py: a section a bench command writes,
+the soak report, a constant of the code), every relative link and every repository path they
+name resolves, and the README stays a front page.
 """
 
 from __future__ import annotations
@@ -15,127 +9,116 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from tests.support import soaktable
+from bench import results as bench_results
+from tests.support import docfigures, soaktable
+from tests.support.docfigures import figures
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+K8S_READMES = sorted((ROOT / "k8s").glob("**/README.md"))
+PAGES = (README, *DOCS, *K8S_READMES)
 # Every number with a unit counts as a figure here, not only the measurement-shaped ones.
-ALL_FIGURES = {ROOT / "docs" / "benchmarks.md"}
+ALL_FIGURES = (ROOT / "docs" / "benchmarks.md",)
 RESULTS = ROOT / "bench" / "results.md"
 SOAK_REPORT = ROOT / "bench" / "soak-report.json"
-
-UNITS = r"x|ms|µs|s|MB|MiB|KB|KiB|GB|GiB|B|%|requests/s|req/s|images/s"
-NUMBER = r"[+−-]?\d[\d,]*(?:\.\d+)?"
-FIGURE = re.compile(
-    rf"(?P<about>(?:~|about |around )?)(?<![\w.+−-])(?P<low>{NUMBER})"
-    rf"(?:\s?(?:{UNITS})?\s?(?:to|-|–)\s?(?P<high>{NUMBER}))?"
-    rf"\s?(?P<unit>{UNITS})(?![\w/])"
-)
-# Always figures, wherever they appear.
-MEASURED_UNITS = {"x", "ms", "µs", "requests/s", "req/s", "images/s"}
-SAME_UNIT = {"req/s": "requests/s"}
+NOTES = ROOT / "bench" / "notes.md"
+CODE_DIRS = ("gateway", "bench", "serving", "tests", "tools", "k8s", "proto")
 
 
-class Figure(NamedTuple):
-    path: Path
-    line: int
-    text: str
-    numbers: tuple[str, ...]
-    unit: str
-
-
-def _plain(number: str) -> str:
-    return number.lstrip("+−-").replace(",", "")
-
-
-def prose(path: Path) -> list[tuple[int, str]]:
-    """(line number, text) outside code blocks, with inline code removed."""
-    lines, fenced = [], False
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        elif not fenced:
-            lines.append((number, re.sub(r"`[^`]*`", "", line)))
-    return lines
-
-
-def figures(path: Path) -> list[Figure]:
-    found = []
-    for number, line in prose(path):
-        for match in FIGURE.finditer(line):
-            unit = SAME_UNIT.get(match["unit"], match["unit"])
-            is_range = match["high"] is not None
-            if not (path in ALL_FIGURES or unit in MEASURED_UNITS or is_range or match["about"]):
-                continue
-            numbers = tuple(_plain(n) for n in (match["low"], match["high"]) if n is not None)
-            found.append(Figure(path, number, match[0].strip(), numbers, unit))
-    return found
-
-
-def results_text() -> str:
-    """What the committed results say: bench/results.md and the soak table of the report."""
-    soak = soaktable.render(json.loads(SOAK_REPORT.read_text()))
-    text = RESULTS.read_text() + "\n" + soak
-    text = re.sub(r"(?<=\d),(?=\d{3})", "", text)
-    return text.replace("req/s", "requests/s")
-
-
-def column_figures(text: str) -> set[tuple[str, str]]:
-    """(number, unit) for the numbers in table cells whose column header names the unit
-    ("| requests/s |" over "| 766 |")."""
-    found: set[tuple[str, str]] = set()
-    header: list[str] = []
-    for line in text.splitlines():
-        if not line.startswith("|"):
-            header = []
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not header:
-            header = cells
-            continue
-        for title, cell in zip(header, cells, strict=False):
-            units = [
-                u for u in UNITS.split("|") if re.search(rf"(?<![\w/]){re.escape(u)}\b", title)
-            ]
-            for unit in units:
-                for number in re.findall(NUMBER, cell):
-                    found.add((_plain(number), SAME_UNIT.get(unit, unit)))
-    return found
-
-
-def in_results(figure: Figure, text: str, columns: set[tuple[str, str]] = frozenset()) -> bool:
-    number = r"[+−-]?{}(?![\d])"
-    first = rf"(?<![\d.]){number.format(re.escape(figure.numbers[0]))}"
-    if len(figure.numbers) == 2:
-        second = number.format(re.escape(figure.numbers[1]))
-        pattern = rf"{first}\s?(?:{UNITS})?\s?(?:to|-|–)\s?{second}"
-    elif (figure.numbers[0], figure.unit) in columns:
-        return True
-    else:
-        # The unit may follow a bracketed spread: "+0.71 (+0.65 to +0.74) ms".
-        pattern = rf"{first}(?:\s?\([^()|]*\))?\s?{re.escape(figure.unit)}(?![\w/])"
-    return re.search(pattern, text) is not None
-
-
-def test_every_figure_the_docs_quote_is_in_a_committed_results_file() -> None:
-    text = results_text()
-    columns = column_figures(text)
-    missing = [
-        f"{f.path.relative_to(ROOT)}:{f.line}: {f.text}"
-        for path in (README, *DOCS)
-        for f in figures(path)
-        if not in_results(f, text, columns)
-    ]
+def test_every_figure_the_docs_quote_is_in_the_source_its_paragraph_names() -> None:
+    missing = docfigures.unsourced(PAGES, ALL_FIGURES)
     assert not missing, (
-        "figures with no committed source (run the command that measures them so that its "
-        "results file holds them, and commit it; or quote what the results file says):\n"
+        "figures with no generated source (run the command that measures them so that its "
+        "section of the results holds them and commit it, quote what the section says, or name "
+        "the right source in the paragraph: <!-- source: bench/results.md#SECTION -->):\n"
         + "\n".join(missing)
     )
+
+
+def test_every_marked_section_of_the_results_is_written_by_a_command() -> None:
+    marked = re.findall(r"^<!-- begin (\S+) -->$", RESULTS.read_text(), re.M)
+    assert len(marked) == len(set(marked))
+    unknown = sorted(set(marked) - set(bench_results.SECTIONS))
+    assert not unknown, f"sections no command writes (bench.results.SECTIONS): {unknown}"
+    outside = re.sub(
+        r"<!-- begin (\S+) -->\n.*?<!-- end \1 -->\n?", "", RESULTS.read_text(), flags=re.S
+    )
+    assert not outside.strip(), f"text outside the generated sections: {outside.strip()[:200]}"
+
+
+def test_the_docs_pass_without_the_hand_written_notes(tmp_path: Path) -> None:
+    results = tmp_path / "results.md"
+    # The notes back in, marked as the sections are: still no source.
+    notes = f"<!-- begin notes -->\n{NOTES.read_text()}<!-- end notes -->\n"
+    results.write_text(RESULTS.read_text() + "\n" + notes)
+    assert (
+        docfigures.unsourced(PAGES, ALL_FIGURES, results=results)
+        == docfigures.unsourced(PAGES, ALL_FIGURES)
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("figure", "section"),
+    [
+        ("84-101 µs", "bench"),  # by hand, bench.ownwork writes nothing
+        ("1.50x", "bench"),  # a run of 2026-11-24, since overwritten
+        ("+3.70 ms", "bench"),  # a note about an earlier allocator
+        ("about 9 MiB", "bench"),
+    ],
+)
+def test_a_figure_from_the_notes_fails(tmp_path: Path, figure: str, section: str) -> None:
+    assert figure in NOTES.read_text()
+    page = tmp_path / "page.md"
+    page.write_text(
+        f"<!-- source: bench/results.md#{section} -->\nThe gateway measured {figure} here.\n"
+    )
+    [problem] = docfigures.unsourced([page])
+    assert f"{figure}: not in bench/results.md#{section}" in problem
+
+
+def test_a_changed_generated_figure_fails_until_the_docs_follow(tmp_path: Path) -> None:
+    results = tmp_path / "results.md"
+    text = RESULTS.read_text()
+    # `python -m bench`'s start to SERVING (its target and section 4), which the docs quote.
+    bench = text.split("<!-- end bench -->")[0]
+    assert bench.count("0.55 s") == 2
+    results.write_text(text.replace(bench, bench.replace("0.55 s", "0.61 s")))
+    problems = docfigures.unsourced(PAGES, ALL_FIGURES, results=results)
+    assert problems and all("0.55 s" in p for p in problems)
+    pages = []
+    for page in PAGES:
+        copy = tmp_path / page.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(page.read_text().replace("0.55 s", "0.61 s"))
+        pages.append(copy)
+    every = [tmp_path / p.relative_to(ROOT) for p in ALL_FIGURES]
+    assert docfigures.unsourced(pages, every, results=results, root=ROOT) == []
+
+
+def test_a_figure_is_matched_in_the_section_its_paragraph_names(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    # +1.23 ms is the HTTP door's added p50 (bench.http), in no section of `python -m bench`.
+    text = "The HTTP door added\n+1.23 ms. <!-- source: bench/results.md#{} -->\n"
+    page.write_text(text.format("bench"))
+    [problem] = docfigures.unsourced([page])
+    assert problem.endswith("page.md:2: +1.23 ms: not in bench/results.md#bench")
+    page.write_text(text.format("http"))
+    assert docfigures.unsourced([page]) == []
+    # A source on a paragraph of its own holds for the blocks after it, up to the next heading.
+    page.write_text(
+        "<!-- source: bench/results.md#http -->\n\nIt added +1.23 ms.\n\n# Next\n\n+1.23 ms"
+    )
+    [problem] = docfigures.unsourced([page])
+    assert problem.endswith("page.md:7: +1.23 ms: names no source (<!-- source: ... -->)")
+    page.write_text("Start to ready took 1.45 s (about\n75 MB).\n")
+    assert [p.split(": ", 1)[1] for p in docfigures.unsourced([page])] == [
+        "about 75 MB: names no source (<!-- source: ... -->)"
+    ]
 
 
 def test_the_soak_table_in_the_docs_is_the_committed_report_rendered() -> None:
@@ -153,7 +136,9 @@ def test_the_soak_table_in_the_docs_is_the_committed_report_rendered() -> None:
         ("60-100 µs per request", [("60", "100")]),
         ("+0.71 ms", [("0.71",)]),
         ("about 9 MiB", [("9",)]),
-        ("a 60 s timeout, 32 MiB, 3 retries", []),
+        ("climbed to about\n155 MiB, near 80 MiB", [("155",), ("80",)]),
+        ("2 of 9,475 health checks", [("2", "9475")]),
+        ("a 60 s timeout, 32 MiB, 3 retries, 1 of the pods", []),
     ],
 )
 def test_measurements_are_told_from_settings(tmp_path: Path, text: str, expected: list) -> None:
@@ -162,34 +147,47 @@ def test_measurements_are_told_from_settings(tmp_path: Path, text: str, expected
     assert [f.numbers for f in figures(page)] == expected
 
 
-def test_a_range_matches_only_the_same_two_ends() -> None:
-    text = "| 1.05x (1.03x to 1.10x) | HTTP 1.28 ms, gRPC 1.19 ms (1.08x) | 75 MB |"
-    [quoted] = figures_of("1.03x-1.08x")
-    assert not in_results(quoted, text)
-    [quoted] = figures_of("1.03x to 1.10x")
-    assert in_results(quoted, text)
-    [quoted] = figures_of("1.28 ms")
-    assert in_results(quoted, text)
-    [quoted] = figures_of("75 MiB")
-    assert not in_results(quoted, text)
+def _source(text: str) -> docfigures.Source:
+    text = docfigures._normal(text)
+    return docfigures.Source(text, frozenset(docfigures.column_figures(text)), code=False)
 
 
-def test_a_number_under_a_header_with_the_unit_matches() -> None:
-    table = "| door | requests/s | p50 |\n|---|---|---|\n| gRPC | 782 | 40.40 ms |\n"
-    columns = column_figures(table)
-    [quoted] = figures_of("782 requests/s")
-    assert in_results(quoted, table, columns)
-    [quoted] = figures_of("782 ms")
-    assert not in_results(quoted, table, columns)
+def _figure(tmp_path: Path, text: str) -> docfigures.Figure:
+    page = tmp_path / "page.md"
+    page.write_text(text + "\n")
+    [found] = figures(page, every_number=True)
+    return found
 
 
-def figures_of(text: str) -> list[Figure]:
-    numbers = []
-    for match in FIGURE.finditer(text):
-        unit = SAME_UNIT.get(match["unit"], match["unit"])
-        ends = tuple(_plain(n) for n in (match["low"], match["high"]) if n is not None)
-        numbers.append(Figure(Path("-"), 1, match[0], ends, unit))
-    return numbers
+def test_a_range_matches_only_the_same_two_ends(tmp_path: Path) -> None:
+    source = _source("| 1.05x (1.03x to 1.10x) | HTTP 1.28 ms, gRPC 1.19 ms (1.08x) | 75 MB |")
+    assert not docfigures.in_source(_figure(tmp_path, "1.03x-1.08x"), source)
+    assert docfigures.in_source(_figure(tmp_path, "1.03x to 1.10x"), source)
+    assert docfigures.in_source(_figure(tmp_path, "1.28 ms"), source)
+    assert not docfigures.in_source(_figure(tmp_path, "75 MiB"), source)
+
+
+def test_a_number_under_a_header_with_the_unit_matches(tmp_path: Path) -> None:
+    source = _source("| door | requests/s | p50 |\n|---|---|---|\n| gRPC | 782 | 40.40 ms |\n")
+    assert docfigures.in_source(_figure(tmp_path, "782 requests/s"), source)
+    assert not docfigures.in_source(_figure(tmp_path, "782 ms"), source)
+
+
+def test_a_count_matches_only_the_same_count_of_the_same_total(tmp_path: Path) -> None:
+    source = _source("9,409 checks: 495 CANCELLED; met in 1 of 3 runs")
+    assert docfigures.in_source(_figure(tmp_path, "1 of 3"), source)
+    assert not docfigures.in_source(_figure(tmp_path, "2 of 3"), source)
+
+
+def prose(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) outside code blocks, with inline code removed."""
+    lines, fenced = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append((number, re.sub(r"`[^`]*`", "", line)))
+    return lines
 
 
 LINK = re.compile(r"\]\((?!https?:|mailto:)([^)\s]+)\)")
@@ -207,7 +205,7 @@ def anchors(path: Path) -> set[str]:
 
 def test_every_relative_link_resolves() -> None:
     broken = []
-    for page in (README, *DOCS):
+    for page in PAGES:
         for number, line in prose(page):
             for target in LINK.findall(line):
                 file, _, anchor = target.partition("#")
@@ -229,12 +227,39 @@ REPO_PATH = re.compile(
 def test_every_repository_path_the_docs_name_exists() -> None:
     stale = [
         f"{page.relative_to(ROOT)}:{number}: {path}"
-        for page in (README, *DOCS)
+        for page in PAGES
         for number, line in enumerate(page.read_text().splitlines(), 1)
         for path in REPO_PATH.findall(line)
         if not (ROOT / path).exists()
     ]
     assert not stale, "paths that no longer exist (moved or renamed?):\n" + "\n".join(stale)
+
+
+def test_every_repository_path_the_code_names_exists() -> None:
+    """Comments and docstrings cite files by their path: each is in the repository (relative
+    to the root or to the citing file's directory), unless it is another project's
+    ("MLServer's tests/grpc/conftest.py")."""
+    stale = []
+    for module in sorted(p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py")):
+        for number, line in enumerate(module.read_text().splitlines(), 1):
+            for match in REPO_PATH.finditer(line):
+                path = match[1]
+                if line[: match.start()].endswith("'s ") or "..." in path:
+                    continue
+                if not ((ROOT / path).exists() or (module.parent / path).exists()):
+                    stale.append(f"{module.relative_to(ROOT)}:{number}: {path}")
+    assert not stale, "paths that no longer exist (moved or renamed?):\n" + "\n".join(stale)
+
+
+def test_every_test_directory_is_in_the_testing_guide_and_the_readme_layout() -> None:
+    directories = sorted(
+        p.parent.name for p in (ROOT / "tests").glob("*/__init__.py") if p.parent.name != "support"
+    )
+    guide = (ROOT / "docs" / "testing.md").read_text()
+    layout = README.read_text().split("\ntests/ ", 1)[1].split("```", 1)[0]
+    missing = [d for d in directories if f"tests/{d}" not in guide]
+    missing += [f"README: {d}" for d in directories if not re.search(rf"\b{d}/", layout)]
+    assert not missing, f"test directories the docs do not describe: {missing}"
 
 
 def test_every_guide_is_linked_from_the_readme() -> None:

@@ -152,6 +152,33 @@ def targets(runs: list[Run], scale: Scale) -> list[str]:
     return lines
 
 
+def floor_breakdown(runs: list[Run], scale: Scale) -> list[str]:
+    """Where each gateway door's CPU per request goes at the largest image and c16, run by
+    run: the decode floor, the like-for-like proxy's transport of the same pixel request, and
+    the gateway's own beyond both; against them the floor target's budget."""
+    big, c16 = scale.images[-1], scale.concurrency[-1]
+    lines = []
+    for door, kind in (("gateway gRPC", "gRPC"), ("gateway HTTP", "HTTP")):
+        if (door, big, c16) not in runs[0].measures:
+            continue
+        floor = [r.floor[big] for r in runs]
+        proxy = [r.measures[(PROXY[kind], big, c16)].cpu_us for r in runs]
+        total = [r.measures[(door, big, c16)].cpu_us for r in runs]
+        own = [t - f - p for t, f, p in zip(total, floor, proxy, strict=True)]
+        base = [f + p for f, p in zip(floor, proxy, strict=True)]
+        budget = [FLOOR_RATIO_TARGET * f for f in floor]
+        lines.append(
+            f"- {door}, {big}, c{c16}: {spread(total, '{:,.0f}')} µs of CPU per request = "
+            f"the decode floor {spread(floor, '{:,.0f}')} µs + the do-nothing proxy's "
+            f"{spread(proxy, '{:,.0f}')} µs (receiving the JPEG, sending the same pixel "
+            f"request) + {spread(own, '{:,.0f}')} µs of its own; {FLOOR_RATIO_TARGET}x the "
+            f"floor is {spread(budget, '{:,.0f}')} µs, decode + the proxy's transport alone "
+            f"{spread(base, '{:,.0f}')} µs "
+            f"({spread([b / f for b, f in zip(base, floor, strict=True)], '{:.2f}x')} the floor)."
+        )
+    return lines
+
+
 def _names(names: list[str]) -> str:
     return " / ".join(dict.fromkeys(names))
 
@@ -195,6 +222,10 @@ def report(runs: list[Run], scale: Scale, started: float, load_before: str) -> s
             "### Targets",
             "",
             *targets(runs, scale),
+            "",
+            "Where the CPU goes, run by run (each figure: median (min to max) over the runs):",
+            "",
+            *floor_breakdown(runs, scale),
             "",
             "### gRPC door: Detect, seed 002's Detect, MLServer's ModelInfer (image as BYTES)",
             "",

@@ -31,6 +31,7 @@ def test_quick_http_bench_writes_its_section(tmp_path: Path) -> None:
     report = out.read_text()
     assert report.startswith("# Benchmark results\n\nearlier sections\n")
     assert report.count("## HTTP door against the gRPC door") == 1
+    assert report.count("<!-- begin http -->") == report.count("<!-- end http -->") == 1
     assert "## Batch runner\n\nits table\n" in report
     targets = report.split("| target | measured | |")[1].split("###")[0]
     assert len(re.findall(r"\| (met|\*\*not met\*\*) \|$", targets, re.MULTILINE)) == 4

@@ -42,7 +42,7 @@ TARGETS: dict[str, Path] = {
 
 GATEWAY = "detection-gateway"
 TFSERVING = "tfserving"
-# Names the gateway registers with grpc.health.v1 (gateway/server.py, gateway/health.py).
+# Names the gateway registers with grpc.health.v1 (gateway/frontends/grpc/health.py).
 READINESS_SERVICE = "detection.v1.DetectionService"
 LIVENESS_SERVICE = "liveness"
 UID = 10001

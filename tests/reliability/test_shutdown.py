@@ -40,8 +40,9 @@ PROBE_DEADLINE = 10.0
 # the server shut down (it cancels those at once).
 # Answers a probe may get around SIGTERM. UNIMPLEMENTED: a call that reaches gRPC's server
 # core in the instant it stops, before a handler is matched, is refused with it (the soak
-# saw 2 in 11,081 probes over 1,000 gateways); like UNAVAILABLE it is an immediate answer,
-# and a kubelet or Envoy probe counts it as a failure, which is right for a stopping pod.
+# sees a few over 1,000 gateways and reports their details); like UNAVAILABLE it is an
+# immediate answer, and a kubelet or Envoy probe counts it as a failure, which is right for
+# a stopping pod.
 ANSWERS = {"SERVING", "NOT_SERVING", "UNAVAILABLE", "CANCELLED", "UNIMPLEMENTED"}
 # The details of every error answer other than UNAVAILABLE and CANCELLED, for the report.
 ODD_DETAILS: Counter[str] = Counter()

@@ -218,7 +218,7 @@ def test_our_image_tensor_is_what_tensorflow_reads() -> None:
     np.testing.assert_array_equal(tf.make_ndarray(official), pixels[None])
 
 
-# Where TF Serving's default AsProtoField writes each dtype (tfserving.md §1).
+# Where TF Serving's default AsProtoField writes each dtype (serving/local/FACTS.md, "Tensors").
 _TYPED_FIELD = {
     np.float32: "float_val",
     np.float64: "double_val",
