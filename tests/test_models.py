@@ -178,6 +178,16 @@ max_side = 1024
             "string_encoding is for models that take encoded images",
         ),
         ('[models.a]\ntask = "detection"\nsignature = ""\n', "signature must be a signature"),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.input]\nresize_filter = "bilinear"\n',
+            "models.a.input.resize_filter must be one of pillow-bilinear, pillow-bicubic, "
+            "tf-bilinear, tf-bilinear-antialias, nearest, got 'bilinear'",
+        ),
+        (
+            '[models.a]\ntask = "classification"\n[models.a.input]\n'
+            'string_encoding = "base64url"\nresize_filter = "nearest"\n',
+            "channel_order and resize_filter are for models that take pixels",
+        ),
     ],
 )
 def test_bad_files_are_refused_naming_the_key(tmp_path, text, message):
@@ -238,3 +248,13 @@ logits_activation = "sigmoid"
     assert (resnet.input.channel_order, resnet.input.name) == ("BGR", "inputs")
     assert (resnet.outputs.logits, resnet.outputs.logits_activation) == ("output_0", "sigmoid")
     assert registry.signature_names() == {"mg": "serving_example"}
+
+
+def test_resize_filter_is_read_and_absent_means_the_fast_path(tmp_path):
+    text = (
+        '[models.vit]\ntask = "classification"\n[models.vit.input]\n'
+        'resize_filter = "pillow-bicubic"\n[models.ssd]\ntask = "detection"\n'
+    )
+    registry = load_registry(config(tmp_path, text), "ssd", tasks=TASKS)
+    assert registry.get("vit", CLASSIFICATION).input.resize_filter == "pillow-bicubic"
+    assert registry.get("ssd", DETECTION).input.resize_filter is None

@@ -15,6 +15,8 @@ model config) and is the same for every task:
   sends the bytes base64url-encoded, as a ViT exported with its preprocessing expects;
   `"tf_example"` wraps them in a serialized tf.train.Example under `tf_example_key`, as the
   `tf_example` exports of the OD API and Model Garden take.
+- `resize_filter` resizes exactly as the exporter's library did (gateway.imaging.filters):
+  a full decode, then that filter, for models that take pixels the gateway resizes.
 - `channel_order = "BGR"` reverses the channels of the pixels sent (mean and std are in the
   model's order); `name` picks the input of a signature that has several.
 
@@ -34,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gateway import errors
-from gateway.imaging import resize
+from gateway.imaging import filters, resize
 from gateway.imaging.decode import decode_image, encode_png
 from gateway.imaging.header import (
     ImageInfo,
@@ -86,6 +88,7 @@ class InputPlan:
     base64url: bool = False  # encoded images sent base64url-encoded (string inputs)
     tf_example_key: str | None = None  # encoded images sent in a tf.train.Example
     bgr: bool = False  # pixels sent in BGR order
+    resize_filter: str | None = None  # exact resizing (gateway.imaging.filters); None: fast
 
     @property
     def plain_pixels(self) -> bool:
@@ -123,6 +126,12 @@ class InputPlan:
             plan["max_side"] = self.max_side
         else:
             plan["resize"] = "none (the image's own size)"
+            return plan
+        if self.resize_filter is None:
+            plan["resize_filter"] = "fast (DCT-scaled JPEG decode, libvips bilinear)"
+        else:
+            what = filters.DESCRIPTIONS[self.resize_filter]
+            plan["resize_filter"] = f"{self.resize_filter} (exact: full decode, {what})"
         return plan
 
 
@@ -159,6 +168,11 @@ def plan_input(signature: Signature, prep: InputPrep) -> InputPlan:
                 raise errors.bad_model(
                     f"{what} takes encoded images (input '{key}': {spec.describe()}), but the "
                     "model config sets scale/mean/std, which are for models that take pixels"
+                )
+            if prep.resize_filter is not None:
+                raise errors.bad_model(
+                    f"{what} takes encoded images (input '{key}'), which its graph resizes: "
+                    "input.resize_filter is for models that take pixels; remove it"
                 )
             return InputPlan(
                 key,
@@ -225,16 +239,23 @@ def _pixel_plan(
             f"{what} fixes only one side of its input '{key}' {shown}; set input.resize = "
             "[height, width] in the model config"
         )
+    max_side = None if size is not None else prep.max_side
+    if prep.resize_filter is not None and size is None and max_side is None:
+        raise errors.bad_model(
+            f"{what} takes images of any size (input '{key}' {shown}) and the config sets no "
+            "input.resize or max_side: input.resize_filter has nothing to resize; remove it"
+        )
     return InputPlan(
         key,
         mode,
         layout=layout,
         size=size,
-        max_side=None if size is not None else prep.max_side,
+        max_side=max_side,
         scale=prep.scale,
         mean=prep.mean,
         std=prep.std,
         bgr=prep.channel_order == "BGR",
+        resize_filter=prep.resize_filter,
     )
 
 
@@ -315,9 +336,9 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
     if plan.plain_pixels:
         return _decode_into_request(data, plan, envelope, limits)
     if plan.size is not None:
-        info, pixels = resize.decode_to_size(data, limits, plan.size)
+        info, pixels = resize.decode_to_size(data, limits, plan.size, plan.resize_filter)
     elif plan.max_side is not None:
-        info, pixels = resize.decode_within(data, limits, plan.max_side)
+        info, pixels = resize.decode_within(data, limits, plan.max_side, plan.resize_filter)
     else:
         info, pixels = decode_image(data, limits)
     height, width = pixels.shape[:2]
@@ -329,7 +350,7 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
         pixels = pixels[..., ::-1]
     source = pixels if plan.layout == "NHWC" else pixels.transpose(2, 0, 1)
     if dtype == np.uint8:
-        np.copyto(out, source)
+        np.copyto(out, filters.to_uint8(source))
     else:
         _normalise(source, out, plan)
     return ModelInput(buffer.data, info.width, info.height, None, (width, height))

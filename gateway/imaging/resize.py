@@ -12,7 +12,10 @@ smaller image) stays with Pillow: libvips places the pixels of an enlarged image
 and the cost follows the small input. Boxes come back from models as fractions of the image, so
 results map back to the original image's pixels unchanged.
 
-The EXIF orientation is applied to the small result instead of the large decoded image.
+With a `resize_filter` (gateway.imaging.filters) the image is decoded at full size and
+oriented first, then resized exactly as the exporter's library does: slower, the pixels the
+model was trained on. The EXIF orientation is applied to the small result instead of the large
+decoded image on the fast path.
 libvips only resamples pixels the gateway has decoded: its file loaders are blocked, so no
 caller bytes ever reach them.
 """
@@ -26,6 +29,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from gateway.imaging import filters
 from gateway.imaging.decode import decode_image, decode_stored
 from gateway.imaging.header import ImageInfo, ImageLimits, inspect_image
 from gateway.imaging.orientation import oriented_view
@@ -54,22 +58,35 @@ def resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
 
 
 def decode_to_size(
-    data: bytes, limits: ImageLimits, size: tuple[int, int]
+    data: bytes, limits: ImageLimits, size: tuple[int, int], resize_filter: str | None = None
 ) -> tuple[ImageInfo, np.ndarray]:
-    """The image (as shown) stretched to exactly `size` (width, height), and its info."""
-    info = inspect_image(data, limits)
-    if size == (info.width, info.height):
-        return decode_image(data, limits)
-    info, stored, orientation = decode_stored(data, limits, min_size=size)
-    return info, _resize_stored(stored, orientation, *size)
+    """The image (as shown) stretched to exactly `size` (width, height), and its info: the
+    fast path, or with `resize_filter` that exact filter (float32 pixels for TF's filters)."""
+    return _decode_sized(data, limits, inspect_image(data, limits), size, resize_filter)
 
 
-def decode_within(data: bytes, limits: ImageLimits, max_side: int) -> tuple[ImageInfo, np.ndarray]:
-    """The image (as shown) scaled down so its longest side is at most `max_side`."""
+def decode_within(
+    data: bytes, limits: ImageLimits, max_side: int, resize_filter: str | None = None
+) -> tuple[ImageInfo, np.ndarray]:
+    """The image (as shown) scaled down so its longest side is at most `max_side` (with
+    `resize_filter` as decode_to_size)."""
     info = inspect_image(data, limits)
     size = fit_within(info.width, info.height, max_side)
+    return _decode_sized(data, limits, info, size, resize_filter)
+
+
+def _decode_sized(
+    data: bytes,
+    limits: ImageLimits,
+    info: ImageInfo,
+    size: tuple[int, int],
+    resize_filter: str | None,
+) -> tuple[ImageInfo, np.ndarray]:
     if size == (info.width, info.height):
         return decode_image(data, limits)
+    if resize_filter is not None:
+        info, pixels = decode_image(data, limits)
+        return info, filters.resize_exact(pixels, *size, resize_filter)
     info, stored, orientation = decode_stored(data, limits, min_size=size)
     return info, _resize_stored(stored, orientation, *size)
 

@@ -26,7 +26,9 @@ Other `input` keys: `resize = [height, width]` (when the signature does not fix 
 `max_side` (longest side sent; larger images are scaled down), `dtype` (uint8 | float32, a
 check against the signature), `channel_order` (RGB | BGR; mean and std are in the model's
 order), `name` (the input to fill when the signature has several), `string_encoding` (raw |
-base64url | tf_example, for string inputs) with `tf_example_key` (default image/encoded).
+base64url | tf_example, for string inputs) with `tf_example_key` (default image/encoded),
+`resize_filter` (pillow-bilinear | pillow-bicubic | tf-bilinear | tf-bilinear-antialias |
+nearest: the exporter's resizing, exactly; default: the fast path).
 `signature = "..."` in [models.NAME] picks a signature other than serving_default.
 
 `[models.NAME.outputs]` says what the signature does not (docs/models.md has one per exporter):

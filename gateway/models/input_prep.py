@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.imaging.filters import RESIZE_FILTERS
 from gateway.models.values import (
     ModelConfigError,
     read_choice,
@@ -36,6 +37,9 @@ class InputPrep:
     channel_order: str = "RGB"  # RGB | BGR: the order the model takes its channels in
     name: str | None = None  # the signature input to fill; None: its only input
     tf_example_key: str = DEFAULT_TF_EXAMPLE_KEY  # the Example feature holding the image
+    # The exporter's resizing (gateway.imaging.filters), computed exactly on the fully
+    # decoded image; None: the fast path (DCT-scaled decode, libvips).
+    resize_filter: str | None = None
 
 
 _INPUT_KEYS = {
@@ -50,6 +54,7 @@ _INPUT_KEYS = {
     "channel_order",
     "name",
     "tf_example_key",
+    "resize_filter",
 }
 
 
@@ -83,6 +88,7 @@ def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
         or "raw"
     )
     channel_order = read_choice(table, "channel_order", ("RGB", "BGR"), path, where) or "RGB"
+    resize_filter = read_choice(table, "resize_filter", RESIZE_FILTERS, path, where)
     name = None
     if "name" in table:
         name = table["name"]
@@ -104,10 +110,11 @@ def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
             "the pixels as they are)"
         )
     pixel_keys = normalises or layout is not None or dtype is not None or channel_order != "RGB"
-    if encoding != "raw" and pixel_keys:
+    if encoding != "raw" and (pixel_keys or resize_filter is not None):
         raise ModelConfigError(
             f"{path}: {where}.string_encoding is for models that take encoded images; "
-            "scale, mean, std, layout, dtype and channel_order are for models that take pixels"
+            "scale, mean, std, layout, dtype, channel_order and resize_filter are for models "
+            "that take pixels"
         )
     return InputPrep(
         resize,
@@ -121,4 +128,5 @@ def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
         channel_order,
         name,
         example_key,
+        resize_filter,
     )

@@ -75,6 +75,16 @@ def test_the_config_supplies_what_the_signature_leaves_open():
         (sig(tfs.DT_FLOAT, (1, 224, -1, 3)), InputPrep(), "fixes only one side"),
         (sig(tfs.DT_FLOAT, (1, 224, 224, 3)), InputPrep(dtype="uint8"), "input.dtype = 'uint8'"),
         (sig(tfs.DT_STRING, (-1,)), InputPrep(mean=(1, 1, 1)), "takes encoded images"),
+        (
+            sig(tfs.DT_STRING, (-1,)),
+            InputPrep(resize_filter="tf-bilinear"),
+            "input.resize_filter is for models that take pixels",
+        ),
+        (
+            sig(tfs.DT_UINT8, (1, -1, -1, 3)),
+            InputPrep(resize_filter="nearest"),
+            "input.resize_filter has nothing to resize",
+        ),
     ],
 )
 def test_signatures_the_config_cannot_fit_are_a_bad_model(signature, prep, message):
@@ -156,3 +166,34 @@ def test_several_inputs_need_input_name():
     assert plan_input(two, InputPrep(name="a")).key == "a"
     with pytest.raises(GatewayError, match=r"input\.name = 'c'"):
         plan_input(two, InputPrep(name="c"))
+
+
+def test_check_models_shows_which_resizing_a_model_gets():
+    fixed = sig(tfs.DT_FLOAT, (-1, 224, 224, 3))
+    exact = plan_input(fixed, InputPrep(resize_filter="pillow-bicubic")).describe()
+    assert exact["resize_filter"] == "pillow-bicubic (exact: full decode, Pillow's BICUBIC)"
+    assert plan_input(fixed, InputPrep()).describe()["resize_filter"].startswith("fast (")
+    within = plan_input(sig(tfs.DT_UINT8, (1, -1, -1, 3)), InputPrep(max_side=512))
+    assert within.describe()["resize_filter"].startswith("fast (")
+    as_is = plan_input(sig(tfs.DT_UINT8, (1, -1, -1, 3)), InputPrep()).describe()
+    assert "resize_filter" not in as_is
+
+
+@pytest.mark.parametrize(("dtype", "layout"), [(tfs.DT_FLOAT, "NCHW"), (tfs.DT_UINT8, "NHWC")])
+def test_a_tf_filter_sends_tf_image_resize_values(dtype, layout):
+    """float32 inputs get tf.image.resize's values (then scale, mean and std); uint8 inputs
+    the same values rounded."""
+    data = jpeg(900, 700)
+    shape = (1, 3, 160, 200) if layout == "NCHW" else (1, 160, 200, 3)
+    normalise = {"scale": 1 / 255, "mean": (0.5,) * 3, "std": (0.2,) * 3}
+    prep = InputPrep(resize_filter="tf-bilinear", **(normalise if dtype == tfs.DT_FLOAT else {}))
+    plan = plan_input(sig(dtype, shape), prep)
+    (values,) = parsed(build_input(data, plan, b"", LIMITS).request).values()
+    decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    want = tf.image.resize(decoded, (160, 200), method="bilinear").numpy()
+    if dtype == tfs.DT_FLOAT:
+        want = (want * np.float32(1 / 255) - np.float32(0.5)) / np.float32(0.2)
+        np.testing.assert_allclose(values[0].transpose(1, 2, 0), want, rtol=0, atol=1e-5)
+    else:
+        assert values.dtype == np.uint8
+        assert np.array_equal(values[0], np.clip(np.rint(want), 0, 255).astype(np.uint8))
