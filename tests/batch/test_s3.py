@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from tests.support import datasets as data
+from tests.support import tools
 from tests.support.batch import ok, run, start
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.localserver import free_port
 
-s3fs = pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+s3fs = tools.module("s3fs", "the dev extra (make venv)")
+moto_server = tools.module("moto.server", "the dev extra (make venv)")
 
 COUNT = 200
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "foo", "AWS_SECRET_ACCESS_KEY": "foo",

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gateway.batch import sources, tfrecord
+from tests.support import tools
 
-tf = pytest.importorskip("tensorflow")
+tf = tools.module("tensorflow", "the serving extra (make venv)")
 
 
 def tf_example(image: bytes, **features: object) -> bytes:

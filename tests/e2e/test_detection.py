@@ -29,6 +29,7 @@ from gateway.proto.tfswire.v1 import tfserving_pb2 as tfswire
 from gateway.upstream.client import PREDICT
 from serving import scenes
 from serving.export import export_models
+from tests.support import tools
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.localserver import closed_port, run_local_server
@@ -600,7 +601,7 @@ def test_running_gateway_never_loads_tensorflow(stub, gateway):
 
 
 def test_grpcurl_with_reflection_only(gateway):
-    grpcurl = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+    grpcurl = tools.binary("grpcurl", tools.GRPCURL_INSTALL)
     listed = subprocess.run(
         [grpcurl, "-plaintext", gateway.target, "list"],
         capture_output=True, text=True, timeout=30, check=True,

@@ -5,19 +5,14 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
-import pytest
-
+from tests.support import tools
 from tests.support.jobs import gateway, make_images
-
-GRPCURL = Path(sys.executable).parent / "grpcurl"
 
 
 def grpcurl(target: str, method: str, body: str | None = None) -> str:
-    command = [str(GRPCURL), "-plaintext", "-max-time", "60"]
+    command = [tools.binary("grpcurl", tools.GRPCURL_INSTALL), "-plaintext", "-max-time", "60"]
     if body is not None:
         command += ["-d", "@"]
     done = subprocess.run(
@@ -37,7 +32,6 @@ def call(target: str, method: str, body: dict[str, Any]) -> Any:
     return json.loads(grpcurl(target, method, json.dumps(body)))
 
 
-@pytest.mark.skipif(not GRPCURL.exists(), reason="grpcurl is installed by `make test`")
 def test_whole_flow_with_grpcurl(tfs, tmp_path) -> None:
     images = make_images(tmp_path / "images", 5)
     with gateway(tfs, tmp_path / "store", tmp_path) as gw:

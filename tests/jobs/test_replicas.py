@@ -19,6 +19,7 @@ import grpc
 import pytest
 from google.longrunning import operations_pb2 as lro
 
+from tests.support import tools
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import Client, State, gateway, make_images, metadata, ran
@@ -162,8 +163,8 @@ def test_a_sigkilled_holder_is_taken_over_exactly_once_local_store(
 def s3(images: Path) -> Iterator[Any]:
     """A moto S3 server on 127.0.0.1 with the images in s3://replicas-in/images; the
     gateways started meanwhile reach it through the environment they inherit."""
-    s3fs = pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
+    s3fs = tools.module("s3fs", "the dev extra (make venv)")
+    moto_server = tools.module("moto.server", "the dev extra (make venv)")
     port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()

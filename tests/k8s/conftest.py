@@ -2,17 +2,18 @@
 
 Tests that need the API server take `apiserver` (or `cluster`, which also has Istio's CRDs
 installed) and are skipped with the reason when KUBEBUILDER_ASSETS is unset; `.ci/run` sets
-it to ../shared/envtest/bin when that directory exists.
+it to ../shared/envtest/bin when that directory exists, and under CI=1 the tests fail without it
+there (tests/support/tools.py).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import tools
 from tests.support.apiserver import ApiServer, run_apiserver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,13 +25,8 @@ ISTIO_CRDS = ROOT / "k8s" / "validate" / f"istio-crds-{ISTIO_VERSION}.yaml"
 
 @pytest.fixture(scope="session")
 def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    assets = os.environ.get("KUBEBUILDER_ASSETS")
-    if not assets:
-        pytest.skip(
-            "KUBEBUILDER_ASSETS is not set: these tests need etcd and kube-apiserver binaries "
-            "(envtest); .ci/run points it at ../shared/envtest/bin when that exists"
-        )
-    with run_apiserver(Path(assets).resolve(), tmp_path_factory.mktemp("apiserver")) as server:
+    assets = tools.envtest_assets()
+    with run_apiserver(assets, tmp_path_factory.mktemp("apiserver")) as server:
         yield server
 
 

@@ -7,7 +7,6 @@ calls the tests need.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from tests.support import tools
 
 FLAGS = (
     "--headless",
@@ -33,11 +34,7 @@ FLAGS = (
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A running headless chromium; yields its DevTools HTTP address."""
-    binary = shutil.which("chromium")
-    if binary is None:
-        pytest.skip(
-            "chromium is not installed: apt-get install -y chromium (make pytest does it as root)"
-        )
+    binary = tools.binary("chromium", "apt-get install -y chromium (make pytest does it as root)")
     profile = tmp_path_factory.mktemp("chromium-profile")
     log = (profile.parent / "chromium.log").open("wb")
     process = subprocess.Popen(

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import tools
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = Path(__file__).with_name("build.py")
 ZOO_PYTHON = ROOT / ".venv-zoo" / "bin" / "python"
@@ -39,10 +41,7 @@ def build_zoo() -> Path:
     if (target / "expected.json").exists():
         return target
     if not ZOO_PYTHON.exists():
-        message = f"{ZOO_PYTHON} is missing: run `make zoo-venv` (make test does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        tools.missing(str(ZOO_PYTHON), "run `make zoo-venv` (make test does)")
     partial = CACHE / f"{target.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)

