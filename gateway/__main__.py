@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 from gateway import logs, modelcheck
 from gateway.app import built_in_tasks, load_models, serve
+from gateway.batch.access import PlacesError
 from gateway.flags import parse_settings
+from gateway.identity import AdminsError
 from gateway.labels import LabelsError
 from gateway.models import ModelConfigError
 from gateway.workers import supervise
@@ -28,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(supervise(settings, args))
     try:
         asyncio.run(serve(settings))
-    except (LabelsError, ModelConfigError) as exc:
+    except (LabelsError, ModelConfigError, PlacesError, AdminsError) as exc:
         sys.exit(f"gateway: {exc}")
     except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
         sys.exit(f"gateway: cannot start: {exc}")

@@ -134,8 +134,12 @@ class Settings:
     # included, is PERMISSION_DENIED. Uploads are always allowed. The command-line runner is
     # not limited.
     batch_allowed_input_uris: str = ""
-    # Identities (comma-separated) that see and manage every caller's operations.
+    # Identities (comma-separated, typed: uri:<URI SAN> or cn:<common name>) that see and
+    # manage every caller's operations.
     batch_admins: str = ""
+    # Callers without an identity (no client certificate, no trusted header) may use jobs and
+    # uploads; they are then all one tenant, each seeing the others' work. For development.
+    batch_allow_anonymous: bool = False
     # Unfinished jobs at once, in total and per caller.
     batch_max_jobs: int = 32
     batch_max_jobs_per_caller: int = 8
@@ -148,6 +152,10 @@ class Settings:
     # cost per image whatever its size, so the byte limits alone let tiny images buy CPU
     # cheaply. Datasets larger than this belong in storage the gateway reads (input_uri).
     batch_max_upload_images: int = 10_000
+    # Seconds one upload call (UploadImages, POST /v1/uploads) may take in all: a client
+    # trickling a byte a minute ends here, not never. 600 s moves 1 GiB at ~15 Mbit/s;
+    # larger uploads go in several calls (upload_id).
+    batch_upload_timeout: float = 600.0
     # Everything the gateway writes to its job store (uploads, results kept there); past it,
     # uploads and new jobs are refused until operations are deleted or expire. Size the
     # store's volume from it (k8s/ does).
@@ -315,5 +323,7 @@ class Settings:
             raise ValueError("batch-yield-threshold must be >= 0 (0 pauses local batch work)")
         if self.batch_checkpoint_seconds <= 0:
             raise ValueError("batch-checkpoint-seconds must be positive")
+        if self.batch_upload_timeout <= 0:
+            raise ValueError("batch-upload-timeout must be positive")
         if self.upload_ttl <= 0 or self.operation_ttl <= 0 or self.job_lease_seconds <= 0:
             raise ValueError("upload-ttl, operation-ttl and job-lease-seconds must be positive")

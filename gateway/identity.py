@@ -1,28 +1,38 @@
 """Who is calling: one identity per call, the same rules for every front door.
 
 - The mTLS client certificate: its first URI SAN (a SPIFFE ID such as
-  `spiffe://cluster.local/ns/shop/sa/checkout`), else its subject's common name.
+  `spiffe://cluster.local/ns/shop/sa/checkout`), else its subject's common name. A
+  certificate always wins: the header is not even read.
 - Else, only with `trust_xfcc` (GATEWAY_TRUST_XFCC: a proxy in front, such as Istio's
-  sidecar, overwrites the header), `x-forwarded-client-cert`: the URI of its last element
-  (the one the nearest proxy wrote), else that element's subject CN.
+  sidecar, that verified the client's certificate), `x-forwarded-client-cert`: the last
+  element only, the one the nearest proxy appended (Envoy's APPEND_FORWARD keeps what the
+  client sent and adds its own element after it), read without anything carried over from
+  the client's part: its URI, else its subject's CN.
 - Else "anonymous".
 
-The doors hand over what their transport gives: gRPC its auth context, HTTP the peer
-certificate as `ssl` decodes it; both the header's value.
+Identities are typed, so a URI SAN and a common name never collide: `uri:<URI SAN>` and
+`cn:<common name>` (what records, logs and GATEWAY_BATCH_ADMINS hold); `shown` is the form
+for people. "anonymous" has no type: no certificate can give it, and it is never an admin.
+An identity over MAX_LENGTH characters is refused (PERMISSION_DENIED), not ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from gateway.errors import GatewayError, Kind
 
 ANONYMOUS = "anonymous"
 XFCC = "x-forwarded-client-cert"
-MAX_LENGTH = 1024  # an identity longer than this is not one a certificate gives
+URI = "uri:"
+CN = "cn:"
+MAX_LENGTH = 1024  # no identity a certificate gives is longer; the store keys on it
 
 
 def caller(certificate: str | None, xfcc: str | None, trust_xfcc: bool) -> str:
-    """The caller's identity from its certificate's (None without one) and the header."""
+    """The caller's typed identity from its certificate's (None without one) and the
+    header's value (all its values joined by commas, in the order they came)."""
     if certificate:
         return certificate
     if trust_xfcc and xfcc:
@@ -32,13 +42,70 @@ def caller(certificate: str | None, xfcc: str | None, trust_xfcc: bool) -> str:
     return ANONYMOUS
 
 
+def joined(values: Iterable[str]) -> str | None:
+    """Several x-forwarded-client-cert headers as one value, as HTTP lets a proxy join them."""
+    found = [v for v in values if v]
+    return ",".join(found) if found else None
+
+
+def for_jobs(identity: str, allow_anonymous: bool) -> str:
+    """`identity`, when it may use batch jobs; PERMISSION_DENIED for "anonymous" unless
+    GATEWAY_BATCH_ALLOW_ANONYMOUS (then every anonymous caller is one shared tenant)."""
+    if identity == ANONYMOUS and not allow_anonymous:
+        raise GatewayError(
+            Kind.PERMISSION_DENIED,
+            "batch jobs and uploads need a caller identity, and this call has none: call "
+            "with a client certificate (mTLS: the gateway's GATEWAY_TLS_CLIENT_CA_FILE), or "
+            "through a proxy that verified one (GATEWAY_TRUST_XFCC); an operator may set "
+            "GATEWAY_BATCH_ALLOW_ANONYMOUS=true, which makes every caller without one share "
+            "one tenant (each sees, cancels and deletes the others' jobs and uploads)",
+        )
+    return identity
+
+
+def shown(identity: str) -> str:
+    """An identity as people read it: `URI SAN spiffe://...`, `CN=worker-7`, `anonymous`."""
+    if identity.startswith(URI):
+        return f"URI SAN {identity.removeprefix(URI)}"
+    if identity.startswith(CN):
+        return f"CN={identity.removeprefix(CN)}"
+    return identity
+
+
+class AdminsError(ValueError):
+    """GATEWAY_BATCH_ADMINS names something that is not a typed identity (refused at start)."""
+
+
+def parse_admins(entries: Iterable[str]) -> frozenset[str]:
+    """GATEWAY_BATCH_ADMINS' entries, each typed (`uri:...` or `cn:...`); AdminsError for
+    anything else, "anonymous" included."""
+    admins = set()
+    for entry in entries:
+        if entry == ANONYMOUS:
+            raise AdminsError(
+                "GATEWAY_BATCH_ADMINS names 'anonymous': callers without an identity cannot be "
+                "admins"
+            )
+        kind = URI if entry.startswith(URI) else CN if entry.startswith(CN) else ""
+        if not kind or not entry.removeprefix(kind) or len(entry) > len(kind) + MAX_LENGTH:
+            raise AdminsError(
+                f"GATEWAY_BATCH_ADMINS entry {entry!r} is not a typed identity: write "
+                "uri:<URI SAN> (e.g. uri:spiffe://cluster.local/ns/ops/sa/admin) or "
+                "cn:<certificate common name>"
+            )
+        admins.add(entry)
+    return frozenset(admins)
+
+
 def from_auth_context(auth: Mapping[str, Sequence[bytes]]) -> str | None:
     """The identity in a gRPC auth context (`context.auth_context()`); None without a
     client certificate."""
-    for key in ("peer_uri", "x509_common_name"):
+    for key, kind in (("peer_uri", URI), ("x509_common_name", CN)):
         values = auth.get(key) or ()
         if values:
-            return _bounded(bytes(values[0]).decode(errors="replace"))
+            return _typed(kind, bytes(values[0]).decode(errors="replace"), "client certificate")
+    if auth.get("x509_pem_cert") or auth.get("x509_subject"):
+        raise _nameless()
     return None
 
 
@@ -49,21 +116,19 @@ def from_peercert(cert: Mapping[str, Any] | None) -> str | None:
         return None
     for kind, value in cert.get("subjectAltName", ()):
         if kind == "URI":
-            return _bounded(str(value))
+            return _typed(URI, str(value), "client certificate")
     for rdn in cert.get("subject", ()):
         for key, value in rdn:
             if key == "commonName":
-                return _bounded(str(value))
-    return None
+                return _typed(CN, str(value), "client certificate")
+    raise _nameless()
 
 
 def from_xfcc(header: str) -> str | None:
-    """The identity in an x-forwarded-client-cert value (Envoy's format: elements separated
-    by commas, `key=value` pairs by semicolons, values optionally in double quotes)."""
-    elements = _split(header, ",")
-    if not elements:
-        return None
-    pairs = _split(elements[-1], ";")
+    """The identity in the last element of an x-forwarded-client-cert value (Envoy's format:
+    elements separated by commas, `key=value` pairs by semicolons, values optionally in
+    double quotes with backslash escapes); None when that element names none."""
+    pairs = _split(last_element(header), ";")
     fields: dict[str, str] = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
@@ -71,12 +136,36 @@ def from_xfcc(header: str) -> str | None:
         if key and key not in fields:
             fields[key] = _unquote(value.strip())
     if fields.get("uri"):
-        return _bounded(fields["uri"])
+        return _typed(URI, fields["uri"], XFCC)
     for part in _split(fields.get("subject", ""), ","):
         key, _, value = part.partition("=")
         if key.strip().upper() == "CN" and value.strip():
-            return _bounded(value.strip())
+            return _typed(CN, value.strip(), XFCC)
     return None
+
+
+def last_element(header: str) -> str:
+    """The header's last element, found from the end: the text after the last comma outside
+    the element's own quotes. Whatever the client put before it (an open quote included)
+    cannot change where it starts."""
+    quoted = False
+    index = len(header)
+    while index > 0:
+        index -= 1
+        char = header[index]
+        if char == '"' and not _escaped(header, index):
+            quoted = not quoted
+        elif char == "," and not quoted:
+            return header[index + 1 :].strip()
+    return header.strip()
+
+
+def _escaped(text: str, index: int) -> bool:
+    """True when text[index] follows an odd run of backslashes."""
+    run = 0
+    while index - run - 1 >= 0 and text[index - run - 1] == "\\":
+        run += 1
+    return run % 2 == 1
 
 
 def _split(text: str, separator: str) -> list[str]:
@@ -107,6 +196,31 @@ def _unquote(value: str) -> str:
     return value
 
 
-def _bounded(identity: str) -> str | None:
+def _nameless() -> GatewayError:
+    # A client with a certificate talks to the gateway directly: a header it sends is its
+    # own, so it never stands in for the certificate.
+    return GatewayError(
+        Kind.PERMISSION_DENIED,
+        "the client certificate has neither a URI SAN nor a subject common name, so it names "
+        "no caller: use a certificate with one",
+    )
+
+
+def _typed(kind: str, identity: str, source: str) -> str | None:
     identity = identity.strip()
-    return identity if 0 < len(identity) <= MAX_LENGTH else None
+    if not identity:
+        return None
+    if len(identity) > MAX_LENGTH:
+        what = "URI SAN" if kind == URI else "common name"
+        raise GatewayError(
+            Kind.PERMISSION_DENIED,
+            f"the {source}'s {what} is {len(identity)} characters; the gateway takes "
+            f"identities of at most {MAX_LENGTH}: use a certificate with a shorter one",
+        )
+    if any(ord(c) < 0x20 or c == "\x7f" for c in identity):
+        raise GatewayError(
+            Kind.PERMISSION_DENIED,
+            f"the {source}'s {kind.rstrip(':').upper()} holds control characters; "
+            "use a certificate whose identity is printable text",
+        )
+    return kind + identity

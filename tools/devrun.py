@@ -125,6 +125,9 @@ def main() -> None:
         "--health-interval=2",
         # Batch jobs through the API may read the sample images (and uploads).
         f"--batch-allowed-input-uris={(args.models / 'samples').resolve()}",
+        # No client certificates here: every caller is anonymous, and anonymous callers share
+        # one tenant (each sees, cancels and deletes the others' jobs and uploads).
+        "--batch-allow-anonymous=true",
     ]
     env = {**os.environ, "TFS_LOCAL_BIND_HOST": "127.0.0.1"}
     print(
@@ -150,6 +153,7 @@ ready:
   local TF Serving (gRPC)                   localhost:{args.serving_port}
   gateway HTTP door and page                http://localhost:{args.http_port}/
   gateway metrics                           http://localhost:{args.metrics_port}/metrics
+  batch jobs                                open to anonymous callers, all as one tenant
 
 try:
   {sys.executable} -m gateway.client {sample} --target localhost:{args.gateway_port}

@@ -117,6 +117,12 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
         help="comma-separated prefixes the job may read, manifest lines included (default: "
         "anything this process can read; the gateway's kubernetes executor sets it)",
     )
+    parser.add_argument(
+        "--fenced-uris",
+        default="",
+        help="comma-separated places no input may lie in or hold (the gateway's job store), "
+        "except below an allowed prefix inside them (the job's own upload)",
+    )
     add_tls_arguments(parser)
     return parser  # fmt: skip
 
@@ -157,7 +163,10 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
 
     guard = None
     if a.allowed_input_uris is not None:
-        guard = Guard.of(p.strip() for p in a.allowed_input_uris.split(",") if p.strip())
+        fences = [p.strip() for p in a.fenced_uris.split(",") if p.strip()]
+        guard = Guard.of(
+            (p.strip() for p in a.allowed_input_uris.split(",") if p.strip()), fences=fences
+        )
     summary = asyncio.run(job.run_shard(spec, connect, knobs.concurrency, settings, guard))
     print(json.dumps(summary), flush=True)
     return 0

@@ -23,6 +23,14 @@ _STATE = bpb.BatchJobMetadata.State
 CODES = dict(code_pb2.Code.items())
 
 
+def upload_timeout(limit: float) -> str:
+    """What both doors say when an upload call passes GATEWAY_BATCH_UPLOAD_TIMEOUT."""
+    return (
+        f"the upload did not arrive whole within {limit:g} s (GATEWAY_BATCH_UPLOAD_TIMEOUT); "
+        "send fewer images per call and add the rest to the upload with its upload_id"
+    )
+
+
 def _timestamp(seconds: float | None) -> timestamp_pb2.Timestamp:
     stamp = timestamp_pb2.Timestamp()
     if seconds is not None:

@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gateway import errors
+from gateway import errors, identity
 from gateway.batch import job as batch_job
 from gateway.batch import sources, storage
-from gateway.batch.access import Guard, place
+from gateway.batch.access import Guard, check_prefixes, place
 from gateway.batch.spec import JobSpec
 from gateway.client.messages import model_spec
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.api import Binding, Bindings
+from gateway.jobs import owners
 from gateway.jobs.records import Job
 from gateway.jobs.store import JobStore
 from gateway.jobs.uploads import store_full
@@ -30,13 +31,24 @@ def split(text: str) -> list[str]:
 
 
 def input_guard(settings: Settings, job: Job | None = None) -> Guard:
-    """Where a job may read: the allowed prefixes, and its own upload."""
-    guard = Guard.of(split(settings.batch_allowed_input_uris))
+    """Where a job may read: the allowed prefixes and its own upload, never the rest of the
+    job store (nor anything holding it)."""
+    guard = Guard.of(split(settings.batch_allowed_input_uris), fences=[settings.job_store])
     if job is not None and job.upload_id:
-        own = place(job.spec.input)
-        if own is not None:
-            guard = guard.with_places([own])
+        guard = guard.with_places([place(job.spec.input)])
     return guard
+
+
+def output_refusal(url: str, guard: Guard) -> GatewayError:
+    """One answer for an output outside the prefixes and for another caller's output."""
+    shown = ", ".join(guard.urls()) or "none: only the job store"
+    return GatewayError(
+        Kind.PERMISSION_DENIED,
+        f"output_uri {url} is not a place this caller may write to: outputs go below the "
+        f"prefixes this gateway may write to ({shown}), outside the job store and not into "
+        "another caller's output; leave output_uri empty to use the job store, or ask for "
+        "the prefix to be added to GATEWAY_BATCH_ALLOWED_URIS",
+    )
 
 
 @dataclass(frozen=True)
@@ -63,8 +75,16 @@ class Admission:
         self.bindings = bindings
         self._pipeline = pipeline
         self._client = client
-        self._outputs = [p for p in (place(u) for u in split(settings.batch_allowed_uris)) if p]
-        self._store_place = place(store.url)
+        # Startup refuses prefixes that are no place or overlap the job store.
+        check_prefixes(
+            "GATEWAY_BATCH_ALLOWED_INPUT_URIS",
+            split(settings.batch_allowed_input_uris),
+            settings.job_store,
+        )
+        outputs = check_prefixes(
+            "GATEWAY_BATCH_ALLOWED_URIS", split(settings.batch_allowed_uris), settings.job_store
+        )
+        self._outputs = Guard(outputs, fences=[p for p in [place(settings.job_store)] if p])
 
     def check_fields(self, request: Request) -> Binding:
         """What needs no I/O (GatewayError INVALID_INPUT); the task's binding."""
@@ -77,6 +97,21 @@ class Admission:
                 "set exactly one of input_uri (a dataset the gateway can read) and upload_id "
                 "(images sent with UploadImages)"
             )
+        spec = request.spec
+        texts = {
+            "input_uri": spec.input,
+            "output_uri": spec.output,
+            "upload_id": request.upload_id,
+            "request_id": request.request_id,
+            "model.name": spec.model.name,
+            "model.label": spec.model.label or "",
+        }
+        for name, text in texts.items():
+            bad = next((c for c in text if ord(c) < 0x20 or ord(c) == 0x7F), None)
+            if bad is not None:
+                raise errors.invalid_input(
+                    f"{name} holds the control character {bad!r}: names and URIs are printable text"
+                )
         binding = request.spec.binding(self.bindings)
         request.spec.check()
         return binding
@@ -84,24 +119,13 @@ class Admission:
     def check_input(self, url: str) -> None:
         """An input_uri a caller named: inside an allowed prefix and not in the job store
         (uploads are named by upload_id); the same refusal whether it exists or not."""
-        guard = input_guard(self.settings)
-        where = place(url)
-        store = self._store_place
-        if not guard.allows(where) or (
-            store is not None and where is not None and store.holds(where)
-        ):
-            raise guard.denied(f"input_uri {url}")
+        input_guard(self.settings).check_place(url, "input_uri")
 
     def check_output(self, url: str) -> None:
-        where = place(url)
-        if where is None or not any(p.holds(where) for p in self._outputs):
-            shown = ", ".join(Guard(self._outputs).urls()) or "(none: only the job store)"
-            raise GatewayError(
-                Kind.PERMISSION_DENIED,
-                f"output_uri {url} is outside the prefixes this gateway may write to "
-                f"({shown}); leave output_uri empty to use the job store, or ask for the "
-                "prefix to be added to GATEWAY_BATCH_ALLOWED_URIS",
-            )
+        """An output_uri a caller named, before any I/O: below an allowed prefix, outside the
+        job store (its ownership is claimed by `prepare`)."""
+        if not self._outputs.allows(place(url)):
+            raise output_refusal(url, self._outputs)
 
     async def check_limits(self, caller: str, jobs: list[Job]) -> None:
         live = [j for j in jobs if not j.done]
@@ -115,7 +139,8 @@ class Admission:
         if sum(j.caller == caller for j in live) >= s.batch_max_jobs_per_caller:
             raise GatewayError(
                 Kind.OVERLOADED,
-                f"caller {caller} has its limit of {s.batch_max_jobs_per_caller} unfinished "
+                f"caller {identity.shown(caller)} has its limit of {s.batch_max_jobs_per_caller} "
+                "unfinished "
                 "batch jobs; wait for some to finish or cancel them "
                 "(GATEWAY_BATCH_MAX_JOBS_PER_CALLER)",
             )
@@ -143,8 +168,11 @@ class Admission:
         task.output_plan(signature, config)
 
     async def prepare(self, job: Job) -> Job:
-        """Lists the input and writes OUTPUT's job.json; the job's result files and, for a
-        directory of images, its total."""
+        """Claims a named output for the caller, lists the input and writes OUTPUT's
+        job.json; the job's result files and, for a directory of images, its total."""
+        named = job.spec.output
+        if not job.default_output and not await asyncio.to_thread(owners.claim, named, job.caller):
+            raise output_refusal(named, self._outputs)
         try:
             dataset, _ = await asyncio.to_thread(
                 batch_job.prepare, job.spec, input_guard(self.settings, job)

@@ -91,7 +91,9 @@ def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
         if value:
             args.append(f"--{key.replace('_', '-')}={value}")
     # The pods read only where a job started through the API may read.
-    args.append(f"--allowed-input-uris={','.join(input_guard(settings, job).urls())}")
+    guard = input_guard(settings, job)
+    args.append(f"--allowed-input-uris={','.join(guard.urls())}")
+    args.append(f"--fenced-uris={','.join(guard.fence_urls())}")
     return args
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from gateway import errors
+from gateway import errors, identity
 from gateway.batch import status
 from gateway.errors import GatewayError, Kind
 from gateway.jobs import expiry, results
@@ -72,7 +72,7 @@ class JobService:
         self.settings = admission.settings
         self.store = admission.store
         self.bindings = admission.bindings
-        self.admins = frozenset(split(self.settings.batch_admins))
+        self.admins = identity.parse_admins(split(self.settings.batch_admins))  # typed
         self.leases = Leases(self.store, replica_id(), self.settings.job_lease_seconds)
         self.uploads = Uploads(self.settings, self.store, self.admins)
         self._changed = asyncio.Condition()

@@ -94,7 +94,7 @@ class Uploads:
             if not data:
                 raise errors.invalid_input(f"image {count} of the upload is empty")
             name = name or f"image-{count:08d}"
-            if not _NAME.match(name) or ".." in name:
+            if not _NAME.fullmatch(name) or ".." in name:
                 raise errors.invalid_input(
                     f"image name {name!r}: use letters, digits, '.', '-', '_' (not first)"
                 )

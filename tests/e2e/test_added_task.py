@@ -107,6 +107,7 @@ def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 f"--http-port={http}",
                 "--metrics-port=0",
                 f"--job-store={root / 'jobs'}",
+                "--batch-allow-anonymous=true",
             ],
             environ={},
         )

@@ -3,6 +3,7 @@ starts the gateway processes it needs (they differ in settings, and some are kil
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,10 +27,27 @@ def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield server
 
 
-@pytest.fixture(scope="session", autouse=True)
-def allowed_inputs(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The gateways of these tests let jobs read the session's temporary directory."""
+@pytest.fixture(scope="package", autouse=True)
+def allowed_inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The gateways of these tests let jobs read the session's temporary directory (the
+    gateways of other packages' tests, whose stores lie in it, do not)."""
     helpers.ALLOWED_INPUTS[:] = [str(tmp_path_factory.getbasetemp())]
+    yield
+    helpers.ALLOWED_INPUTS.clear()
+
+
+# A job store must not overlap the prefixes jobs may read (the gateway refuses to start):
+# these stores live outside the session's temporary directory.
+@pytest.fixture
+def store() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="jobs-store-") as directory:
+        yield Path(directory) / "store"
+
+
+@pytest.fixture(scope="module")
+def module_store() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="jobs-store-") as directory:
+        yield Path(directory) / "store"
 
 
 # The real API server (envtest) of the Kubernetes tests, for the kubernetes executor's tests.

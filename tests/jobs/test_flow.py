@@ -44,12 +44,14 @@ def certs(
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory, certs: Certificates | None) -> dict[str, Path]:
+def dirs(
+    tmp_path_factory: pytest.TempPathFactory, certs: Certificates | None, module_store: Path
+) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("jobs-flow")
     images = root / "images"
     make_images(images, COUNT)
     (images / "img-00007.jpg").write_bytes(b"not an image")  # one per-image error
-    return {"root": root, "images": images, "store": root / "store", "allowed": root / "allowed"}
+    return {"root": root, "images": images, "store": module_store, "allowed": root / "allowed"}
 
 
 @pytest.fixture(scope="module")

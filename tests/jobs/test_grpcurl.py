@@ -32,9 +32,9 @@ def call(target: str, method: str, body: dict[str, Any]) -> Any:
     return json.loads(grpcurl(target, method, json.dumps(body)))
 
 
-def test_whole_flow_with_grpcurl(tfs, tmp_path) -> None:
+def test_whole_flow_with_grpcurl(tfs, tmp_path, store) -> None:
     images = make_images(tmp_path / "images", 5)
-    with gateway(tfs, tmp_path / "store", tmp_path) as gw:
+    with gateway(tfs, store, tmp_path) as gw:
         target = gw.target
         services = grpcurl(target, "").split()
         assert {"detection.v1.BatchService", "google.longrunning.Operations"} <= set(services)

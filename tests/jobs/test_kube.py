@@ -62,7 +62,7 @@ def kubeconfig(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def setup(tfs, kubeconfig, tmp_path_factory) -> dict[str, Any]:
+def setup(tfs, kubeconfig, tmp_path_factory, module_store) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("kube-jobs")
     make_images(root / "images", 6)
     extra = [
@@ -72,7 +72,7 @@ def setup(tfs, kubeconfig, tmp_path_factory) -> dict[str, Any]:
         "--batch-image=registry.example/detection-gateway:test",
         "--batch-parallelism=2",
     ]
-    return {"root": root, "images": root / "images", "store": root / "store", "extra": extra}
+    return {"root": root, "images": root / "images", "store": module_store, "extra": extra}
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +222,7 @@ def test_cancel_deletes_the_job(apiserver, client, setup) -> None:
 
 
 def test_an_empty_image_is_the_image_of_the_gateways_own_pod(
-    apiserver, tfs, setup, tmp_path, monkeypatch
+    apiserver, tfs, setup, tmp_path, monkeypatch, store
 ) -> None:
     """GATEWAY_BATCH_IMAGE empty: runner pods run the image of the gateway pod's `gateway`
     container, read with the executor's token (the pod named by the downward API's
@@ -233,7 +233,7 @@ def test_an_empty_image_is_the_image_of_the_gateways_own_pod(
     monkeypatch.setenv("POD_NAME", pod_name)
     monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
     extra = [a for a in setup["extra"] if not a.startswith("--batch-image=")]
-    with gateway(tfs, tmp_path / "store", tmp_path, [*extra, "--batch-image="]) as gw:
+    with gateway(tfs, store, tmp_path, [*extra, "--batch-image="]) as gw:
         with gw.channel() as channel:
             client = Client(channel)
             with pytest.raises(grpc.RpcError) as info:

@@ -38,8 +38,10 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def test_cancel_mid_run_stops_work_and_keeps_what_is_done(upstream, images, tmp_path) -> None:
-    with gateway(upstream, tmp_path / "store", tmp_path) as gw, gw.channel() as channel:
+def test_cancel_mid_run_stops_work_and_keeps_what_is_done(
+    upstream, images, tmp_path, store
+) -> None:
+    with gateway(upstream, store, tmp_path) as gw, gw.channel() as channel:
         client = Client(channel)
         upstream.hold(after=100)
         op = client.create(input_uri=str(images))
@@ -63,9 +65,8 @@ def test_cancel_mid_run_stops_work_and_keeps_what_is_done(upstream, images, tmp_
 
 
 def test_gateway_killed_mid_job_resumes_and_every_input_lands_once(
-    upstream, images, tmp_path
+    upstream, images, tmp_path, store
 ) -> None:
-    store = tmp_path / "store"
     with gateway(upstream, store, tmp_path) as gw, gw.channel() as channel:
         client = Client(channel)
         upstream.hold(after=150)
@@ -90,10 +91,10 @@ def test_gateway_killed_mid_job_resumes_and_every_input_lands_once(
     assert max(Counter(ids).values()) == 1
 
 
-def test_an_input_vanishing_mid_run_fails_the_job_naming_it(upstream, tmp_path) -> None:
+def test_an_input_vanishing_mid_run_fails_the_job_naming_it(upstream, tmp_path, store) -> None:
     directory = tmp_path / "images"
     paths = make_images(directory, 1000)
-    with gateway(upstream, tmp_path / "store", tmp_path) as gw, gw.channel() as channel:
+    with gateway(upstream, store, tmp_path) as gw, gw.channel() as channel:
         client = Client(channel)
         upstream.hold(after=100)
         name = client.create(input_uri=str(directory)).name
@@ -109,7 +110,7 @@ def test_an_input_vanishing_mid_run_fails_the_job_naming_it(upstream, tmp_path) 
         assert [x.id for x in lines[:600]] == [p.name for p in paths[:600]]
 
 
-def test_limits_per_caller_and_in_total_with_a_paused_lane(tfs, images, tmp_path) -> None:
+def test_limits_per_caller_and_in_total_with_a_paused_lane(tfs, images, tmp_path, store) -> None:
     extra = [
         "--batch-yield-threshold=0",  # batch work paused: jobs stay unfinished
         "--batch-max-jobs-per-caller=2",
@@ -117,7 +118,7 @@ def test_limits_per_caller_and_in_total_with_a_paused_lane(tfs, images, tmp_path
         "--trust-xfcc=true",  # the header names the second caller
     ]
     other = (("x-forwarded-client-cert", 'By=spiffe://a;URI="spiffe://cluster.local/ns/b/sa/c"'),)
-    with gateway(tfs, tmp_path / "store", tmp_path, extra) as gw, gw.channel() as channel:
+    with gateway(tfs, store, tmp_path, extra) as gw, gw.channel() as channel:
         client = Client(channel)
         first = client.create(input_uri=str(images)).name
         client.create(input_uri=str(images))

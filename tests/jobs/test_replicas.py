@@ -71,16 +71,15 @@ def wait_for(check: Any, what: str, seconds: float = 120) -> None:
 
 @pytest.mark.parametrize("round_", ROUNDS)
 def test_any_replica_answers_and_one_runs_each_job(
-    round_: int, upstream: FaultyUpstream, images: Path, tmp_path: Path
+    round_: int, upstream: FaultyUpstream, images: Path, tmp_path: Path, store: Path
 ) -> None:
-    store = str(tmp_path / "store")
-    with replicas(upstream, store, tmp_path, count=1) as (first,), first.channel() as c1:
+    with replicas(upstream, str(store), tmp_path, count=1) as (first,), first.channel() as c1:
         one = Client(c1)
         name = one.create(input_uri=str(images)).name
         one.until(name, lambda m: m.processed > 0)
         # A second replica starts while the first runs the job: it answers for the job and
         # does not start it again.
-        with replicas(upstream, store, tmp_path, count=1) as (second,), second.channel() as c2:
+        with replicas(upstream, str(store), tmp_path, count=1) as (second,), second.channel() as c2:
             two = Client(c2)
             assert metadata(two.get(name)).state in (State.RUNNING, State.SUCCEEDED)
             listed = two.ops.ListOperations(lro.ListOperationsRequest()).operations
@@ -152,10 +151,10 @@ def kill_the_holder_and_finish(
 
 @pytest.mark.parametrize("round_", ROUNDS)
 def test_a_sigkilled_holder_is_taken_over_exactly_once_local_store(
-    round_: int, upstream: FaultyUpstream, images: Path, tmp_path: Path
+    round_: int, upstream: FaultyUpstream, images: Path, tmp_path: Path, store: Path
 ) -> None:
     kill_the_holder_and_finish(
-        upstream, str(tmp_path / "store"), str(images), tmp_path, lambda p: Path(p).read_bytes()
+        upstream, str(store), str(images), tmp_path, lambda p: Path(p).read_bytes()
     )
 
 

@@ -263,10 +263,16 @@ def run_shard(server: ApiServer, job: dict[str, Any], index: int, target: str) -
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+# Prod trusts x-forwarded-client-cert (components/istio): the test is the caller's sidecar,
+# which appends the caller's verified mesh identity as the header's last element.
+CALLER = (("x-forwarded-client-cert", "By=spiffe://cluster.local/ns/detection/sa/gw;URI="
+           "spiffe://cluster.local/ns/shop/sa/batch-user"),)  # fmt: skip
+
+
 def upload(client: Client, tmp_path: Path) -> str:
     paths = make_images(tmp_path / "images", IMAGES)
     requests = (bpb.UploadImagesRequest(name=p.name, image=p.read_bytes()) for p in paths)
-    answer = client.batch.UploadImages(requests, timeout=60)
+    answer = client.batch.UploadImages(requests, timeout=60, metadata=client.metadata)
     assert answer.image_count == IMAGES
     return str(answer.upload_id)
 
@@ -281,7 +287,7 @@ def test_a_job_created_through_the_api_runs_as_a_kubernetes_job_and_reports_from
     tmp_path: Path,
 ) -> None:
     with gateway.channel() as channel:
-        client = Client(channel)
+        client = Client(channel, CALLER)
         op = client.create(upload_id=upload(client, tmp_path), shards=2)
         assert metadata(op).state == State.QUEUED
 
@@ -338,18 +344,22 @@ def test_a_job_created_through_the_api_runs_as_a_kubernetes_job_and_reports_from
             ) as other,
             other.channel() as other_channel,
         ):
-            assert Client(other_channel).get(op.name) == done
-            with urllib.request.urlopen(f"{other.http_url}/v1/{op.name}", timeout=30) as answer:
+            assert Client(other_channel, CALLER).get(op.name) == done
+            as_caller = dict(CALLER)
+            request = urllib.request.Request(f"{other.http_url}/v1/{op.name}", headers=as_caller)
+            with urllib.request.urlopen(request, timeout=30) as answer:
                 over_http = json.loads(answer.read())
             assert over_http["done"] is True
             assert over_http["metadata"]["state"] == "SUCCEEDED"
             assert over_http["response"]["code_counts"] == {"OK": str(IMAGES)}
             results = f"{other.http_url}/v1/{op.name}/results"
-            with urllib.request.urlopen(results, timeout=30) as answer:
+            request = urllib.request.Request(results, headers=as_caller)
+            with urllib.request.urlopen(request, timeout=30) as answer:
                 assert answer.headers["Content-Type"] == "application/x-ndjson"
                 ids = [json.loads(line)["id"] for line in answer.read().splitlines()]
             assert ids == [x.id for x in lines]
 
-        client.ops.DeleteOperation(lro.DeleteOperationRequest(name=op.name), timeout=30)
+        delete = lro.DeleteOperationRequest(name=op.name)
+        client.ops.DeleteOperation(delete, timeout=30, metadata=CALLER)
     gone = apiserver.kubectl("get", "job", name, f"--namespace={NAMESPACE}", check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr

@@ -90,7 +90,7 @@ def jobs_gateway(
 def mtls(tfs: LocalServer, certs: Certificates, dirs: dict[str, Path]) -> Iterator[GatewayProcess]:
     extra = [
         f"--batch-allowed-input-uris={dirs['data']}",
-        f"--batch-admins={ADMIN}",
+        f"--batch-admins=uri:{ADMIN}",
         "--trust-xfcc=true",  # the certificate still wins over the header
     ]
     with jobs_gateway(tfs, dirs["root"] / "mtls", extra, certs) as gw:
@@ -299,7 +299,7 @@ def test_xfcc_is_an_identity_only_when_the_gateway_trusts_it(
             listed = anonymous.ops.ListOperations(lro.ListOperationsRequest()).operations
             assert [o.name for o in listed] == [name]
         created = [r for r in gw.records() if r.get("message") == "batch job created"]
-        assert [r["caller"] for r in created] == [ALICE if trust else "anonymous"]
+        assert [r["caller"] for r in created] == [f"uri:{ALICE}" if trust else "anonymous"]
 
 
 # --- bounded storage ----------------------------------------------------------------------

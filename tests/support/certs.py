@@ -78,10 +78,12 @@ def make_certificates(
     ca_name: str = "test CA",
     clients: Mapping[str, str] = {},
     server_names: Sequence[str] = ("localhost", "127.0.0.1"),
+    common_names: Mapping[str, str] = {},
 ) -> Certificates:
     """Writes ca.crt, server.crt/.key (valid for `server_names`: host names and IP addresses)
     and client.crt/.key; and for each of `clients` (name -> URI SAN, or "" for a certificate
-    with its common name only) <name>.crt/.key with that name as its common name."""
+    with its common name only) <name>.crt/.key with that name as its common name (or the
+    one `common_names` gives it)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
@@ -103,7 +105,7 @@ def make_certificates(
     def leaf(stem: str, usage: x509.ObjectIdentifier, names: list[x509.GeneralName]) -> Pair:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = (
-            _builder(stem, ca_cert.subject, key.public_key())
+            _builder(common_names.get(stem, stem), ca_cert.subject, key.public_key())
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )

@@ -61,6 +61,8 @@ def gateway(
         f"--job-store={store}",
         "--batch-checkpoint-seconds=0.2",
         f"--batch-allowed-input-uris={','.join(ALLOWED_INPUTS)}",
+        # Without certificates every caller is anonymous: one shared tenant, as `make run`.
+        *(["--batch-allow-anonymous=true"] if certs is None else []),
         *extra,
     ]
     if certs is not None:

@@ -4,6 +4,7 @@ gateway.jobs.service, failures through the door's status table."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -12,9 +13,10 @@ from google.longrunning import operations_pb2_grpc as lro_grpc
 from google.protobuf import empty_pb2
 
 from gateway import identity
-from gateway.errors import GatewayError
+from gateway.config import Settings
+from gateway.errors import GatewayError, Kind
 from gateway.frontends.grpc.status import STATUS
-from gateway.frontends.jobs_api import to_line, to_operation, to_request
+from gateway.frontends.jobs_api import to_line, to_operation, to_request, upload_timeout
 from gateway.jobs.service import JobService
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
@@ -23,15 +25,18 @@ BATCH_SERVICE = bpb.DESCRIPTOR.services_by_name["BatchService"].full_name
 OPERATIONS_SERVICE = lro.DESCRIPTOR.services_by_name["Operations"].full_name
 
 
-def caller_of(context: grpc.aio.ServicerContext, trust_xfcc: bool) -> str:
+def caller_of(context: grpc.aio.ServicerContext, settings: Settings) -> str:
     """Who is calling (gateway.identity): the client certificate in the auth context, or a
-    trusted x-forwarded-client-cert header."""
+    trusted x-forwarded-client-cert header; PERMISSION_DENIED for an anonymous caller
+    unless GATEWAY_BATCH_ALLOW_ANONYMOUS."""
     certificate = identity.from_auth_context(context.auth_context())
-    header = None
-    for key, value in context.invocation_metadata() or ():
-        if key == identity.XFCC and isinstance(value, str):
-            header = value
-    return identity.caller(certificate, header, trust_xfcc)
+    header = identity.joined(
+        value
+        for key, value in context.invocation_metadata() or ()
+        if key == identity.XFCC and isinstance(value, str)
+    )
+    found = identity.caller(certificate, header, settings.trust_xfcc)
+    return identity.for_jobs(found, settings.batch_allow_anonymous)
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: GatewayError) -> None:
@@ -41,13 +46,13 @@ async def _abort(context: grpc.aio.ServicerContext, error: GatewayError) -> None
 class BatchServicer(bpb_grpc.BatchServiceServicer):
     def __init__(self, jobs: JobService) -> None:
         self._jobs = jobs
-        self._trust_xfcc = jobs.settings.trust_xfcc
+        self._settings = jobs.settings
 
     async def CreateBatchJob(
         self, request: bpb.CreateBatchJobRequest, context: grpc.aio.ServicerContext
     ) -> lro.Operation:
         try:
-            caller = caller_of(context, self._trust_xfcc)
+            caller = caller_of(context, self._settings)
             job = await self._jobs.create(caller, to_request(request, self._jobs.bindings))
             return to_operation(await self._jobs.current(job))
         except GatewayError as e:
@@ -63,9 +68,14 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
             async for message in request_iterator:
                 yield message.upload_id, message.name, message.image
 
+        limit = self._settings.batch_upload_timeout
         try:
-            caller = caller_of(context, self._trust_xfcc)
-            upload_id, count, size = await self._jobs.upload(caller, images())
+            caller = caller_of(context, self._settings)
+            try:
+                async with asyncio.timeout(limit):
+                    upload_id, count, size = await self._jobs.upload(caller, images())
+            except TimeoutError:
+                raise GatewayError(Kind.DEADLINE, upload_timeout(limit)) from None
         except GatewayError as e:
             await _abort(context, e)
             raise
@@ -74,8 +84,8 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
     async def ReadBatchResults(
         self, request: bpb.ReadBatchResultsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bpb.BatchResultLine]:
-        caller = caller_of(context, self._trust_xfcc)
         try:
+            caller = caller_of(context, self._settings)
             async for job, file, index, line, token in self._jobs.read(
                 caller, request.name, request.page_token
             ):
@@ -88,10 +98,10 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
 class OperationsServicer(lro_grpc.OperationsServicer):
     def __init__(self, jobs: JobService) -> None:
         self._jobs = jobs
-        self._trust_xfcc = jobs.settings.trust_xfcc
+        self._settings = jobs.settings
 
     def _caller(self, context: grpc.aio.ServicerContext) -> str:
-        return caller_of(context, self._trust_xfcc)
+        return caller_of(context, self._settings)
 
     async def GetOperation(
         self, request: lro.GetOperationRequest, context: grpc.aio.ServicerContext

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -302,21 +302,38 @@ async def read_body(request: web.Request, body_format: str, settings: Settings) 
     """The whole body, refused (413) past the limit before it is buffered: first by
     Content-Length, then while streaming; 408 when it does not arrive in time."""
     limit = body_limit(settings, body_format)
+    return await read_bounded(
+        request,
+        limit,
+        settings.http_body_timeout,
+        lambda size, streamed: too_large(size, limit, streamed),
+    )
+
+
+async def read_bounded(
+    request: web.Request,
+    limit: int,
+    timeout: float,
+    over: Callable[[int, bool], Exception],
+) -> bytes:
+    """The whole body (every segment until Content-Length or the end of the chunks), at most
+    `limit` bytes (`over(size, streamed)` past it, by Content-Length before reading) within
+    `timeout` seconds in all (408 after)."""
     length = request.content_length
     if length is not None and length > limit:
-        raise too_large(length, limit)
+        raise over(length, False)
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(settings.http_body_timeout):
+        async with asyncio.timeout(timeout):
             async for chunk in request.content.iter_any():
                 size += len(chunk)
                 if size > limit:
-                    raise too_large(size, limit, streamed=True)
+                    raise over(size, True)
                 chunks.append(chunk)
     except TimeoutError:
         raise body_timeout(
-            f"the request body did not arrive within {settings.http_body_timeout:g} s "
+            f"the request body did not arrive within {timeout:g} s "
             f"({size} bytes received); GATEWAY_HTTP_BODY_TIMEOUT sets the limit"
         ) from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -38,7 +38,7 @@ from gateway.errors import GatewayError, Kind
 from gateway.frontends.http import bodies
 from gateway.frontends.http.responses import error_response
 from gateway.frontends.http.status import STATUS, HttpError, body_timeout, unsupported_media_type
-from gateway.frontends.jobs_api import to_line, to_operation, to_request
+from gateway.frontends.jobs_api import to_line, to_operation, to_request, upload_timeout
 from gateway.jobs.service import JobService
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 
@@ -133,11 +133,12 @@ class JobHandlers:
         transport = request.transport
         ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
         certificate = ssl_object.getpeercert() if ssl_object is not None else None
-        return identity.caller(
+        found = identity.caller(
             identity.from_peercert(certificate),
-            request.headers.get(identity.XFCC),
+            identity.joined(request.headers.getall(identity.XFCC, ())),
             self._settings.trust_xfcc,
         )
+        return identity.for_jobs(found, self._settings.batch_allow_anonymous)
 
     @staticmethod
     def operation_name(request: web.Request) -> str:
@@ -152,8 +153,14 @@ class JobHandlers:
                 f"POST /v1/uploads takes {bodies.MULTIPART} with one `image` part per image, "
                 f"not {request.content_type or 'no Content-Type'}"
             )
+        caller = self.caller(request)
         reader = await request.multipart()
-        upload_id, count, size = await self._jobs.upload(self.caller(request), self._parts(reader))
+        limit = self._settings.batch_upload_timeout
+        try:
+            async with asyncio.timeout(limit):
+                upload_id, count, size = await self._jobs.upload(caller, self._parts(reader))
+        except TimeoutError:
+            raise body_timeout(upload_timeout(limit)) from None
         return _answer(
             bpb.UploadImagesResponse(upload_id=upload_id, image_count=count, total_bytes=size)
         )
@@ -223,11 +230,12 @@ class JobHandlers:
                 "POST /v1/batchJobs takes application/json: the proto3 JSON of "
                 "detection.v1.CreateBatchJobRequest"
             )
-        if (request.content_length or 0) > MAX_CREATE_BYTES:
-            raise create_too_large()
-        body = await request.content.read(MAX_CREATE_BYTES + 1)
-        if len(body) > MAX_CREATE_BYTES:
-            raise create_too_large()
+        body = await bodies.read_bounded(
+            request,
+            MAX_CREATE_BYTES,
+            self._settings.http_body_timeout,
+            lambda size, streamed: create_too_large(),
+        )
         message = bpb.CreateBatchJobRequest()
         try:
             json_format.Parse(body, message)

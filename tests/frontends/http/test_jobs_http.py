@@ -58,6 +58,7 @@ def jobs_gateway(
         f"--job-store={tmp_path_factory.mktemp('http-jobs-store')}",
         f"--batch-allowed-input-uris={dataset / 'allowed'}",
         "--batch-checkpoint-seconds=0.2",
+        "--batch-allow-anonymous=true",
     ]
     with run_gateway(
         http_tfs.target, args, log_dir=tmp_path_factory.mktemp("http-jobs-logs"), http=True
@@ -206,6 +207,7 @@ def test_a_waiting_job_is_cancelled(http_tfs: LocalServer, http_repo: Path, tmp_
         f"--model-config={http_repo / 'gateway-models.toml'}",
         f"--job-store={tmp_path / 'store'}",
         "--batch-yield-threshold=0",
+        "--batch-allow-anonymous=true",
     ]
     with run_gateway(http_tfs.target, args, log_dir=tmp_path, http=True) as gateway:
         url = gateway.http_url
