@@ -19,6 +19,7 @@ import pytest
 from google.longrunning import operations_pb2 as lro
 
 from gateway.proto.detection.v1 import batch_pb2 as bpb
+from tests.support import tools
 from tests.support.certs import make_certificates
 from tests.support.jobs import MODEL_CONFIG, Client, channel, gateway, make_images, metadata
 from tests.support.localserver import LocalServer
@@ -51,8 +52,9 @@ def refused(call: object, *args: object, **kwargs: object) -> grpc.RpcError:
 
 
 def curl(url: str, *args: str) -> tuple[int, dict]:
+    binary = tools.binary("curl", tools.CURL_INSTALL)
     done = subprocess.run(
-        ["curl", "-sS", "--max-time", "60", "-w", "\n%{http_code}", *args, url],
+        [binary, "-sS", "--max-time", "60", "-w", "\n%{http_code}", *args, url],
         capture_output=True, text=True, timeout=90, check=True,
     )  # fmt: skip
     body, _, status = done.stdout.rpartition("\n")
