@@ -35,12 +35,12 @@ from google.longrunning import operations_pb2 as lro
 from moto.server import ThreadedMotoServer
 
 from gateway.proto.detection.v1 import batch_pb2 as bpb
-from tests.k8s.test_manifests import GATEWAY, container, env_of, find, rendered
 from tests.support.apiserver import ApiServer
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.jobs import Client, State, make_images, metadata, result
 from tests.support.kubejobs import kube_job, now, write_job_status
 from tests.support.localserver import LocalServer, free_port, run_local_server
+from tests.support.renders import GATEWAY, container, env_of, find, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "detection-jobs"

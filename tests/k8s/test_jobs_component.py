@@ -17,7 +17,7 @@ import pytest
 from fsspec.registry import known_implementations
 
 from tests.k8s.test_apiserver import render as render_kustomization
-from tests.k8s.test_manifests import (
+from tests.support.renders import (
     GATEWAY,
     ROOT,
     TARGETS,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s.test_manifests import GATEWAY, TFSERVING, find, rendered
+from tests.support.renders import GATEWAY, TFSERVING, find, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
 # A range next to the workload it counts, either way round.
