@@ -194,9 +194,10 @@ class Settings:
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
     # Who is calling is the mTLS client certificate's identity (URI SAN such as a SPIFFE ID,
-    # else the subject CN). x-forwarded-client-cert counts only when this is true: set it
-    # only behind a proxy that overwrites the header (Istio's sidecar does); otherwise any
-    # client could name itself. No certificate and no trusted header: "anonymous".
+    # else the subject CN). x-forwarded-client-cert counts only when this is true, and then
+    # only its last element (the one the nearest proxy appended after verifying the client's
+    # certificate: Istio's sidecar with mTLS); set it only where every request passes such a
+    # proxy, otherwise a client could name itself. Neither: "anonymous".
     trust_xfcc: bool = False
     # Calls open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). gRPC
     # clients queue calls beyond it; a client that ignores the setting gets the extra streams

@@ -140,8 +140,7 @@ class Admission:
             raise GatewayError(
                 Kind.OVERLOADED,
                 f"caller {identity.shown(caller)} has its limit of {s.batch_max_jobs_per_caller} "
-                "unfinished "
-                "batch jobs; wait for some to finish or cancel them "
+                "unfinished batch jobs; wait for some to finish or cancel them "
                 "(GATEWAY_BATCH_MAX_JOBS_PER_CALLER)",
             )
         used = await asyncio.to_thread(self.store.usage)

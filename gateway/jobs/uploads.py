@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 
-from gateway import errors
+from gateway import errors, identity
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.records import new_id
@@ -45,10 +45,11 @@ class Room:
         if size > self.caller:
             raise GatewayError(
                 Kind.OVERLOADED,
-                f"caller {caller} keeps its limit of {s.batch_max_upload_bytes_per_caller} "
-                "bytes of uploads (GATEWAY_BATCH_MAX_UPLOAD_BYTES_PER_CALLER); delete the "
-                "operations over uploads you no longer need, or wait for unused uploads to "
-                "expire (GATEWAY_UPLOAD_TTL)",
+                f"caller {identity.shown(caller)} keeps its limit of "
+                f"{s.batch_max_upload_bytes_per_caller} bytes of uploads "
+                "(GATEWAY_BATCH_MAX_UPLOAD_BYTES_PER_CALLER); delete the operations over "
+                "uploads you no longer need, or wait for unused uploads to expire "
+                "(GATEWAY_UPLOAD_TTL)",
             )
 
     def take(self, size: int) -> None:
@@ -137,9 +138,9 @@ class Uploads:
             if open_uploads >= s.batch_max_uploads_per_caller:
                 raise GatewayError(
                     Kind.OVERLOADED,
-                    f"caller {caller} has {open_uploads} uploads no job uses yet, its limit "
-                    "(GATEWAY_BATCH_MAX_UPLOADS_PER_CALLER); create jobs over them or add to "
-                    "one (pass its upload_id), or wait for unused ones to expire "
+                    f"caller {identity.shown(caller)} has {open_uploads} uploads no job uses "
+                    "yet, its limit (GATEWAY_BATCH_MAX_UPLOADS_PER_CALLER); create jobs over "
+                    "them or add to one (pass its upload_id), or wait for unused ones to expire "
                     "(GATEWAY_UPLOAD_TTL)",
                 )
             used = await asyncio.to_thread(self._store.usage)

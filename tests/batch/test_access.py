@@ -84,3 +84,74 @@ def test_a_loader_checks_again_before_reading(tree: Path) -> None:
     with pytest.raises(GatewayError) as info:
         load()
     assert info.value.kind is Kind.PERMISSION_DENIED and "b.jpg" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:18081/secret#/../../allowed.example/public/x.png",
+        "http://allowed.example/public/%2e%2e/admin/x.png",
+        "http://allowed.example/public/%2E%2E/admin/x.png",
+        "http://allowed.example/public%2f..%2fadmin/x.png",
+        "http://allowed.example/public/../admin/x.png",
+        "http://allowed.example/public/./x.png",
+        "http://allowed.example/public\\..\\admin/x.png",
+        "http://user@allowed.example/public/x.png",
+        "http://allowed.example@127.0.0.1:18081/public/x.png",
+        "http://allowed.example/public/x.png?u=/admin",
+        "http://allowed.example:8080/public/x.png",
+        "http://allowed.example.evil/public/x.png",
+        "https://allowed.example/public/x.png",
+        "http://allowed.example/public/x\x00.png",
+    ],
+)
+def test_urls_that_read_one_way_and_fetch_another_are_no_places(url: str) -> None:
+    guard = Guard.of(["http://allowed.example/public"])
+    assert not guard.allows(place(url))
+    with pytest.raises(GatewayError) as info:
+        guard.check_place(url, "input_uri")
+    assert info.value.kind is Kind.PERMISSION_DENIED
+
+
+def test_urls_below_an_http_prefix_are_allowed_host_compared_exactly() -> None:
+    guard = Guard.of(["http://Allowed.Example/public"])
+    assert guard.check_place("http://allowed.example/public/a/x.png", "input_uri") == place(
+        "HTTP://ALLOWED.EXAMPLE/public//a/x.png"
+    )
+    http = fsspec.filesystem("http")
+    assert guard.allows(fs_place(http, "http://allowed.example/public/x.png"))
+    assert not guard.allows(fs_place(http, "http://allowed.example/publicity/x.png"))
+
+
+def test_nothing_in_or_holding_a_fence_is_allowed_but_below_a_prefix_inside_it(
+    tree: Path,
+) -> None:
+    store = tree / "data" / "store"
+    (store / "uploads" / "mine").mkdir(parents=True)
+    (store / "uploads" / "theirs").mkdir(parents=True)
+    (tree / "data" / "to-store").symlink_to(store)
+    guard = Guard.of([str(tree / "data")], fences=[str(store)])
+    own = guard.with_places([place(str(store / "uploads" / "mine"))])
+    for g in (guard, own):
+        assert g.allows(place(str(tree / "data" / "set" / "a.jpg")))
+        for refused in (
+            str(store),
+            str(tree / "data"),  # holds the store
+            str(store / "uploads" / "theirs" / "x.jpg"),
+            str(tree / "data" / "to-store" / "uploads" / "theirs"),
+            str(store / "uploads" / "mine" / ".." / "theirs" / "x.jpg"),
+        ):
+            assert not g.allows(place(refused)), refused
+            with pytest.raises(GatewayError):
+                g.check_place(refused, "input_uri")
+        with pytest.raises(GatewayError):  # a glob whose fixed part holds the store
+            g.check_place(f"{tree}/data/*/uploads/*", "input_uri")
+    assert own.allows(place(str(store / "uploads" / "mine" / "x.jpg")))
+    assert not guard.allows(place(str(store / "uploads" / "mine" / "x.jpg")))
+    fs = fsspec.filesystem("file")
+    with pytest.raises(GatewayError):
+        own.check_file(fs, str(store / "uploads" / "theirs" / "x.jpg"), "input file")
+    # What the kubernetes executor hands its pods reads back the same.
+    again = Guard.of(own.urls(), fences=own.fence_urls())
+    assert again.allows(place(str(store / "uploads" / "mine" / "x.jpg")))
+    assert not again.allows(place(str(store / "uploads" / "theirs" / "x.jpg")))
