@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.support.gatewayproc import GatewayProcess, run_gateway
@@ -114,6 +115,19 @@ def http_gateway(
         http_tfs.target, args, log_dir=tmp_path_factory.mktemp("http-logs"), http=True
     ) as gateway:
         yield gateway
+
+
+@pytest.fixture(scope="module")
+def gateway(http_gateway: GatewayProcess) -> GatewayProcess:
+    """The shared gateway, under the name the end-to-end tests of the door use."""
+    return http_gateway
+
+
+@pytest.fixture(scope="module")
+def channel(gateway: GatewayProcess) -> Iterator[grpc.Channel]:
+    """A gRPC channel to the same gateway, for comparing the doors."""
+    with gateway.channel() as channel:
+        yield channel
 
 
 # Headless chromium for the page's tests (tests/support/browser.py).
