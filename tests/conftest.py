@@ -12,13 +12,62 @@ from _pytest.terminal import TerminalReporter
 
 from tests.support import models
 
-E2E = Path(__file__).parent / "e2e"
+TESTS = Path(__file__).parent
+E2E = TESTS / "e2e"
+# `slow` by place: the files whose tests start processes (gateways, TF Serving, batch runners,
+# forked servers) or run TensorFlow, measured from the per-test durations (setup + call +
+# teardown) of a whole run on 2 shared cores (2026-11-26, load 8 to 14), with the seconds each
+# file took there. `pytest -m "not slow"` (`make test-fast`) runs the rest, under 5 minutes; a
+# slow test in another file carries `@pytest.mark.slow` itself. Re-measure when a file grows.
+SLOW = {
+    "e2e": 210,  # every file: 33 (trace headers) to 210 s (lifecycle)
+    "zoo": 1500,  # exports and serves the zoo: minutes
+    "bench": 900,  # the smoke runs of each benchmark (issue 36: 900-1300 s)
+    "batch/test_e2e.py": 113,
+    "batch/test_s3.py": 88,
+    "batch/test_kill.py": 83,
+    "reliability/test_faults.py": 134,
+    "reliability/test_shutdown.py": 130,
+    "reliability/test_broken_answers.py": 73,
+    "reliability/test_upstream_calls.py": 27,
+    "reliability/test_fuzz.py": 13,
+    # The first of these starts the HTTP door's TF Serving and gateway (a session fixture),
+    # which the others then share: alone, each pays for it.
+    "frontends/http/test_http_api.py": 120,
+    "frontends/http/test_http_formats.py": 15,
+    "frontends/http/test_http_errors.py": 6,
+    "frontends/http/test_http_faults.py": 57,
+    "frontends/http/test_jobs_http.py": 38,
+    "jobs/test_flow.py": 39,
+    "jobs/test_replicas.py": 28,
+    "jobs/test_lifecycle.py": 10,
+    "serving/test_detector.py": 133,
+    "serving/test_export.py": 98,
+    "serving/test_local_server.py": 75,
+    "serving/test_local_versions.py": 60,
+}
+
+
+def is_slow(path: Path) -> bool:
+    where = path.relative_to(TESTS).as_posix()
+    return any(where == place or where.startswith(f"{place}/") for place in SLOW)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The quick loop (`-m "not slow"`) does not even import the slow files (TensorFlow and
+    the process harnesses among them): collecting them costs seconds for nothing."""
+    inside = collection_path.is_relative_to(TESTS) and collection_path != TESTS
+    if config.getoption("markexpr", "") == "not slow" and inside and is_slow(collection_path):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.e2e)
+        if item.path.is_relative_to(TESTS) and is_slow(item.path):
+            item.add_marker(pytest.mark.slow)
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

@@ -61,3 +61,10 @@ def test_under_ci_a_missing_tool_fails(tmp_path: Path) -> None:
         done.stdout
     )
     assert "skipped: 0" in done.stdout
+
+
+def test_every_slow_place_is_a_test_file_or_directory() -> None:
+    from tests.conftest import SLOW, TESTS
+
+    missing = [place for place in SLOW if not (TESTS / place).exists()]
+    assert not missing, f"tests/conftest.py SLOW names places that are gone: {missing}"
