@@ -33,7 +33,7 @@ from gateway.imaging.decode import decode_image, decode_stored
 from gateway.imaging.errors import CorruptImage, EmptyImage, ImageTooLarge
 from gateway.imaging.header import ImageLimits, inspect_image
 from gateway.imaging.resize import decode_to_size, decode_within, fit_within
-from tests.imaging.test_images import EXIF_TRANSPOSE as TRANSPOSE  # Pillow's, independent of ours
+from tests.support.pictures import EXIF_TRANSPOSE as TRANSPOSE  # Pillow's, independent of ours
 
 LIMITS = ImageLimits(max_bytes=64 * 2**20, max_pixels=50_000_000)
 BILINEAR = Image.Resampling.BILINEAR
