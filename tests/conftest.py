@@ -4,13 +4,14 @@ was skipped and why (under CI=1 a missing tool fails instead: tests/support/tool
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from _pytest.terminal import TerminalReporter
 
 from tests.support import models
+
+# The run's last line: what was skipped and why (tests/support/skipsummary.py).
+pytest_plugins = ["tests.support.skipsummary"]
 
 TESTS = Path(__file__).parent
 E2E = TESTS / "e2e"
@@ -49,6 +50,8 @@ SLOW = {
     "serving/test_export.py": 98,
     "serving/test_local_server.py": 75,
     "serving/test_local_versions.py": 60,
+    "serving/test_reference_models.py": 121,
+    "serving/test_unparsable_input.py": 36,
 }
 
 
@@ -72,19 +75,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         if item.path.is_relative_to(TESTS) and is_slow(item.path):
             item.add_marker(pytest.mark.slow)
-
-
-def _skip_reason(report: pytest.TestReport) -> str:
-    longrepr = report.longrepr
-    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-    return reason.removeprefix("Skipped: ")
-
-
-def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
-    skipped = terminalreporter.stats.get("skipped", [])
-    reasons = Counter(_skip_reason(report) for report in skipped)
-    why = "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common())
-    terminalreporter.write_line(f"skipped: {len(skipped)}" + (f" ({why})" if why else ""))
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Skips are visible: a test that needs a tool or package that is missing is skipped with the
 reason, or fails under CI=1 (CI installs every one: tests/support/tools.py), and the run ends
-with one line that counts the skips by reason (tests/conftest.py)."""
+with one line that counts the skips by reason (tests/support/skipsummary.py)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ def run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
     if ci is not None:
         env["CI"] = ci
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
-         f"--rootdir={tmp_path}", "-c", os.devnull, str(tmp_path / "test_needs.py")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "tests.support.skipsummary", f"--rootdir={tmp_path}", "-c", os.devnull,
+         str(tmp_path / "test_needs.py")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
