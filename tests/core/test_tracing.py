@@ -15,7 +15,7 @@ from gateway import tracing
 from gateway.core.domain import Request
 from gateway.modelref import ModelRef
 from gateway.tasks.types import DetectOptions
-from tests.core.test_pipeline import classifier_models, pipeline_for, png, solid
+from tests.support.pipelines import classifier_models, pipeline_for, png, solid
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
