@@ -123,8 +123,17 @@ def test_nothing_imports_late_to_dodge_a_cycle() -> None:
 
 
 # The hand-written code the 400-line rule covers: the gateway (not its generated gateway/proto),
-# the benchmarks and the reference models + local TF Serving.
-HAND_WRITTEN = ("gateway", "bench", "serving")
+# the benchmarks, the reference models + local TF Serving, and the tests.
+HAND_WRITTEN = ("gateway", "bench", "serving", "tests")
+# Test files still over the rule, each split by subject as the others were (issue 36.6); none
+# may grow, and each leaves this list once it is split.
+NOT_YET_SPLIT = {
+    "tests/e2e/test_detection.py": 770,
+    "tests/frontends/http/test_jobs_http.py": 586,
+    "tests/serving/test_local_server.py": 499,
+    "tests/security/test_jobs_access.py": 420,
+    "tests/serving/test_local_versions.py": 407,
+}
 
 
 def test_no_hand_written_module_is_over_400_lines() -> None:
@@ -135,5 +144,8 @@ def test_no_hand_written_module_is_over_400_lines() -> None:
         if path.relative_to(ROOT).parts[:2] != ("gateway", "proto")
     }
     assert "bench/__main__.py" in sizes and "serving/local/manager.py" in sizes
-    over = {path: lines for path, lines in sizes.items() if lines > 400}
+    assert "tests/test_layers.py" in sizes
+    over = {path: lines for path, lines in sizes.items() if lines > NOT_YET_SPLIT.get(path, 400)}
     assert not over, over
+    split = [path for path in NOT_YET_SPLIT if sizes.get(path, 0) <= 400]
+    assert not split, f"under 400 lines now: take them out of NOT_YET_SPLIT: {split}"
