@@ -19,7 +19,10 @@ from tests.support.docfigures import figures
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-K8S_READMES = sorted((ROOT / "k8s").glob("**/README.md"))
+# The k8s READMEs, not those of the npm packages `make k8s-check` installs under k8s/validate.
+K8S_READMES = sorted(
+    p for p in (ROOT / "k8s").glob("**/README.md") if "node_modules" not in p.parts
+)
 PAGES = (README, *DOCS, *K8S_READMES)
 # Every number with a unit counts as a figure here, not only the measurement-shaped ones.
 ALL_FIGURES = (ROOT / "docs" / "benchmarks.md",)
@@ -240,7 +243,8 @@ def test_every_repository_path_the_code_names_exists() -> None:
     to the root or to the citing file's directory), unless it is another project's
     ("MLServer's tests/grpc/conftest.py")."""
     stale = []
-    for module in sorted(p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py")):
+    modules = (p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py"))
+    for module in sorted(p for p in modules if "node_modules" not in p.parts):
         for number, line in enumerate(module.read_text().splitlines(), 1):
             for match in REPO_PATH.finditer(line):
                 path = match[1]
