@@ -255,6 +255,22 @@ def test_every_repository_path_the_code_names_exists() -> None:
     assert not stale, "paths that no longer exist (moved or renamed?):\n" + "\n".join(stale)
 
 
+def test_every_markdown_file_a_comment_cites_is_in_the_repository() -> None:
+    """A comment that cites a guide or a notes file by name ("tfserving.md §1") cites one a
+    reader of the repository can open."""
+    guides = {p.name for p in ROOT.rglob("*.md") if "node_modules" not in p.parts}
+    modules = (p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py"))
+    missing = [
+        f"{module.relative_to(ROOT)}:{number}: {name}"
+        for module in sorted(p for p in modules if "node_modules" not in p.parts)
+        for number, line in enumerate(module.read_text().splitlines(), 1)
+        if "#" in line
+        for name in re.findall(r"([\w.-]+\.md)\b", line[line.index("#") :])
+        if name not in guides
+    ]
+    assert not missing, "comments citing files outside the repository:\n" + "\n".join(missing)
+
+
 def test_every_test_directory_is_in_the_testing_guide_and_the_readme_layout() -> None:
     directories = sorted(
         p.parent.name for p in (ROOT / "tests").glob("*/__init__.py") if p.parent.name != "support"
