@@ -28,7 +28,7 @@ def test_needs_nothing():
 
 def run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_needs.py").write_text(NEEDS)
-    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = str(ROOT)
     if ci is not None:
         env["CI"] = ci
