@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import (
     REGISTRY,
@@ -50,6 +50,22 @@ LATENCY_HELP = (
 )
 IN_FLIGHT_NAME = "detection_gateway_in_flight_requests"
 IN_FLIGHT_HELP = "Images being processed now."
+# Per model: what an autoscaler of TF Serving reads (k8s/components/queue-autoscaling). The
+# label is a model the model config names; any other name a caller sends counts as `other`,
+# so callers cannot grow the number of series.
+MODEL_IN_FLIGHT_NAME = "detection_gateway_model_in_flight_requests"
+MODEL_IN_FLIGHT_HELP = (
+    "Images for this model in the gateway now: being decoded, waiting for TF Serving or "
+    "being answered (models the model config does not name count as `other`)."
+)
+MODEL_QUEUE_NAME = "detection_gateway_model_queue_depth"
+MODEL_QUEUE_HELP = (
+    "Images of this model waiting for TF Serving's answer: queued in the gateway for a call "
+    "or sent and not answered yet, i.e. TF Serving's queue plus what it is running, as this "
+    "gateway sees it."
+)
+OTHER_MODEL = "other"
+IN_FLIGHT_AT, QUEUED_AT = 0, 1  # positions in a model's counts
 
 UPSTREAM_RETRIES = Counter(
     "detection_gateway_upstream_retries",
@@ -74,6 +90,8 @@ class RequestMetrics:
     def __init__(self, buckets: tuple[float, ...] = _BUCKETS) -> None:
         self.buckets = buckets
         self.in_flight = 0
+        # model label -> [images in flight, images waiting for TF Serving]
+        self.models: dict[str, list[int]] = {}
         # (method, code) -> [count, created]
         self._requests: dict[tuple[str, str], list[float]] = {}
         # (method, stage) -> [count per bucket (the last: +Inf), sum, created]
@@ -119,6 +137,23 @@ class RequestMetrics:
             latency.samples.append(Sample(LATENCY_NAME + "_created", labels, histogram[-1]))
         yield latency
         yield GaugeMetricFamily(IN_FLIGHT_NAME, IN_FLIGHT_HELP, value=self.in_flight)
+        if not self.models:
+            return
+        in_flight = GaugeMetricFamily(MODEL_IN_FLIGHT_NAME, MODEL_IN_FLIGHT_HELP, labels=["model"])
+        queued = GaugeMetricFamily(MODEL_QUEUE_NAME, MODEL_QUEUE_HELP, labels=["model"])
+        for model, counts in list(self.models.items()):
+            in_flight.add_metric([model], counts[IN_FLIGHT_AT])
+            queued.add_metric([model], counts[QUEUED_AT])
+        yield in_flight
+        yield queued
+
+    def add(self, model: str, which: int, delta: int) -> None:
+        """Moves a model's count of images in flight (IN_FLIGHT_AT) or waiting for TF
+        Serving (QUEUED_AT) by `delta`."""
+        counts = self.models.get(model)
+        if counts is None:
+            counts = self.models[model] = [0, 0]
+        counts[which] += delta
 
 
 if MULTIPROCESS:
@@ -126,6 +161,14 @@ if MULTIPROCESS:
     LATENCY = Histogram(LATENCY_NAME, LATENCY_HELP, ["method", "stage"], buckets=_BUCKETS)
     # livesum: the supervisor reports the sum over the running workers.
     IN_FLIGHT = Gauge(IN_FLIGHT_NAME, IN_FLIGHT_HELP, multiprocess_mode="livesum")
+    _MODEL_GAUGES = (
+        Gauge(MODEL_IN_FLIGHT_NAME, MODEL_IN_FLIGHT_HELP, ["model"], multiprocess_mode="livesum"),
+        Gauge(MODEL_QUEUE_NAME, MODEL_QUEUE_HELP, ["model"], multiprocess_mode="livesum"),
+    )
+
+    def _add_model(model: str, which: int, delta: int) -> None:
+        _MODEL_GAUGES[which].labels(model).inc(delta)
+
     _children: dict[tuple[str, str], tuple[Counter, Histogram, Histogram, Histogram]] = {}
 
     def start() -> None:
@@ -161,6 +204,7 @@ else:
     REQUEST_METRICS = RequestMetrics()
     REGISTRY.register(REQUEST_METRICS)
     record = REQUEST_METRICS.record
+    _add_model = REQUEST_METRICS.add
 
     def start() -> None:
         """An image entered the pipeline."""
@@ -170,6 +214,44 @@ else:
         """An image left the pipeline: out of flight, counted and observed."""
         REQUEST_METRICS.in_flight -= 1
         REQUEST_METRICS.record(method, code, total, decode, upstream)
+
+
+class _Held:
+    """Counts an image in one of a model's gauges while the `with` block runs."""
+
+    __slots__ = ("_model", "_which")
+
+    def __init__(self, model: str, which: int) -> None:
+        self._model, self._which = model, which
+
+    def __enter__(self) -> None:
+        _add_model(self._model, self._which, 1)
+
+    def __exit__(self, *exc: object) -> None:
+        _add_model(self._model, self._which, -1)
+
+
+class ModelLoad:
+    """Per-model gauges of one pipeline: images in flight and waiting for TF Serving.
+
+    `models` are the names the model config lists: they get their own label (exported as 0
+    from the start, so an autoscaler's query has a series before the first request); any
+    other name counts as `other`."""
+
+    def __init__(self, models: Iterable[str]) -> None:
+        self._known = frozenset(m for m in models if m)
+        for model in self._known:
+            _add_model(model, IN_FLIGHT_AT, 0)
+            _add_model(model, QUEUED_AT, 0)
+
+    def label(self, model: str) -> str:
+        return model if model in self._known else OTHER_MODEL
+
+    def in_flight(self, model: str) -> _Held:
+        return _Held(self.label(model), IN_FLIGHT_AT)
+
+    def queued(self, model: str) -> _Held:
+        return _Held(self.label(model), QUEUED_AT)
 
 
 def serve(port: int, host: str) -> None:

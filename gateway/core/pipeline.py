@@ -106,6 +106,9 @@ class Pipeline:
         self._limit = ConcurrencyLimit(settings.max_concurrent_requests)
         self._image_limits = ImageLimits(settings.max_image_bytes, settings.max_pixels)
         self._plans: dict[tuple[str, int, str], Plan] = {}
+        # Per-model gauges (in flight, waiting for TF Serving): the models the config names.
+        named = {*registry.models, registry.default_model, *registry.task_defaults.values()}
+        self._load = metrics.ModelLoad(named)
 
     @property
     def in_flight(self) -> int:
@@ -125,7 +128,8 @@ class Pipeline:
             self._limit.acquire()
             try:
                 model = self.model_ref(task.name, request.model)
-                outcome = await self._run(task, model, request, request_id, timings)
+                with self._load.in_flight(model.name):
+                    outcome = await self._run(task, model, request, request_id, timings)
             finally:
                 self._limit.release()
             return outcome
@@ -256,7 +260,10 @@ class Pipeline:
                 model_input = await self._build_input(request.image, plan.input, envelope, timings)
             started = time.perf_counter()
             try:
-                with tracing.span("upstream", request.trace, model=model.name) as trace:
+                with (
+                    tracing.span("upstream", request.trace, model=model.name) as trace,
+                    self._load.queued(model.name),
+                ):
                     prediction = await self._client.predict(
                         model, model_input.request, self._timeout(deadline), trace
                     )

@@ -185,6 +185,10 @@ def run_apiserver(assets: Path, directory: Path) -> Iterator[ApiServer]:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--enable-priority-and-fairness=false",
+                # As on real clusters (kubeadm, managed ones): privileged containers are
+                # allowed by the API server, so what refuses them is admission (Pod Security,
+                # the runner policy of k8s/components/jobs), which the tests check.
+                "--allow-privileged=true",
             ],
             directory / "kube-apiserver.log",
             stack,

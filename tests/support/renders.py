@@ -85,7 +85,14 @@ _WORKLOADS = {
 
 
 # components/jobs: the runner pods' ServiceAccount, the executor's Role and its binding.
-_JOBS = {"ServiceAccount": 3, "Role": 1, "RoleBinding": 1}
+_JOBS = {
+    "ServiceAccount": 3,
+    "Role": 1,
+    "RoleBinding": 1,
+    "ConfigMap": 4,
+    "ValidatingAdmissionPolicy": 1,
+    "ValidatingAdmissionPolicyBinding": 1,
+}
 
 
 EXPECTED_KINDS: dict[str, dict[str, int]] = {
@@ -248,7 +255,8 @@ def split_target(target: str) -> tuple[str, int]:
 
 # API groups whose types the kubernetes client models; anything else needs its own schema.
 CORE_GROUPS = {
-    "", "apps", "autoscaling", "policy", "batch", "networking.k8s.io", "rbac.authorization.k8s.io"
+    "", "apps", "autoscaling", "policy", "batch", "networking.k8s.io", "rbac.authorization.k8s.io",
+    "admissionregistration.k8s.io",
 }  # fmt: skip
 
 
