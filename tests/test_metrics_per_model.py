@@ -23,6 +23,9 @@ from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
 
+# Slow (make test-fast leaves it out): three gateway processes and TF Serving, about 50 s.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tfs(model_repo: Path) -> Iterator[LocalServer]:

@@ -28,6 +28,10 @@ from gateway.modelref import ModelRef
 from tests.k8s.test_apiserver import render
 from tests.support.apiserver import ApiServer
 
+# Slow (make test-fast leaves it out): 28 checks against the API server, about 70 s on a
+# loaded machine.
+pytestmark = pytest.mark.slow
+
 Obj = dict[str, Any]
 NAMESPACE = "runner-policy"
 POLICY = "detection-batch-runner"

@@ -84,15 +84,10 @@ _WORKLOADS = {
 }
 
 
-# components/jobs: the runner pods' ServiceAccount, the executor's Role and its binding.
-_JOBS = {
-    "ServiceAccount": 3,
-    "Role": 1,
-    "RoleBinding": 1,
-    "ConfigMap": 4,
-    "ValidatingAdmissionPolicy": 1,
-    "ValidatingAdmissionPolicyBinding": 1,
-}
+# components/jobs: the runner pods' ServiceAccount, the executor's Role and binding, and the
+# admission policy on the Jobs it creates with its binding and parameter (a ConfigMap).
+_JOBS = {"ServiceAccount": 3, "Role": 1, "RoleBinding": 1, "ConfigMap": 4}
+_JOBS |= {"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1}
 
 
 EXPECTED_KINDS: dict[str, dict[str, int]] = {
@@ -109,6 +104,8 @@ EXPECTED_KINDS: dict[str, dict[str, int]] = {
         "PeerAuthentication": 1,
         "AuthorizationPolicy": 3,
         "Gateway": 1,
+        # components/egress: one egress policy per workload (gateway, runners, TF Serving).
+        "NetworkPolicy": 3,
     },
 }
 
