@@ -40,7 +40,9 @@ SLOW = {
     "frontends/http/test_http_errors.py": 6,
     "frontends/http/test_http_faults.py": 57,
     "frontends/http/test_jobs_http.py": 38,
-    "frontends/http/test_http_browser.py": 89,  # alone in the quick loop: it starts the door
+    # Alone in the quick loop each of these two starts the door's gateway and TF Serving.
+    "frontends/http/test_http_browser.py": 89,
+    "frontends/http/test_http_client.py": 145,
     "security/test_jobs_access.py": 70,
     "security/test_grpc_limits.py": 61,
     "security/test_tls_and_hardening.py": 48,
