@@ -20,11 +20,16 @@ def tfs(model_repo: Path) -> Iterator[LocalServer]:
         yield server
 
 
+def gateway_args(model_repo: Path) -> list[str]:
+    """The batch tests' gateway settings (a gateway of a test's own answers alike)."""
+    label_map = model_repo / "detector" / "1" / "assets.extra" / "label_map.pbtxt"
+    return [f"--label-maps=detector={label_map}", f"--max-pixels={MAX_PIXELS}"]
+
+
 @pytest.fixture(scope="session")
 def gateway(
     tfs: LocalServer, model_repo: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    label_map = model_repo / "detector" / "1" / "assets.extra" / "label_map.pbtxt"
-    args = [f"--label-maps=detector={label_map}", f"--max-pixels={MAX_PIXELS}"]
+    args = gateway_args(model_repo)
     with run_gateway(tfs.target, args, log_dir=tmp_path_factory.mktemp("gateway-logs")) as gw:
         yield gw

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
+from tests.batch.conftest import gateway_args
 from tests.support import datasets as data
 from tests.support import tools
 from tests.support.batch import ok, run, start
-from tests.support.gatewayproc import GatewayProcess
-from tests.support.localserver import free_port
+from tests.support.faultupstream import FaultyUpstream
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer, free_port
 
 s3fs = tools.module("s3fs", "the dev extra (make venv)")
 moto_server = tools.module("moto.server", "the dev extra (make venv)")
@@ -117,18 +119,48 @@ def test_manifest_on_s3_with_relative_image_paths(s3, bucket, gateway, images) -
     assert got[5]["source"] == f"s3://in-bucket/images/{images[5].key}"
 
 
-def test_sigkill_and_resume_on_s3(s3, bucket, gateway, local_reference, tmp_path: Path) -> None:
-    fs, env = s3
-    args = ["s3://in-bucket/images", "s3://out-bucket/killed", "--target", gateway.target,
-            "--checkpoint-seconds", "0.2"]  # fmt: skip
-    for delay in (1.2, 1.0):
-        process = start(args, tmp_path / "runs.log", extra_env=env)
-        time.sleep(delay)
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-        process.wait()
-    summary = ok(run(args, extra_env=env))
-    assert summary["images"] == COUNT
+def committed(fs: Any, out: str) -> int:
+    """Lines the runner has checkpointed in the bucket (parts are named START-END.jsonl)."""
     fs.invalidate_cache()
-    same_answers(read_lines(fs, "out-bucket/killed/results-00000-of-00001.jsonl"), local_reference)
-    assert not fs.find("out-bucket/killed/_batch/parts")
+    total = 0
+    for part in fs.find(f"{out}/_batch/parts"):
+        start_, _, end = Path(part).stem.partition("-")
+        if start_.isdigit() and end.isdigit():
+            total += int(end) - int(start_)
+    return total
+
+
+def test_sigkill_and_resume_on_s3(
+    s3, bucket, tfs: LocalServer, model_repo: Path, local_reference, tmp_path: Path
+) -> None:
+    """Each run is killed while it waits for TF Serving, after it checkpointed some images
+    to the bucket: mid-run for certain; the last run resumes and ends with every answer."""
+    fs, env = s3
+    out = f"out-bucket/killed-{tmp_path.name}"
+    with (
+        FaultyUpstream(tfs.target) as upstream,
+        run_gateway(upstream.target, gateway_args(model_repo), log_dir=tmp_path) as gw,
+    ):
+        args = ["s3://in-bucket/images", f"s3://{out}", "--target", gw.target,
+                "--checkpoint-seconds", "0.2"]  # fmt: skip
+        for passes in (COUNT // 4, COUNT // 4):
+            before = committed(fs, out)
+            upstream.hold(after=passes)  # the next `passes` images pass, then TF Serving waits
+            process = start(args, tmp_path / "runs.log", extra_env=env)
+            deadline = time.monotonic() + 120
+            while committed(fs, out) <= before:
+                assert process.poll() is None, "the run ended while TF Serving held its calls"
+                assert time.monotonic() < deadline, "the run checkpointed nothing"
+                time.sleep(0.05)
+            process.send_signal(signal.SIGKILL)
+            assert process.wait() == -signal.SIGKILL
+            fs.invalidate_cache()
+            assert not fs.exists(f"{out}/_SUCCESS")
+            upstream.release()
+        kept = committed(fs, out)
+        summary = ok(run(args, extra_env=env))
+    assert summary["images"] == COUNT
+    assert 0 < kept < COUNT and summary["this_run"]["resumed_after"] > 0, (kept, summary)
+    fs.invalidate_cache()
+    same_answers(read_lines(fs, f"{out}/results-00000-of-00001.jsonl"), local_reference)
+    assert not fs.find(f"{out}/_batch/parts")

@@ -340,12 +340,19 @@ def test_stream_stops_reading_frames_while_the_client_does_not_read_results(wind
         """Frames of the stream that reached TF Serving (the probes are smaller)."""
         return sum(_sent_size(r) == (320, 240) for r in recording.predicts[before:])
 
-    requests = (pb.DetectRequest(image=frame, request_id=str(i)) for i in range(offered))
+    handed = 0  # frames the client's gRPC has taken from the generator to send
+
+    def requests() -> Iterator[pb.DetectRequest]:
+        nonlocal handed
+        for i in range(offered):
+            handed += 1
+            yield pb.DetectRequest(image=frame, request_id=str(i))
+
     options = [*CHANNEL_OPTIONS, ("grpc.http2.bdp_probe", 0)]
     with grpc.insecure_channel(windowed.target, options=options) as channel:
-        results = windowed.stub(channel).DetectStream(requests, timeout=600)
+        results = windowed.stub(channel).DetectStream(requests(), timeout=600)
         # Nothing reads `results` yet.
-        accepted = _stopped_taking_frames(frames, windowed, probe)
+        accepted = _stopped_taking_frames(frames, windowed, probe, lambda: handed)
         # The client reads: the gateway takes the rest; every result arrives, in order.
         got = list(results)
     assert [r.request_id for r in got] == [str(i) for i in range(offered)]
@@ -356,12 +363,18 @@ def test_stream_stops_reading_frames_while_the_client_does_not_read_results(wind
 
 
 def _stopped_taking_frames(
-    frames: Callable[[], int], gateway: GatewayProcess, probe: bytes, rounds: int = 2
+    frames: Callable[[], int],
+    gateway: GatewayProcess,
+    probe: bytes,
+    handed: Callable[[], int],
+    rounds: int = 2,
 ) -> int:
     """`frames()` once the gateway has stopped taking frames: nothing in flight, and the count
     (above 0) the same before and after each of `rounds` rounds of unary Detects (`probe`) that
-    the gateway answered on another connection meanwhile. Its event loop reads the stream's frames
-    too: a gateway that could take another frame would have taken it while it served them."""
+    the gateway answered on another connection meanwhile, while the client had handed gRPC
+    more frames than that (`handed()`: frames offered, not a client that fell behind). Its event
+    loop reads the stream's frames too: a gateway that could take another frame would have
+    taken it while it served them."""
     deadline = time.monotonic() + 120
     last, stable = -1, -1
     with gateway.channel() as channel:
@@ -371,7 +384,8 @@ def _stopped_taking_frames(
                 assert time.monotonic() < deadline, "the gateway kept frames in flight"
                 time.sleep(0.02)
             now = frames()
-            stable = stable + 1 if now == last and now > 0 else 0
+            offering = handed() > now
+            stable = stable + 1 if now == last and now > 0 and offering else 0
             assert time.monotonic() < deadline, f"the gateway kept taking frames: {now} accepted"
             last = now
             for _ in range(3):

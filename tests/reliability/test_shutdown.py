@@ -31,9 +31,11 @@ from tests.support.gatewayproc import NOT_SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import HOST, LocalServer
 
 OK = grpc.StatusCode.OK
-# A probe that gets no answer waits this long: far beyond any answer (milliseconds), so a
-# DEADLINE_EXCEEDED means the gateway left it hanging.
-PROBE_DEADLINE = 10.0
+# A probe that gets no answer waits this long: far beyond any answer (milliseconds, seconds
+# on a machine loaded with 8 gateways starting and stopping at once), so a DEADLINE_EXCEEDED
+# means the gateway left it hanging, not that the machine was slow.
+PROBE_DEADLINE = 60.0
+PROBES = 3  # per gateway, each on new connections until refused
 # Answers a health check may get in the instant of SIGTERM: the status (SERVING before the
 # signal is handled, NOT_SERVING after), UNAVAILABLE once the server refuses new calls, or
 # CANCELLED for a call gRPC's core had received but not yet handed to the servicer when
@@ -69,7 +71,7 @@ def check(target: str) -> str:
 
 
 def sigterm_race(
-    forks: ForkServer, upstream: str, log_dir: Path, index: int, probes: int = 3
+    forks: ForkServer, upstream: str, log_dir: Path, index: int, probes: int = PROBES
 ) -> Counter[str]:
     """One gateway, raced twice: health probes on new connections run while SIGTERM
     arrives (the drain starts: NOT_SERVING) and on while the drain ends and the server stops
@@ -126,15 +128,17 @@ def sigterm_race(
         threads = [threading.Thread(target=probe) for _ in range(probes)]
         for thread in threads:
             thread.start()
-        answered.wait(60)  # the probes are running: now SIGTERM lands among them
+        # The probes are running: now SIGTERM lands among them.
+        assert answered.wait(PROBE_DEADLINE * 2), "no probe was answered"
         signalled.set()
         child.signal(signal.SIGTERM)
-        draining.wait(PROBE_DEADLINE * 3)
+        assert draining.wait(PROBE_DEADLINE * 3), (dict(answers), child.log())
         frames.put(None)  # the stream ends, the drain with it: the server stops
         with contextlib.suppress(grpc.RpcError):
             list(stream)
         for thread in threads:
             thread.join(PROBE_DEADLINE * 3)
+        assert not any(t.is_alive() for t in threads), "a probe was never refused"
     code = child.wait_exit(60)
     assert code == 0, (code, child.log())
     return answers
@@ -164,9 +168,11 @@ def test_health_checks_in_the_instant_of_sigterm_are_answered(
     )
     assert set(total) <= ANSWERS, total  # DEADLINE_EXCEEDED would mean a hang
     # Every round probed through both instants: SERVING before SIGTERM, NOT_SERVING in the
-    # drain, refused once the server stopped.
+    # drain, and each of its probes refused once the server stopped (UNAVAILABLE, or
+    # UNIMPLEMENTED in the instant it stops).
     for answers in results:
-        assert answers["SERVING"] and answers["NOT_SERVING"] and answers["UNAVAILABLE"], answers
+        refused = answers["UNAVAILABLE"] + answers["UNIMPLEMENTED"]
+        assert answers["SERVING"] and answers["NOT_SERVING"] and refused == PROBES, answers
 
 
 def watch(target: str, updates: queue.Queue[str]) -> None:

@@ -61,7 +61,7 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
 class Ping:
     start: float
     end: float
-    gateway_cpu: float  # what the gateway's threads used while this call waited
+    loop_cpu: float  # what the gateway's event-loop thread used while this call waited
 
     @property
     def wall(self) -> float:
@@ -70,7 +70,8 @@ class Ping:
 
 class Pinger:
     """Calls GET /ping back to back on one kept-alive connection; records each call and the
-    gateway's CPU time meanwhile, and the statuses (200, or 503 while TF Serving's health
+    CPU time of the gateway's event-loop thread (the one that answers /ping) meanwhile, and the
+    statuses (200, or 503 while TF Serving's health
     check lags on a loaded machine: an answer all the same)."""
 
     def __init__(self, gw: GatewayProcess) -> None:
@@ -83,12 +84,12 @@ class Pinger:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            cpu, started = cpu_seconds(self.pid), time.perf_counter()
+            cpu, started = cpu_seconds(self.pid, self.pid), time.perf_counter()
             self.connection.request("GET", "/ping")
             response = self.connection.getresponse()
             response.read()
             ended = time.perf_counter()
-            self.calls.append(Ping(started, ended, cpu_seconds(self.pid) - cpu))
+            self.calls.append(Ping(started, ended, cpu_seconds(self.pid, self.pid) - cpu))
             self.statuses.add(response.status)
 
     def wait_for_calls_ending_after(self, moment: float, count: int = 1) -> None:
@@ -145,12 +146,15 @@ def send(gw: GatewayProcess, body: bytes, content_type: str) -> Answer:
 
 
 def assert_cheap(answer: Answer) -> None:
-    """The request cost under a second of the gateway's CPU, and no /ping waited behind more
-    than 250 ms of the gateway's work: on an idle machine, no /ping took over 250 ms."""
+    """The request cost under a second of the gateway's CPU (all its threads), and no /ping
+    waited behind more than 250 ms of work on the event loop: on an idle machine, no /ping took
+    over 250 ms. CPU, not wall time, so a loaded machine does not move it; the loop thread's
+    alone, because work in other threads (decoding, outside the GIL) runs beside the loop
+    instead of in front of the /ping, and a slower machine stretches a /ping over more of it."""
     assert answer.cpu < CPU_BUDGET, answer
     assert answer.pings, answer
-    slowest = max(answer.pings, key=lambda call: call.gateway_cpu)
-    assert slowest.gateway_cpu <= PING_MARGIN, (slowest, answer)
+    slowest = max(answer.pings, key=lambda call: call.loop_cpu)
+    assert slowest.loop_cpu <= PING_MARGIN, (slowest, answer)
 
 
 @pytest.fixture
