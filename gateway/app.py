@@ -224,7 +224,7 @@ def build_jobs(
     settings: Settings, pipeline: Pipeline, client: TFServingClient, bindings: api.Bindings
 ) -> JobService:
     """Batch jobs over the API and their executor (the local one runs them on `pipeline`)."""
-    store = JobStore(settings.job_store)
+    store = JobStore(settings.job_store, settings.job_store_max_bytes)
 
     def executor(service: JobService) -> Executor:
         if settings.batch_executor == "kubernetes":

@@ -143,6 +143,9 @@ class Settings:
     # Unfinished jobs at once, in total and per caller.
     batch_max_jobs: int = 32
     batch_max_jobs_per_caller: int = 8
+    # Finished operations one caller keeps (until DeleteOperation or GATEWAY_OPERATION_TTL);
+    # past it, new jobs are refused, never old results removed behind the caller's back.
+    batch_max_finished_per_caller: int = 1000
     # Largest upload (all UploadImages calls of one upload_id together), all of one caller's
     # stored uploads, and one caller's uploads not used by a job yet.
     batch_max_upload_bytes: int = 1024 * MIB
@@ -271,6 +274,7 @@ class Settings:
             "workers",
             "batch_max_jobs",
             "batch_max_jobs_per_caller",
+            "batch_max_finished_per_caller",
             "batch_max_upload_bytes",
             "batch_max_upload_bytes_per_caller",
             "batch_max_uploads_per_caller",

@@ -56,6 +56,8 @@ SLOW = {
     "jobs/test_flow.py": 39,
     "jobs/test_replicas.py": 28,
     "jobs/test_lifecycle.py": 10,
+    "jobs/test_races.py": 100,  # two gateways per test, 400-image jobs (load 20)
+    "jobs/test_edges.py": 53,  # a TF Serving and an in-process job service per test
     "serving/test_detector.py": 133,
     "serving/test_export.py": 98,
     "serving/test_local_server.py": 75,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gateway import errors, identity
+from gateway import errors
 from gateway.batch import job as batch_job
 from gateway.batch import sources, storage
 from gateway.batch.access import Guard, check_prefixes, place
@@ -20,7 +20,7 @@ from gateway.frontends.api import Binding, Bindings
 from gateway.jobs import owners
 from gateway.jobs.records import Job
 from gateway.jobs.store import JobStore
-from gateway.jobs.uploads import store_full
+from gateway.jobs.tally import store_full
 from gateway.upstream.client import TFServingClient
 
 MAX_REQUEST_ID = 64
@@ -127,25 +127,19 @@ class Admission:
         if not self._outputs.allows(place(url)):
             raise output_refusal(url, self._outputs)
 
-    async def check_limits(self, caller: str, jobs: list[Job]) -> None:
-        live = [j for j in jobs if not j.done]
+    async def check_live(self, live: int) -> None:
+        """Room for one more unfinished job in the gateway, and in the store (the caller's
+        own limits are taken in its index: gateway.jobs.service)."""
         s = self.settings
-        if len(live) >= s.batch_max_jobs:
+        if live >= s.batch_max_jobs:
             raise GatewayError(
                 Kind.OVERLOADED,
                 f"the gateway has its limit of {s.batch_max_jobs} unfinished batch jobs; wait "
                 "for some to finish or cancel them (GATEWAY_BATCH_MAX_JOBS)",
             )
-        if sum(j.caller == caller for j in live) >= s.batch_max_jobs_per_caller:
-            raise GatewayError(
-                Kind.OVERLOADED,
-                f"caller {identity.shown(caller)} has its limit of {s.batch_max_jobs_per_caller} "
-                "unfinished batch jobs; wait for some to finish or cancel them "
-                "(GATEWAY_BATCH_MAX_JOBS_PER_CALLER)",
-            )
-        used = await asyncio.to_thread(self.store.usage)
-        if used >= s.job_store_max_bytes:
-            raise store_full(used, s.job_store_max_bytes)
+        used = await asyncio.to_thread(self.store.tally.used)
+        if used >= self.store.tally.limit:
+            raise store_full(used, self.store.tally.limit)
 
     async def check_model(self, spec: JobSpec, binding: Binding) -> None:
         """The model exists, is configured for the task, has outputs the task can read, and

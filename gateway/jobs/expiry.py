@@ -24,30 +24,34 @@ def interval(upload_ttl: float, operation_ttl: float) -> float:
 
 
 async def sweep(service: JobService) -> tuple[int, int]:
-    """One pass; returns (operations, uploads) removed."""
+    """One pass; returns (operations, uploads) removed. Also finishes the deletes whose
+    holder stopped before it could (a tombstone and no live lease)."""
     settings, store = service.settings, service.store
     now = time.time()
-    jobs = await asyncio.to_thread(store.jobs)
+    jobs = await asyncio.to_thread(store.jobs, True)
     operations = 0
     for job in jobs:
         ended = job.end_time if job.end_time is not None else job.update_time
-        if job.done and now - ended > settings.operation_ttl:
+        if job.deleted:  # stopped here first, if it runs here
+            await service.executor.delete(job)
+            await service.finish_delete(job)
+        elif job.done and now - ended > settings.operation_ttl:
             await service.remove(job)
             operations += 1
             log.info("operation expired", extra={"fields": {"operation": job.name}})
-    kept = await asyncio.to_thread(store.jobs)
-    in_use = {j.upload_id for j in kept if j.upload_id}
+    kept = await asyncio.to_thread(store.jobs, True)
+    in_use = {j.upload_id for j in kept if j.upload_id and not j.deleted}
     known = {j.id for j in kept}
     for name in await asyncio.to_thread(service.leases.names):
         if name == LEASE or name in known:
             continue
         lease = await asyncio.to_thread(service.leases.current, name)
         if lease is None or not lease.live():  # a deleted job's, left by its last holder
-            await asyncio.to_thread(service.leases.remove, name)
+            await asyncio.to_thread(service.leases.remove, name, lease)
     uploads = 0
     for upload in await asyncio.to_thread(store.uploads):
         if upload.id not in in_use and now - upload.update_time > settings.upload_ttl:
-            await asyncio.to_thread(store.delete_upload, upload.id)
+            await asyncio.to_thread(store.delete_upload, upload)
             uploads += 1
             log.info("upload expired", extra={"fields": {"upload_id": upload.id}})
     return operations, uploads

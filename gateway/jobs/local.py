@@ -99,9 +99,9 @@ class LocalExecutor:
             await asyncio.to_thread(self._leases.release, lease)
 
     async def delete(self, job: Job) -> None:
+        # Stopped here, it finishes the delete as it lets go of the lease; a holder elsewhere
+        # sees the record's tombstone at its next look and does the same.
         await self._stop_here(job.id)
-        # A holder elsewhere sees the record gone and stops (and forgets the lease again).
-        await asyncio.to_thread(self._leases.remove, job.id)
 
     async def refresh(self, job: Job) -> Job:
         return job
@@ -221,10 +221,13 @@ class LocalExecutor:
         lease = self._held.pop(job_id, None)
         if lease is None:
             return
-        if await asyncio.to_thread(self._service.store.load, job_id) is None:
-            await asyncio.to_thread(self._leases.remove, job_id)  # deleted
-        else:
-            await asyncio.to_thread(self._leases.release, lease)
+        store = self._service.store
+        if await asyncio.to_thread(store.load, job_id) is None:
+            deleted = await asyncio.to_thread(store.load, job_id, True)
+            if deleted is not None:  # its work stopped here: no file is written after this
+                await self._service.finish_delete(deleted)
+                return
+        await asyncio.to_thread(self._leases.release, lease)
 
     async def _work(self, job_id: str) -> None:
         store = self._service.store
@@ -239,7 +242,10 @@ class LocalExecutor:
             if not job.cancel_requested:  # else it ends at its first look for a cancel
                 job.state = RUNNING
             job.start_time = job.start_time or time.time()
-            await self._service.save(job)
+            saved = await self._service.save(job)  # a cancel made meanwhile is kept
+            if saved is None or saved.done:
+                return  # deleted, or ended elsewhere meanwhile
+            job = saved
             await self._check_missing(job)  # one found before a restart still ends the job
             for shard in range(job.shards):
                 await self._shard(job, shard)
@@ -256,8 +262,10 @@ class LocalExecutor:
         await self._end_held(job, SUCCEEDED, None)
 
     async def _end_held(self, job: Job, state: str, error: GatewayError | None) -> None:
-        """Ends the job unless its lease was lost meanwhile (its new holder ends it)."""
-        if job.id in self._held:
+        """Ends the job unless its lease was lost meanwhile (its new holder ends it): the
+        lease is checked in the store (a fence), not only in this process's memory."""
+        lease = self._held.get(job.id)
+        if lease is not None and await asyncio.to_thread(self._leases.holds, lease):
             await self._end(job, state, error)
 
     async def _shard(self, job: Job, shard: int) -> None:

@@ -43,12 +43,23 @@ def encode_token(data: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
 
 
-def decode_token(token: str, kind: str) -> dict[str, Any]:
+def decode_token(token: str, kind: str, **fields: type) -> dict[str, Any]:
+    """The token's fields, each of the type given (a number: int or float); INVALID_ARGUMENT
+    for anything this API did not return, never an exception of another kind."""
     try:
+        if len(token) > 1024:
+            raise ValueError("too long")
         padded = token + "=" * (-len(token) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded))
+        data = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
         if not isinstance(data, dict) or data.get("k") != kind:
             raise ValueError(kind)
+        for name, wanted in fields.items():
+            value = data.get(name)
+            allowed = (int, float) if wanted is float else (wanted,)
+            if not isinstance(value, allowed) or isinstance(value, bool):
+                raise ValueError(name)
+            if isinstance(value, int | float) and not 0 <= value < 2**53:
+                raise ValueError(name)
         return data
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+    except (ValueError, binascii.Error, UnicodeError, RecursionError):
         raise errors.invalid_input("page_token is not one this API returned") from None

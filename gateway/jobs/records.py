@@ -49,6 +49,12 @@ class Job:
     end_time: float | None = None
     cancel_requested: bool = False
     kube_job: str = ""  # the Indexed Job's name (kubernetes executor)
+    # Written by the store: changes so far (every write a new version), a DeleteOperation
+    # under way (the record is a tombstone its holder or the expiry sweep finishes), and the
+    # result bytes charged to the store's tally (given back when the job is deleted).
+    generation: int = 0
+    deleted: bool = False
+    charged: int = 0
 
     @property
     def name(self) -> str:

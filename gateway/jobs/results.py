@@ -19,7 +19,7 @@ async def read(job: Job, token: str) -> AsyncIterator[tuple[str, int, dict[str, 
     `token` on (from the first without one); stops at the first line not committed yet."""
     unit, line = 0, 0
     if token:
-        position = decode_token(token, "read")
+        position = decode_token(token, "read", id=str, u=int, l=int)
         if position.get("id") != job.id:
             raise errors.invalid_input("page_token belongs to another operation")
         unit, line = int(position["u"]), int(position["l"])

@@ -23,6 +23,7 @@ from gateway.batch import status
 from gateway.errors import GatewayError, Kind
 from gateway.jobs import expiry, results
 from gateway.jobs.admission import Admission, Request, split
+from gateway.jobs.index import admit
 from gateway.jobs.leases import Leases, replica_id
 from gateway.jobs.paging import decode_token, encode_token, parse_filter
 from gateway.jobs.records import CANCELLING, Job, new_id
@@ -34,6 +35,10 @@ log = logging.getLogger("gateway.jobs")
 DEFAULT_PAGE = 50
 MAX_PAGE = 1000
 POLL_SECONDS = 1.0  # how often a wait looks at changes other processes made
+# The longest a WaitOperation holds a call, on every door, whatever the timeout asked for (none
+# included): load balancers commonly close connections idle for 60 s. The answer is then the
+# operation not done yet: wait again.
+MAX_WAIT_SECONDS = 60.0
 
 
 class Executor(Protocol):
@@ -84,6 +89,8 @@ class JobService:
 
     async def start(self) -> None:
         jobs = await asyncio.to_thread(self.store.jobs)
+        # Stores written before the callers' indexes and the tally existed get them.
+        await asyncio.to_thread(self.store.upgrade, jobs)
         mine = [j for j in jobs if j.executor == self.executor.name and not j.done]
         # Stores written before the index of unfinished jobs existed get it.
         await asyncio.to_thread(self.store.mark_active, [j.id for j in mine])
@@ -97,9 +104,13 @@ class JobService:
                 await self._expiry
         await self.executor.close()
 
-    async def save(self, job: Job) -> None:
-        await asyncio.to_thread(self.store.save, job)
+    async def save(self, job: Job) -> Job | None:
+        """Merges an executor's change into the record (gateway.jobs.store.merge: a job that
+        ended stays ended, a cancel is never lost); the record as written, None when the
+        job is gone."""
+        saved = await asyncio.to_thread(self.store.save, job)
         await self.changed()
+        return saved
 
     async def changed(self) -> None:
         async with self._changed:
@@ -126,7 +137,7 @@ class JobService:
             job_id = new_id()
         if request.upload_id:
             upload = await self.uploads.find(caller, request.upload_id)
-            await asyncio.to_thread(self.store.touch_upload, upload)  # kept from expiry
+            await self.uploads.use(upload)
             spec = spec.replace(input=self.store.upload_url(request.upload_id))
         else:
             checks.check_input(spec.input)
@@ -148,13 +159,24 @@ class JobService:
             default_output=default_output,
         )
         async with self._create_lock:
-            await checks.check_limits(caller, await asyncio.to_thread(self.store.jobs))
+            await checks.check_live(len(await asyncio.to_thread(self.store.active)))
             await checks.check_model(spec, binding)
             await checks.prepare(job)
-            created = await asyncio.to_thread(self.store.create, job)
+            await asyncio.to_thread(self.store.entries, caller)  # corrected from the records
+            limits = (self.settings.batch_max_jobs_per_caller,
+                      self.settings.batch_max_finished_per_caller)  # fmt: skip
+            await asyncio.to_thread(self.store.index.change, caller, admit(job, *limits))
+            try:
+                created = await asyncio.to_thread(self.store.create, job)
+            except GatewayError:  # the store is full
+                await asyncio.to_thread(self.store.index.drop, caller, job.id)
+                raise
         if not created:  # another replica made it first with the same request_id
             earlier = await asyncio.to_thread(self.store.load, job_id)
-            assert earlier is not None
+            if earlier is None:
+                raise GatewayError(
+                    Kind.ABORTED, f"{job.name} is being deleted; send the request again"
+                )
             return self._same(earlier, fingerprint)
         log.info(
             "batch job created",
@@ -164,7 +186,7 @@ class JobService:
             await self.executor.submit(job)
         except Exception as e:
             # Not started: forget the record, so the same request_id can be sent again.
-            await asyncio.to_thread(self.store.delete, job.id)
+            await asyncio.to_thread(self.store.forget, job)
             fields = {"operation": job.name, "error": str(e)}
             if isinstance(e, ExecutorError):  # a refusal the message explains
                 log.error("batch job not started", extra={"fields": fields})
@@ -211,17 +233,32 @@ class JobService:
     async def list(
         self, caller: str, filter_text: str, page_size: int, token: str
     ) -> tuple[list[JobView], str]:
+        """The caller's operations (everyone's for an admin), oldest first: read from the
+        callers' indexes, so only the records shown (and unfinished ones) are read."""
         if page_size < 0:
             raise errors.invalid_input("page_size must be >= 0")
         size = min(page_size or DEFAULT_PAGE, MAX_PAGE)
         states = parse_filter(filter_text)
-        jobs = await asyncio.to_thread(self.store.jobs)
-        after = decode_token(token, "list") if token else None
+        after = None
+        if token:
+            position = decode_token(token, "list", t=float, id=str)
+            after = (float(position["t"]), str(position["id"]))
+        owners = [caller]
+        if caller in self.admins:
+            owners = await asyncio.to_thread(self.store.index.callers)
+        entries = []
+        for owner in owners:
+            found = await asyncio.to_thread(self.store.entries, owner)
+            entries += [(float(t), job_id, state) for job_id, (t, state) in found.items()]
+        entries.sort()
         views = []
-        for job in jobs:
-            if not self.visible(job, caller):
+        for created, job_id, state in entries:
+            if after is not None and (created, job_id) <= after:
                 continue
-            if after is not None and (job.create_time, job.id) <= (after["t"], after["id"]):
+            if state and states and state not in states:
+                continue  # a final state never changes: no need to read the record
+            job = await asyncio.to_thread(self.store.load, job_id)
+            if job is None or not self.visible(job, caller):
                 continue
             v = await self.current(job)
             if states and v.job.state not in states:
@@ -236,49 +273,78 @@ class JobService:
         return views, next_token
 
     async def wait(self, caller: str, name: str, timeout: float | None) -> JobView:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """The operation once done, or as it is after `timeout` seconds (at most, and with
+        no timeout, MAX_WAIT_SECONDS)."""
+        limit = MAX_WAIT_SECONDS if timeout is None else min(timeout, MAX_WAIT_SECONDS)
+        deadline = time.monotonic() + max(0.0, limit)
         while True:
             current = await self.get(caller, name)
             if current.job.done:
                 return current
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return current
             # Changes made here wake us at once; other processes' (and Kubernetes') are polled.
-            step = min(remaining, POLL_SECONDS) if remaining is not None else POLL_SECONDS
+            step = min(remaining, POLL_SECONDS)
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), step)
 
     async def cancel(self, caller: str, name: str) -> None:
         job = await self.load(caller, name)
-        if job.done:
-            return
-        job.cancel_requested = True
-        job.state = CANCELLING
-        await self.save(job)
-        await self.executor.cancel(job)
+
+        def ask(current: Job) -> bool:
+            if current.done or current.cancel_requested:
+                return False  # ended (too late to cancel), or asked already
+            current.cancel_requested = True
+            current.state = CANCELLING
+            return True
+
+        changed = await asyncio.to_thread(self.store.update, job.id, ask)
+        await self.changed()
+        if changed is not None and not changed.done:
+            await self.executor.cancel(changed)
 
     async def delete(self, caller: str, name: str) -> None:
         await self.remove(await self.load(caller, name))
 
     async def remove(self, job: Job) -> None:
-        """Stops the job's work, if any, and forgets it with the results kept in the store."""
+        """Stops the job's work, if any, and forgets it with the results kept in the store.
+        The record becomes a tombstone first (the job is gone for callers at once); whoever
+        holds the job's lease removes its files and then the record: this process when it
+        can take the lease, else the holder as it stops, or the expiry sweep once the
+        holder's lease expired. So no file is written after its removal."""
+
+        def mark(current: Job) -> bool:
+            current.deleted = True
+            current.cancel_requested = True
+            return True
+
         job.cancel_requested = True
+        await asyncio.to_thread(self.store.update, job.id, mark)
         await self.executor.delete(job)
-        await asyncio.to_thread(self.store.delete, job.id)
-        if job.default_output:
-            await asyncio.to_thread(self.store.remove_tree, job.spec.output)
+        await self.finish_delete(job)
         await self.changed()
+
+    async def finish_delete(self, job: Job) -> bool:
+        """Removes a deleted job's files and record if no other process holds its lease;
+        False when one does (it finishes the delete itself)."""
+        lease = await asyncio.to_thread(self.leases.acquire, job.id)
+        if lease is None:
+            return False
+        if job.default_output:
+            await asyncio.to_thread(self.store.remove_area, job.id)
+        if await asyncio.to_thread(self.store.forget, job):
+            log.info("batch job deleted", extra={"fields": {"operation": job.name}})
+        await asyncio.to_thread(self.leases.remove, job.id, lease)
+        return True
 
     # --- uploads and results -------------------------------------------------------------
 
     async def upload(
         self, caller: str, images: AsyncIterator[tuple[str, str, bytes]]
     ) -> tuple[str, int, int]:
-        jobs = await asyncio.to_thread(self.store.jobs)
-        in_use = {j.upload_id for j in jobs if j.upload_id}
-        return await self.uploads.upload(caller, images, in_use)
+        return await self.uploads.upload(caller, images)
 
     async def read(
         self, caller: str, name: str, token: str

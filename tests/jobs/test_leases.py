@@ -26,9 +26,9 @@ def test_one_holder_at_a_time_and_renewal_keeps_it(tmp_path: Path) -> None:
     renewed = a.renew(again)
     assert renewed is not None and renewed.generation == again.generation + 1
     assert b.acquire("job1") is None
-    # Old generations go as new ones are written.
-    files = sorted(p.name for p in (tmp_path / "store" / "leases" / "job1").iterdir())
-    assert len(files) <= 2
+    # One file per lease, replaced by conditional write.
+    files = sorted(p.name for p in (tmp_path / "store" / "leases").iterdir())
+    assert files == [".lock", "job1.json"]
 
 
 def test_released_or_expired_leases_are_taken_and_the_old_holder_loses(tmp_path: Path) -> None:
@@ -55,7 +55,7 @@ def test_racing_processes_get_one_lease(tmp_path: Path) -> None:
     assert len(winners) == 1
     current = contenders[0].current("job1")
     assert current is not None and current.holder == winners[0].holder
-    leftovers = [p.name for p in (tmp_path / "store" / "leases" / "job1").iterdir()]
+    leftovers = [p.name for p in (tmp_path / "store" / "leases").iterdir()]
     assert not [n for n in leftovers if n.startswith(".tmp-")]
 
 
@@ -65,3 +65,30 @@ def test_remove_forgets_and_names_lists(tmp_path: Path) -> None:
     assert a.names() == ["job1", "job2"]
     a.remove("job1")
     assert a.names() == ["job2"] and a.current("job1") is None
+
+
+def test_a_stalled_holder_cannot_renew_after_another_took_over_and_renewed(
+    tmp_path: Path,
+) -> None:
+    """The ABA sequence: a holds the lease and stalls past it; b takes it and renews twice;
+    a's renewal, and its fence, fail (no version comes back)."""
+    a, b = leases(tmp_path, "a", seconds=0.05), leases(tmp_path, "b", seconds=30)
+    held = a.acquire("job1")
+    assert held is not None and a.holds(held)
+    deadline = time.monotonic() + 10
+    while held.live():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    taken = b.acquire("job1")
+    assert taken is not None
+    for _ in range(2):
+        taken = b.renew(taken)
+        assert taken is not None
+    assert not a.holds(held)
+    assert a.renew(held) is None and a.acquire("job1") is None
+    assert b.holds(taken) and b.current("job1") == taken
+    # Removed and taken again from scratch: the old holders' versions still fail.
+    assert b.remove("job1", taken)
+    again = a.acquire("job1")
+    assert again is not None and again.generation == 1
+    assert b.renew(taken) is None and a.renew(held) is None

@@ -38,7 +38,7 @@ def test_create_if_absent_makes_one_record_under_racing_writers(tmp_path: Path) 
     assert store.load("abc123") == winner
     assert [j.id for j in store.jobs()] == ["abc123"]
     leftovers = [p.name for p in (tmp_path / "store" / "operations").iterdir()]
-    assert leftovers == ["abc123.json"]  # no temporaries left behind
+    assert sorted(leftovers) == [".lock", "abc123.json"]  # no temporaries left behind
 
 
 def test_records_survive_a_new_store_object_and_ids_are_checked(tmp_path: Path) -> None:
