@@ -79,9 +79,8 @@ def logged(process: GatewayProcess, message: str, name: str) -> bool:
 
 
 def test_a_stalled_holder_loses_its_lease_to_the_replica_that_took_over(
-    tfs: LocalServer, images: Path, tmp_path: Path
+    tfs: LocalServer, images: Path, tmp_path: Path, store: Path
 ) -> None:
-    store = tmp_path / "store"
     with two(tfs, store, tmp_path, ("--job-lease-seconds=2",)) as (processes, clients):
         name = clients[0].create(input_uri=str(images)).name
         wait_for(lambda: any(ran(p, name) for p in processes), "a replica taking the job")
@@ -113,9 +112,8 @@ def test_a_stalled_holder_loses_its_lease_to_the_replica_that_took_over(
 
 
 def test_cancels_racing_a_jobs_start_are_never_lost(
-    tfs: LocalServer, images: Path, tmp_path: Path
+    tfs: LocalServer, images: Path, tmp_path: Path, store: Path
 ) -> None:
-    store = tmp_path / "store"
     with two(tfs, store, tmp_path) as (_, clients):
         names = []
         for round_ in range(4):
@@ -132,9 +130,8 @@ def test_cancels_racing_a_jobs_start_are_never_lost(
 
 
 def test_cancels_racing_a_jobs_end_leave_it_ended(
-    tfs: LocalServer, few: Path, tmp_path: Path
+    tfs: LocalServer, few: Path, tmp_path: Path, store: Path
 ) -> None:
-    store = tmp_path / "store"
     with two(tfs, store, tmp_path) as (_, clients):
         states = Counter()
         for round_ in range(6):
@@ -154,9 +151,8 @@ def test_cancels_racing_a_jobs_end_leave_it_ended(
 
 
 def test_a_delete_racing_the_running_holder_leaves_no_files(
-    tfs: LocalServer, images: Path, tmp_path: Path
+    tfs: LocalServer, images: Path, tmp_path: Path, store: Path
 ) -> None:
-    store = tmp_path / "store"
     with two(tfs, store, tmp_path) as (processes, clients):
         name = clients[0].create(input_uri=str(images)).name
         wait_for(lambda: any(ran(p, name) for p in processes), "a replica taking the job")
@@ -199,7 +195,7 @@ def stored_bytes(directory: Path) -> int:
 
 
 def test_concurrent_uploads_by_one_caller_hold_its_limits_across_replicas(
-    tfs: LocalServer, tmp_path: Path
+    tfs: LocalServer, tmp_path: Path, store: Path
 ) -> None:
     """10 uploads at once by one caller, through two replicas sharing the store: with 2 open
     uploads allowed, 2 get through and 8 are RESOURCE_EXHAUSTED; with 2 MiB per caller, what
@@ -209,7 +205,6 @@ def test_concurrent_uploads_by_one_caller_hold_its_limits_across_replicas(
         part = tmp_path / f"part-{index}.bin"
         part.write_bytes(os.urandom(300_000))
         parts.append(part)
-    store = tmp_path / "store"
     limits = ("--batch-max-uploads-per-caller=2", f"--batch-max-upload-bytes-per-caller={2 << 20}",
               f"--job-store-max-bytes={4 << 20}")  # fmt: skip
     with two(tfs, store, tmp_path, limits, http=True) as (processes, _):
@@ -227,7 +222,7 @@ def test_concurrent_uploads_by_one_caller_hold_its_limits_across_replicas(
         )
         assert kept == 2 * 900_000
     # Bytes: many uploads allowed, 2 MiB per caller: at most 2 MiB kept, whatever the race.
-    store = tmp_path / "store-bytes"
+    store = store.parent / "store-bytes"
     limits = ("--batch-max-uploads-per-caller=20", f"--batch-max-upload-bytes-per-caller={2 << 20}",
               f"--job-store-max-bytes={4 << 20}")  # fmt: skip
     with two(tfs, store, tmp_path, limits, http=True) as (processes, _):
