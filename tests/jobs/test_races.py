@@ -240,4 +240,6 @@ def test_concurrent_uploads_by_one_caller_hold_its_limits_across_replicas(
         on_disk = sum(p.stat().st_size for p in images)
         assert on_disk <= 2 << 20
         tally = json.loads((store / "usage.json").read_text())
-        assert tally["bytes"] == on_disk, (tally, on_disk)
+        records = len(list((store / "uploads").glob("*.json")))  # 4 KiB reserved each
+        assert tally["callers"]["anonymous"]["bytes"] == on_disk, (tally, on_disk)
+        assert tally["bytes"] == on_disk + records * 4096, (tally, on_disk, records)
