@@ -74,6 +74,29 @@ UPSTREAM_RETRIES = Counter(
     ["rpc", "decision"],
 )
 
+# Batching (gateway.core.coalescer), per model: one observation per Predict call and per image
+# of a model that batches, so prometheus_client's own metrics (a lock each) cost little.
+# Images per upstream call = rate(..._batch_size_sum) / rate(..._batch_size_count).
+BATCH_SIZE = Histogram(
+    "detection_gateway_upstream_batch_size",
+    "Images per Predict call to TF Serving, by model (1: the image went alone).",
+    ["model"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+QUEUE_WAIT = Histogram(
+    "detection_gateway_batch_queue_wait_seconds",
+    "Time an image of a model that batches waited for its Predict call to be sent, by model "
+    "(0: sent at once).",
+    ["model"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+BATCH_SPLITS = Counter(
+    "detection_gateway_batch_splits",
+    "Batches sent again one image per call, by model and reason: refused (TF Serving refused "
+    "the batch, e.g. as too large) or unsplittable (an output without the batch dimension).",
+    ["model", "reason"],
+)
+
 # prometheus_client picks its value class at import: files when PROMETHEUS_MULTIPROC_DIR is
 # set (gateway.workers sets it for each worker), plain numbers otherwise.
 MULTIPROCESS = prometheus_values.ValueClass is not prometheus_values.MutexValue

@@ -3,6 +3,7 @@
 With the gateway's own flags and model config, asks TF Serving for each model's signature
 and shows, per model and version: the signature (inputs and outputs, dtype and shape), the
 task, the input plan (input, form, resize, layout, scale/mean/std, channel order, encoding),
+the batch plan (whether requests waiting for the model share one Predict, and why),
 the output plan (which output is what, box format and coordinates, decoder) and a trial
 prediction on a generated image. `--json` prints one JSON document. Exit status 1 when any
 model cannot be served, with the reason. The first thing to run with a new model:
@@ -29,6 +30,7 @@ from PIL import Image
 
 from gateway import errors
 from gateway.config import Settings
+from gateway.core.batching import plan_batching
 from gateway.core.domain import ModelRef
 from gateway.core.inputs import plan_input
 from gateway.core.pipeline import Pipeline
@@ -55,6 +57,7 @@ class ModelReport:
     signature: dict[str, Any] | None = None
     input: dict[str, object] | None = None
     outputs: dict[str, object] | None = None
+    batching: dict[str, object] | None = None
     trial: dict[str, Any] | None = None
     error: str | None = None
     kind: str | None = None  # the error's errors.Kind code
@@ -93,10 +96,12 @@ async def plan_model(
         signature = await client.signature(ModelRef(name), timeout)
         report.version = signature.version
         report.signature = _signature(signature)
-        report.input = plan_input(signature, config.input).describe()
+        inputs = plan_input(signature, config.input)
+        report.input = inputs.describe()
         plan = tasks[task_name].output_plan(signature, config)
         describe = getattr(plan, "describe", None)
         report.outputs = describe() if callable(describe) else {"outputs": plan.output_filter}
+        report.batching = plan_batching(signature, inputs, plan, config.batching).describe()
     except errors.GatewayError as e:
         report.error, report.kind = e.message, e.kind.code
     return report
@@ -188,7 +193,12 @@ def render(report: ModelReport) -> str:
         lines.append(f"  signature '{sig['name']}':")
         lines += [f"    input  {k}: {v}" for k, v in sig["inputs"].items()]
         lines += [f"    output {k}: {v}" for k, v in sig["outputs"].items()]
-    for title, plan in (("input plan", report.input), ("output plan", report.outputs)):
+    plans = (
+        ("input plan", report.input),
+        ("output plan", report.outputs),
+        ("batch plan", report.batching),
+    )
+    for title, plan in plans:
         if plan is not None:
             lines.append(f"  {title}: " + ", ".join(f"{k} = {v}" for k, v in plan.items()))
     if report.trial is not None:

@@ -2,27 +2,25 @@
 
 The form is read once per model version (`plan_input`: the signature's single input plus the
 model config) and is the same for every task:
-- uint8 / float32 pixels, NHWC [1,H,W,3] or NCHW [1,3,H,W]: the decoded, EXIF-oriented RGB
+- uint8 / float32 pixels, NHWC [N,H,W,3] or NCHW [N,3,H,W]: the decoded, EXIF-oriented RGB
   pixels, resized to the signature's fixed size (or the config's `resize`, or down to its
-  `max_side`), rescaled and normalised as the config says. uint8 NHWC at the image's own
-  size is decoded straight into the request bytes (gateway.upstream.wire), so a 1080p image
-  costs one decode and no copies of its 6 MB of pixels.
+  `max_side`, or letterboxed on its `pad_to` canvas: gateway.core.letterbox), rescaled and
+  normalised as the config says. uint8 NHWC at the image's own size is decoded straight into
+  the request bytes (gateway.upstream.wire): no copies of a 1080p image's 6 MB of pixels.
 - string [N] encoded images: the caller's original bytes untouched when TensorFlow can decode
   them to the same pixels (the model then sees the stored, un-oriented image, so detection
   boxes are mapped through the EXIF orientation afterwards). Other formats (WebP, TIFF, CMYK
   JPEG, ...) are decoded here and sent as PNG of the oriented image, and images over the
   config's `max_side` as a JPEG of the scaled-down image. `string_encoding = "base64url"`
-  sends the bytes base64url-encoded, as a ViT exported with its preprocessing expects;
-  `"tf_example"` wraps them in a serialized tf.train.Example under `tf_example_key`, as the
-  `tf_example` exports of the OD API and Model Garden take.
-- `resize_filter` resizes exactly as the exporter's library did (gateway.imaging.filters):
-  a full decode, then that filter, for models that take pixels the gateway resizes.
+  sends the bytes base64url-encoded (a ViT exported with its preprocessing); `"tf_example"`
+  wraps them in a serialized tf.train.Example under `tf_example_key` (OD API, Model Garden).
+- `resize_filter` resizes exactly as the exporter's library did (gateway.imaging.filters).
 - `channel_order = "BGR"` reverses the channels of the pixels sent (mean and std are in the
   model's order); `name` picks the input of a signature that has several.
 
-build_input runs in a worker thread: decoding is CPU-bound and must stay off the event loop,
-except for a small plain JPEG when nothing else is in flight (`decodes_quickly`), where the
-hop to the thread and back costs more than it frees.
+Each request holds one image (batch 1); gateway.core.coalescer stacks the tails of several
+into one batch. build_input runs in a worker thread (decoding is CPU-bound), except for a
+small plain JPEG when nothing else is in flight (`decodes_quickly`).
 """
 
 from __future__ import annotations
@@ -36,10 +34,11 @@ from typing import NamedTuple
 import numpy as np
 
 from gateway import errors
+from gateway.core.letterbox import check_pad_to, decode_letterboxed
+from gateway.core.pixels import decode_into_request, normalise
 from gateway.imaging import filters, resize
 from gateway.imaging.decode import decode_image, encode_png
 from gateway.imaging.header import (
-    ImageInfo,
     ImageLimits,
     inspect_image,
     model_can_decode,
@@ -51,7 +50,7 @@ from gateway.proto.tfswire.v1 import example_pb2
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import BoxTransform
 from gateway.upstream.signatures import Signature
-from gateway.upstream.wire import RequestBuffer, predict_request, string_request
+from gateway.upstream.wire import predict_request, string_request
 
 
 class InputMode(Enum):
@@ -89,6 +88,8 @@ class InputPlan:
     tf_example_key: str | None = None  # encoded images sent in a tf.train.Example
     bgr: bool = False  # pixels sent in BGR order
     resize_filter: str | None = None  # exact resizing (gateway.imaging.filters); None: fast
+    pad_to: tuple[int, int] | None = None  # (width, height) canvas images are letterboxed on
+    pad_value: int = 0
 
     @property
     def plain_pixels(self) -> bool:
@@ -98,6 +99,7 @@ class InputPlan:
             and self.layout == "NHWC"
             and self.size is None
             and self.max_side is None
+            and self.pad_to is None
             and not self.bgr
         )
 
@@ -120,7 +122,10 @@ class InputPlan:
                 plan["mean"] = list(self.mean)
             if self.std is not None:
                 plan["std"] = list(self.std)
-        if self.size is not None:
+        if self.pad_to is not None:
+            width, height = self.pad_to
+            plan["pad_to"] = f"{width}x{height} (letterbox, pad value {self.pad_value})"
+        elif self.size is not None:
             plan["resize"] = f"{self.size[0]}x{self.size[1]}"
         elif self.max_side is not None:
             plan["max_side"] = self.max_side
@@ -142,6 +147,12 @@ class ModelInput(NamedTuple):
     transform: BoxTransform | None  # model's box -> displayed image box; None when identical
     # (width, height) of the image the model received (before the graph's own resizing).
     sent: tuple[int, int] | None = None
+    # For batching (gateway.core.coalescer): the input tensor's dtype and shape as sent
+    # (batch dimension 1), and how many bytes at the end of `request` are this image's
+    # element of it (its tensor_content, or its string value); 0 when it cannot be batched.
+    dtype: int = 0
+    shape: tuple[int, ...] = ()
+    tail: int = 0
 
 
 def plan_input(signature: Signature, prep: InputPrep) -> InputPlan:
@@ -225,6 +236,8 @@ def _pixel_plan(
             "need a float32 input"
         )
     size = None
+    if prep.pad_to is not None:
+        check_pad_to(shape, layout, key, what)
     if height > 0 and width > 0:
         size = (width, height)
         if prep.resize is not None and prep.resize != (height, width):
@@ -251,6 +264,8 @@ def _pixel_plan(
         layout=layout,
         size=size,
         max_side=max_side,
+        pad_to=None if prep.pad_to is None else (prep.pad_to[1], prep.pad_to[0]),
+        pad_value=prep.pad_value,
         scale=prep.scale,
         mean=prep.mean,
         std=prep.std,
@@ -280,9 +295,12 @@ def forward_encoded(
     transform = None
     if info.orientation != 1:
         transform = partial(orient_box, orientation=info.orientation)
-    request = string_request(envelope, plan.key, _encoded_value(data, plan))
+    value = _encoded_value(data, plan)
+    request = string_request(envelope, plan.key, value)
     sent = (info.stored_width, info.stored_height)
-    return ModelInput(request, info.width, info.height, transform, sent)
+    return ModelInput(
+        request, info.width, info.height, transform, sent, tfs.DT_STRING, (1,), len(value)
+    )
 
 
 def _encoded_value(data: bytes, plan: InputPlan) -> bytes:
@@ -328,14 +346,20 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
         # as lossless PNG, so the model sees its exact pixels.
         scaled = pixels.shape[:2] != (info.height, info.width)
         encoded = resize.encode_jpeg(pixels) if scaled else encode_png(pixels)
-        request = string_request(envelope, plan.key, _encoded_value(encoded, plan))
+        value = _encoded_value(encoded, plan)
+        request = string_request(envelope, plan.key, value)
         sent = (pixels.shape[1], pixels.shape[0])
-        return ModelInput(request, info.width, info.height, None, sent)
+        return ModelInput(
+            request, info.width, info.height, None, sent, tfs.DT_STRING, (1,), len(value)
+        )
 
     dtype, tensor_dtype = _PIXEL_DTYPES[plan.mode]
     if plan.plain_pixels:
         return _decode_into_request(data, plan, envelope, limits)
-    if plan.size is not None:
+    transform = None
+    if plan.pad_to is not None:
+        info, pixels, transform = decode_letterboxed(data, limits, plan.pad_to, plan.pad_value)
+    elif plan.size is not None:
         info, pixels = resize.decode_to_size(data, limits, plan.size, plan.resize_filter)
     elif plan.max_side is not None:
         info, pixels = resize.decode_within(data, limits, plan.max_side, plan.resize_filter)
@@ -352,36 +376,19 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
     if dtype == np.uint8:
         np.copyto(out, filters.to_uint8(source))
     else:
-        _normalise(source, out, plan)
-    return ModelInput(buffer.data, info.width, info.height, None, (width, height))
-
-
-def _normalise(pixels: np.ndarray, out: np.ndarray, plan: InputPlan) -> None:
-    """float32 `out` = ((pixels * scale) - mean) / std, per channel, in place."""
-    np.copyto(out, pixels, casting="unsafe")
-    if plan.scale is not None:
-        out *= np.float32(plan.scale)
-    axis = (1, 1, 3) if plan.layout == "NHWC" else (3, 1, 1)
-    if plan.mean is not None:
-        out -= np.asarray(plan.mean, dtype=np.float32).reshape(axis)
-    if plan.std is not None:
-        out /= np.asarray(plan.std, dtype=np.float32).reshape(axis)
+        normalise(source, out, plan.scale, plan.mean, plan.std, plan.layout)
+    return ModelInput(
+        buffer.data, info.width, info.height, transform, (width, height), tensor_dtype, shape,
+        size,
+    )  # fmt: skip
 
 
 def _decode_into_request(
     data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimits
 ) -> ModelInput:
-    buffers: list[RequestBuffer] = []
-
-    def into_request(info: ImageInfo) -> np.ndarray:
-        shape = (info.height, info.width, 3)
-        buffer = predict_request(
-            envelope, plan.key, tfs.DT_UINT8, (1, *shape), info.height * info.width * 3
-        )
-        # Called again when Pillow takes over from a failed fast decode: the last one counts.
-        buffers[:] = [buffer]
-        return np.frombuffer(buffer.payload, dtype=np.uint8).reshape(shape)
-
-    info, _ = decode_image(data, limits, into=into_request)
-    (buffer,) = buffers
-    return ModelInput(buffer.data, info.width, info.height, None, (info.width, info.height))
+    request, info = decode_into_request(data, plan.key, envelope, limits)
+    shape = (1, info.height, info.width, 3)
+    return ModelInput(
+        request, info.width, info.height, None, (info.width, info.height), tfs.DT_UINT8,
+        shape, info.height * info.width * 3,
+    )  # fmt: skip

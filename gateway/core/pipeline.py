@@ -1,7 +1,8 @@
 """One image end to end, the same for every task and every front door.
 
-limit -> model and options -> deadline budget -> signature (cached) -> input plan (cached per
-model version and task) -> request built in a worker thread -> Predict on TF Serving ->
+limit -> model and options -> deadline budget -> signature (cached) -> input and batch plan
+(cached per model version and task) -> request built in a worker thread -> Predict on TF
+Serving, alone or batched with others waiting for the model (gateway.core.coalescer) ->
 outputs mapped by the task -> outcome. Each image is counted in the metrics and logged as
 one JSON line, whatever its outcome. Failures are raised as GatewayError (gateway.errors);
 the front doors turn them into their own status codes.
@@ -19,6 +20,8 @@ from functools import lru_cache
 
 from gateway import errors, logs, metrics, tracing
 from gateway.config import Settings
+from gateway.core.batching import BatchPlan, plan_batching
+from gateway.core.coalescer import Coalescer
 from gateway.core.domain import Outcome, Request
 from gateway.core.inputs import (
     InputMode,
@@ -80,6 +83,7 @@ class Plan:
 
     input: InputPlan
     outputs: OutputPlan
+    batch: BatchPlan
 
 
 @lru_cache(maxsize=1024)
@@ -109,6 +113,7 @@ class Pipeline:
         # Per-model gauges (in flight, waiting for TF Serving): the models the config names.
         named = {*registry.models, registry.default_model, *registry.task_defaults.values()}
         self._load = metrics.ModelLoad(named)
+        self._coalescer = Coalescer(client, settings, executor)
 
     @property
     def in_flight(self) -> int:
@@ -119,6 +124,7 @@ class Pipeline:
         task = self._tasks[task_name]
         started = time.perf_counter()
         timings = {"decode": 0.0, "upstream": 0.0}
+        notes: dict[str, object] = {}  # for the request log line
         request_id = request.request_id or new_request_id()
         code = "OK"
         model: ModelRef | None = None
@@ -129,7 +135,7 @@ class Pipeline:
             try:
                 model = self.model_ref(task.name, request.model)
                 with self._load.in_flight(model.name):
-                    outcome = await self._run(task, model, request, request_id, timings)
+                    outcome = await self._run(task, model, request, request_id, timings, notes)
             finally:
                 self._limit.release()
             return outcome
@@ -147,7 +153,7 @@ class Pipeline:
             ) from None
         finally:
             total = time.perf_counter() - started
-            self._record(task, request, code, request_id, model, outcome, timings, total)
+            self._record(task, request, code, request_id, model, outcome, timings, total, notes)
 
     def model_ref(self, task: str, requested: ModelRef) -> ModelRef:
         """The model to call for `task` (a task name): the request's, or the task's default;
@@ -212,7 +218,10 @@ class Pipeline:
         key = (signature.model, signature.version, task.name)
         plan = self._plans.get(key)
         if plan is None:
-            plan = Plan(plan_input(signature, config.input), task.output_plan(signature, config))
+            inputs = plan_input(signature, config.input)
+            outputs = task.output_plan(signature, config)
+            batch = plan_batching(signature, inputs, outputs, config.batching)
+            plan = Plan(inputs, outputs, batch)
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()
             self._plans[key] = plan
@@ -246,6 +255,7 @@ class Pipeline:
         request: Request,
         request_id: str,
         timings: dict[str, float],
+        notes: dict[str, object],
     ) -> Outcome:
         config = self._config(task, model)
         options = task.resolve(request.options, config, self.settings)
@@ -264,9 +274,10 @@ class Pipeline:
                     tracing.span("upstream", request.trace, model=model.name) as trace,
                     self._load.queued(model.name),
                 ):
-                    prediction = await self._client.predict(
-                        model, model_input.request, self._timeout(deadline), trace
-                    )
+                    answer = await self._coalescer.predict(
+                        model, plan.batch, envelope, plan.input.key, model_input, deadline,
+                        trace, request_id,
+                    )  # fmt: skip
                 break
             except StaleSignature:
                 if attempt == 2:
@@ -279,19 +290,23 @@ class Pipeline:
         frame = Frame(
             model_input.width, model_input.height, model_input.transform, model_input.sent
         )
+        if answer.batch > 1:
+            # The images of one call share its lead's request id (whose trace went upstream).
+            notes["batch"] = {"size": answer.batch, "lead": answer.lead,
+                              "queue_ms": round(answer.waited * 1000, 2)}  # fmt: skip
         try:
-            result = task.map(prediction.outputs, plan.outputs, frame, options, config)
+            result = task.map(answer.outputs, plan.outputs, frame, options, config)
         except OutputError as exc:
-            BAD_OUTPUTS.report(model.name, prediction.version, str(exc))
+            BAD_OUTPUTS.report(model.name, answer.version, str(exc))
             raise errors.bad_model(
-                f"model '{model.name}' version {prediction.version} gave unusable outputs: {exc}"
+                f"model '{model.name}' version {answer.version} gave unusable outputs: {exc}"
             ) from None
         return Outcome(
             result=result,
             image_width=model_input.width,
             image_height=model_input.height,
             model_name=model.name,
-            model_version=prediction.version,
+            model_version=answer.version,
             request_id=request_id,
             timings=timings,
         )
@@ -306,6 +321,7 @@ class Pipeline:
         outcome: Outcome | None,
         timings: dict[str, float],
         total: float,
+        notes: dict[str, object],
     ) -> None:
         method = request.method or task.name
         metrics.finish(method, code, total, timings["decode"], timings["upstream"])
@@ -331,6 +347,7 @@ class Pipeline:
             "upstream": round(timings["upstream"] * 1000, 2),
             "total": round(total * 1000, 2),
         }
+        fields.update(notes)
         request_log.write(fields)
 
 

@@ -30,6 +30,9 @@ base64url | tf_example, for string inputs) with `tf_example_key` (default image/
 `resize_filter` (pillow-bilinear | pillow-bicubic | tf-bilinear | tf-bilinear-antialias |
 nearest: the exporter's resizing, exactly; default: the fast path).
 `signature = "..."` in [models.NAME] picks a signature other than serving_default.
+`[models.NAME.batching]` (`enabled`, `max_batch`, `max_delay_ms`) says how requests waiting
+for the model are coalesced into one Predict (gateway/models/batching.py); `input.pad_to =
+[height, width]` with `input.pad_value` letterboxes variable-size images so they can be.
 
 `[models.NAME.outputs]` says what the signature does not (docs/models.md has one per exporter):
 classification `probabilities`, or `logits` (+ `logits_activation` softmax | sigmoid), or
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.labels import Labels, LabelsError
+from gateway.models.batching import read_batching
 from gateway.models.input_prep import read_input
 from gateway.models.output_mapping import read_outputs
 from gateway.models.registry import DEFAULT_SIGNATURE, ModelConfig, ModelRegistry
@@ -76,6 +80,7 @@ _MODEL_KEYS = {
     "min_score",
     "max_detections",
     "top_k",
+    "batching",
 }
 
 
@@ -179,6 +184,9 @@ def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[st
     outputs = read_outputs(
         as_table(table.get("outputs", {}), path, where + ".outputs"), task, path, where + ".outputs"
     )
+    batching = read_batching(
+        as_table(table.get("batching", {}), path, where + ".batching"), path, where + ".batching"
+    )
     signature = DEFAULT_SIGNATURE
     if "signature" in table:
         signature = table["signature"]
@@ -194,4 +202,5 @@ def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[st
         min_score=min_score,
         max_detections=max_detections,
         top_k=top_k,
+        batching=batching,
     )

@@ -40,6 +40,10 @@ class InputPrep:
     # The exporter's resizing (gateway.imaging.filters), computed exactly on the fully
     # decoded image; None: the fast path (DCT-scaled decode, libvips).
     resize_filter: str | None = None
+    # (height, width) of the canvas every image is letterboxed into (scaled to fit, padded
+    # bottom and right with pad_value), so variable-size pixel inputs can be batched.
+    pad_to: tuple[int, int] | None = None
+    pad_value: int = 0
 
 
 _INPUT_KEYS = {
@@ -55,7 +59,48 @@ _INPUT_KEYS = {
     "name",
     "tf_example_key",
     "resize_filter",
+    "pad_to",
+    "pad_value",
 }
+
+# Largest side of a pad_to canvas: 8K, far beyond what a detector takes.
+MAX_PAD_SIDE = 8192
+
+
+def _read_pad(
+    table: Mapping[str, Any], path: Path, where: str
+) -> tuple[tuple[int, int] | None, int]:
+    pad_to = None
+    if "pad_to" in table:
+        value = table["pad_to"]
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            or not all(0 < v <= MAX_PAD_SIDE for v in value)
+        ):
+            raise ModelConfigError(
+                f"{path}: {where}.pad_to must be [height, width] in pixels (1 to {MAX_PAD_SIDE})"
+            )
+        pad_to = (value[0], value[1])
+    pad_value = table.get("pad_value", 0)
+    if not isinstance(pad_value, int) or isinstance(pad_value, bool) or not 0 <= pad_value <= 255:
+        raise ModelConfigError(
+            f"{path}: {where}.pad_value must be a pixel value from 0 to 255, got {pad_value!r}"
+        )
+    if "pad_value" in table and pad_to is None:
+        raise ModelConfigError(f"{path}: {where}.pad_value needs pad_to = [height, width]")
+    if pad_to is not None and ("resize" in table or "max_side" in table):
+        raise ModelConfigError(
+            f"{path}: {where} has pad_to with resize or max_side; pad_to already sets the size "
+            "images are scaled to (keeping their aspect ratio)"
+        )
+    if pad_to is not None and "resize_filter" in table:
+        raise ModelConfigError(
+            f"{path}: {where} has pad_to with resize_filter; letterboxing resizes with the "
+            "gateway's own filter only"
+        )
+    return pad_to, pad_value
 
 
 def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
@@ -103,6 +148,7 @@ def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
             )
         if not isinstance(example_key, str) or not example_key:
             raise ModelConfigError(f"{path}: {where}.tf_example_key must be a feature name")
+    pad_to, pad_value = _read_pad(table, path, where)
     normalises = scale is not None or mean is not None or std is not None
     if dtype == "uint8" and normalises:
         raise ModelConfigError(
@@ -110,11 +156,11 @@ def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
             "the pixels as they are)"
         )
     pixel_keys = normalises or layout is not None or dtype is not None or channel_order != "RGB"
-    if encoding != "raw" and (pixel_keys or resize_filter is not None):
+    if encoding != "raw" and (pixel_keys or resize_filter is not None or pad_to is not None):
         raise ModelConfigError(
             f"{path}: {where}.string_encoding is for models that take encoded images; "
-            "scale, mean, std, layout, dtype, channel_order and resize_filter are for models "
-            "that take pixels"
+            "scale, mean, std, layout, dtype, channel_order, resize_filter and pad_to are for "
+            "models that take pixels"
         )
     return InputPrep(
         resize,
@@ -129,4 +175,6 @@ def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
         name,
         example_key,
         resize_filter,
+        pad_to,
+        pad_value,
     )

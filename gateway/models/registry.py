@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.labels import Labels
+from gateway.models.batching import BatchingConfig
 from gateway.models.input_prep import InputPrep
 from gateway.models.output_mapping import OutputMapping
 from gateway.models.values import DETECTION
@@ -29,6 +30,7 @@ class ModelConfig:
     min_score: float | None = None
     max_detections: int | None = None
     top_k: int | None = None
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
 
 
 _MAX_UNLISTED = 1024

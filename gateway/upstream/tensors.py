@@ -11,7 +11,7 @@ it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -240,3 +240,16 @@ def _string_array(proto: tfs.TensorProto, shape: tuple[int, ...]) -> np.ndarray:
     array = np.empty(math.prod(shape), dtype=object)
     array[:] = list(proto.string_val)
     return array.reshape(shape)
+
+
+def split_batch(
+    outputs: Mapping[str, OutputTensor], count: int
+) -> list[Mapping[str, Tensor]] | None:
+    """Each image's outputs of a batch of `count` (arrays [1, ...], views of the batch's),
+    or None when an output does not have the batch as its first dimension."""
+    arrays = {}
+    for key, tensor in outputs.items():
+        if not tensor.shape or tensor.shape[0] != count:
+            return None
+        arrays[key] = tensor.array()
+    return [{key: array[i : i + 1] for key, array in arrays.items()} for i in range(count)]

@@ -176,3 +176,48 @@ def string_request(envelope: bytes, input_key: str, value: bytes) -> bytes:
         (envelope, _INPUTS_TAG, _varint(entry_size), entry_key, tensor_size_bytes,
          tensor_fixed, value_size, value)
     )  # fmt: skip
+
+
+def batch_request(
+    envelope: bytes,
+    input_key: str,
+    dtype: int,
+    item_shape: Sequence[int],
+    parts: Sequence[bytes | memoryview],
+) -> bytes:
+    """A PredictRequest whose input is the `parts` stacked along a new batch dimension:
+    TensorProto(dtype, [len(parts), *item_shape], tensor_content = the parts in order).
+
+    Each part is one image's tensor_content (the tail of its own request, passed as a
+    memoryview: no copy until here); they are copied once, straight into the request bytes.
+    """
+    size = sum(len(part) for part in parts)
+    buffer = predict_request(envelope, input_key, dtype, (len(parts), *item_shape), size)
+    payload, offset = buffer.payload, 0
+    for part in parts:
+        end = offset + len(part)
+        payload[offset:end] = part
+        offset = end
+    return buffer.data
+
+
+_STRING_VAL_TAG = _tag(_TENSOR_STRING_VAL, _LENGTH_DELIMITED)
+
+
+def string_batch_request(
+    envelope: bytes, input_key: str, values: Sequence[bytes | memoryview]
+) -> bytes:
+    """A PredictRequest with inputs={input_key: string [len(values)] tensor of `values`}."""
+    entry_key = _string_parts(input_key)[0]
+    head = (
+        _tag(_TENSOR_DTYPE, _VARINT)
+        + _varint(tfs.DT_STRING)
+        + _delimited(_TENSOR_SHAPE, _shape_bytes((len(values),)))
+    )
+    pieces: list[bytes | memoryview] = [head]
+    for value in values:
+        pieces += (_STRING_VAL_TAG, _varint(len(value)), value)
+    tensor = b"".join(pieces)
+    tensor_size = _varint(len(tensor))
+    entry_size = len(entry_key) + len(tensor_size) + len(tensor)
+    return b"".join((envelope, _INPUTS_TAG, _varint(entry_size), entry_key, tensor_size, tensor))

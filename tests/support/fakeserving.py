@@ -5,10 +5,15 @@ Predict is parsed with the official PredictRequest and tf.make_ndarray (so the g
 hand-built requests are checked byte-compatible on every call), recorded with its metadata,
 and answered like TF Serving (NOT_FOUND for unknown models, INVALID_ARGUMENT for a wrong
 input dtype). Serves on 127.0.0.1, a free port.
+
+For tests of calls in flight: while `gate` is an unset asyncio.Event, every Predict waits for
+it (`in_predict` counts those waiting); a model's compute may raise Rejected to answer with a
+status, as TF Serving refuses a request.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -25,6 +30,15 @@ from tensorflow_serving.apis import (
 )
 
 Arrays = Mapping[str, np.ndarray]
+
+
+class Rejected(Exception):
+    """Raised by a FakeModel's compute: the Predict is answered with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
 
 
 @dataclass
@@ -49,6 +63,8 @@ class FakeServing:
     models: dict[str, FakeModel]
     calls: list[Call] = field(default_factory=list)
     metadata_calls: list[dict[str, str]] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+    in_predict: int = 0
 
     async def start(self) -> str:
         self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])
@@ -101,7 +117,17 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
                 dict(context.invocation_metadata() or ()),
             )
         )
-        outputs = model.compute(inputs)
+        gate = self._serving.gate
+        if gate is not None:
+            self._serving.in_predict += 1
+            try:
+                await gate.wait()
+            finally:
+                self._serving.in_predict -= 1
+        try:
+            outputs = model.compute(inputs)
+        except Rejected as e:
+            await context.abort(e.code, e.details)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = model.name
         response.model_spec.version.value = model.version
