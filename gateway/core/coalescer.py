@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any, NamedTuple
 
@@ -125,8 +125,15 @@ class _Queue:
 class Coalescer:
     """Sends each image's Predict alone or in a batch (module docstring)."""
 
-    def __init__(self, client: TFServingClient, settings: Settings, executor: Executor) -> None:
+    def __init__(
+        self,
+        client: TFServingClient,
+        settings: Settings,
+        executor: Executor,
+        label: Callable[[str], str] = str,
+    ) -> None:
         self._client = client
+        self._label = label  # a model's name in metrics (bounded: gateway.metrics.ModelLoad)
         self._timeout_cap = settings.upstream_timeout
         self._max_bytes = max(settings.upstream_send_bytes - MESSAGE_OVERHEAD, 1)
         self._executor = executor
@@ -156,7 +163,7 @@ class Coalescer:
             if len(self._queues) >= _MAX_QUEUES:
                 self._drop_idle_queues()
             queue = self._queues[key] = _Queue(model, envelope, input_key, plan)
-        metric = metrics.QUEUE_WAIT.labels(model.name)
+        metric = metrics.QUEUE_WAIT.labels(self._label(model.name))
         if not queue.splittable or (
             queue.in_flight == 0 and not queue.waiting and not queue.max_delay
         ):
@@ -183,7 +190,7 @@ class Coalescer:
         request_id: str,
     ) -> Answer:
         prediction = await self._client.predict(model, request, self._timeout(deadline), trace)
-        metrics.BATCH_SIZE.labels(model.name).observe(1)
+        metrics.BATCH_SIZE.labels(self._label(model.name)).observe(1)
         return Answer(prediction.version, prediction.outputs, 1, 0.0, request_id)
 
     def _timeout(self, deadline: float | None) -> float:
@@ -320,7 +327,7 @@ class Coalescer:
                     _fail(item, exc)
             return
         queue.observe(time.monotonic() - sent)
-        metrics.BATCH_SIZE.labels(queue.model.name).observe(count)
+        metrics.BATCH_SIZE.labels(self._label(queue.model.name)).observe(count)
         parts: list[Mapping[str, Tensor]] | None = [prediction.outputs]
         if count > 1:
             parts = split_batch(prediction.outputs, count)
@@ -355,7 +362,7 @@ class Coalescer:
 
     async def _one_by_one(self, queue: _Queue, items: list[_Item], reason: str) -> None:
         """Each image of a refused (or unsplittable) batch sent alone, once."""
-        metrics.BATCH_SPLITS.labels(queue.model.name, reason).inc()
+        metrics.BATCH_SPLITS.labels(self._label(queue.model.name), reason).inc()
         items = [item for item in items if not item.future.done()]
         results = await asyncio.gather(
             *(self._call(queue, [item]) for item in items), return_exceptions=True

@@ -113,7 +113,7 @@ class Pipeline:
         # Per-model gauges (in flight, waiting for TF Serving): the models the config names.
         named = {*registry.models, registry.default_model, *registry.task_defaults.values()}
         self._load = metrics.ModelLoad(named)
-        self._coalescer = Coalescer(client, settings, executor)
+        self._coalescer = Coalescer(client, settings, executor, self._load.label)
 
     @property
     def in_flight(self) -> int:

@@ -17,8 +17,8 @@ import tensorflow as tf
 from gateway import metrics
 from gateway.core.domain import Outcome
 from gateway.errors import GatewayError, Kind
-from tests.support.pipelines import classify, pipeline_for, png, solid, write_config
 from tests.support.fakeserving import FakeModel, FakeServing, Rejected
+from tests.support.pipelines import classify, pipeline_for, png, solid, write_config
 
 SCALE = "scale = 0.00392156862745098"
 

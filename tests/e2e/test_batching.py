@@ -32,8 +32,8 @@ from gateway.core.pipeline import Pipeline
 from gateway.models import ModelRegistry, load_registry
 from gateway.upstream.client import TFServingClient
 from serving import scenes
-from tests.support.pipelines import classify, detect
 from tests.support.localserver import LocalServer, run_local_server
+from tests.support.pipelines import classify, detect
 
 ROOT = Path(__file__).resolve().parents[2]
 # (width, height, EXIF orientation) of the detector's images: smaller and larger than the
