@@ -49,7 +49,7 @@ def test_without_a_batching_table_the_signature_decides():
         ("[models.a.input]\npad_to = [4, 4]\nmax_side = 9\n", "has pad_to with resize or max"),
         (
             '[models.a.input]\npad_to = [4, 4]\nstring_encoding = "base64url"\n',
-            "channel_order and pad_to are for models that take pixels",
+            "take pixels, and so is pad_to",
         ),
     ],
 )

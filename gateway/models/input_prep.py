@@ -159,8 +159,8 @@ def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
     if encoding != "raw" and (pixel_keys or resize_filter is not None or pad_to is not None):
         raise ModelConfigError(
             f"{path}: {where}.string_encoding is for models that take encoded images; "
-            "scale, mean, std, layout, dtype, channel_order, resize_filter and pad_to are for "
-            "models that take pixels"
+            "scale, mean, std, layout, dtype, channel_order and resize_filter are for models "
+            "that take pixels, and so is pad_to"
         )
     return InputPrep(
         resize,
