@@ -55,6 +55,9 @@ class Job:
     generation: int = 0
     deleted: bool = False
     charged: int = 0
+    # Times the job's runner process died without ending its run (local executor): past
+    # GATEWAY_BATCH_RUNNER_MAX_DEATHS the job fails as a poison job.
+    runner_deaths: int = 0
 
     @property
     def name(self) -> str:
