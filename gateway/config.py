@@ -159,6 +159,15 @@ class Settings:
     # trickling a byte a minute ends here, not never. 600 s moves 1 GiB at ~15 Mbit/s;
     # larger uploads go in several calls (upload_id).
     batch_upload_timeout: float = 600.0
+    # What one job may read, checked before the bytes are read (the image limit above bounds
+    # each image, manifest line and TFRecord record too): the files its input lists (the
+    # listing stops past it), the manifest lines and TFRecord records it reads (blank lines
+    # included; a job over an upload also within batch_max_upload_images, so a manifest
+    # cannot buy what uploaded files may not), and the bytes one compressed manifest or
+    # TFRecord file may inflate to (a 65 KB gzip can hold gigabytes of zeros).
+    batch_max_input_files: int = 100_000
+    batch_max_items_per_job: int = 1_000_000
+    batch_max_decompressed_bytes: int = 4096 * MIB
     # Everything the gateway writes to its job store (uploads, results kept there); past it,
     # uploads and new jobs are refused until operations are deleted or expire. Size the
     # store's volume from it (k8s/ does).
@@ -177,6 +186,12 @@ class Settings:
     batch_max_running: int = 2
     batch_concurrency: int = 4
     batch_yield_threshold: int = 2
+    # local executor: each job's shard runs in a child process with this much address
+    # space (RLIMIT_AS; the kernel's OOM killer also picks it before the gateway), so an
+    # input that needs more kills the runner, not online serving; a job whose runner dies
+    # this many times fails as a poison job instead of being retried forever.
+    batch_runner_memory_bytes: int = 1024 * MIB
+    batch_runner_max_deaths: int = 3
     # Seconds between the runner's checkpoints (at most this much is redone after a crash).
     batch_checkpoint_seconds: float = 2.0
     # kubernetes executor: namespace (empty: the pod's own), kubeconfig (empty: in-cluster),
@@ -279,9 +294,13 @@ class Settings:
             "batch_max_upload_bytes_per_caller",
             "batch_max_uploads_per_caller",
             "batch_max_upload_images",
+            "batch_max_input_files",
+            "batch_max_items_per_job",
+            "batch_max_decompressed_bytes",
             "job_store_max_bytes",
             "batch_max_running",
             "batch_concurrency",
+            "batch_runner_max_deaths",
             "batch_parallelism",
         ):
             if getattr(self, name) < 1:
@@ -326,6 +345,11 @@ class Settings:
             )
         if self.batch_yield_threshold < 0:
             raise ValueError("batch-yield-threshold must be >= 0 (0 pauses local batch work)")
+        if self.batch_runner_memory_bytes < 256 * MIB:
+            raise ValueError(
+                "batch-runner-memory-bytes must be at least 268435456 (256 MiB): the runner "
+                "process itself takes about 200 MiB of address space"
+            )
         if self.batch_checkpoint_seconds <= 0:
             raise ValueError("batch-checkpoint-seconds must be positive")
         if self.batch_upload_timeout <= 0:

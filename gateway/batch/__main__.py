@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from gateway.batch import job, sources, storage
 from gateway.batch.access import Guard
+from gateway.batch.limits import LimitExceeded, Limits
 from gateway.batch.output import Output
 from gateway.batch.over_grpc import GrpcTransport, Knobs
 from gateway.batch.shard import RunSettings
@@ -111,6 +112,32 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
         default=5.0,
         help="seconds between JSON progress lines (without a terminal)",
     )
+    limits = Limits()
+    parser.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=limits.max_image_bytes,
+        help="largest image read (a larger file is that line's error, never read); also "
+        "bounds a manifest line and a TFRecord record (the gateway's GATEWAY_MAX_IMAGE_BYTES)",
+    )
+    parser.add_argument(
+        "--max-items",
+        type=int,
+        default=limits.max_items,
+        help="manifest lines and TFRecord records this run reads before it stops (exit 2)",
+    )
+    parser.add_argument(
+        "--max-input-files",
+        type=int,
+        default=limits.max_input_files,
+        help="files INPUT may list (exit 2 past it)",
+    )
+    parser.add_argument(
+        "--max-decompressed-bytes",
+        type=int,
+        default=limits.max_decompressed_bytes,
+        help="bytes one manifest or TFRecord file may hold uncompressed (exit 2 past it)",
+    )
     parser.add_argument(
         "--allowed-input-uris",
         default=None,
@@ -153,9 +180,17 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
         connections=a.connections, timeout=a.timeout, give_up_after=a.give_up_after,
         tls=tls_from_args(a),
     )  # fmt: skip
+    if min(a.max_image_bytes, a.max_items, a.max_input_files, a.max_decompressed_bytes) < 1:
+        parser.error("--max-image-bytes, --max-items, --max-input-files and "
+                     "--max-decompressed-bytes must be at least 1")  # fmt: skip
+    limits = Limits(
+        max_image_bytes=a.max_image_bytes, max_items=a.max_items,
+        max_input_files=a.max_input_files, max_decompressed_bytes=a.max_decompressed_bytes,
+        items_setting="--max-items",
+    )  # fmt: skip
     settings = RunSettings(
         shard_index=shard_index, checkpoint_seconds=a.checkpoint_seconds,
-        log_interval=a.log_interval,
+        log_interval=a.log_interval, limits=limits,
     )  # fmt: skip
 
     def connect(deliver: Deliver) -> GrpcTransport:
@@ -190,7 +225,13 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
         if argv and argv[0] == "finalize":
             return _finalize(argv[1:])
         return _run(argv, bindings)
-    except (job.JobError, sources.DatasetError, storage.StorageError, GatewayError) as e:
+    except (
+        job.JobError,
+        sources.DatasetError,
+        storage.StorageError,
+        GatewayError,
+        LimitExceeded,
+    ) as e:
         print(f"detection-batch: error: {e}", file=sys.stderr)
         return 2
     except (StopJob, sources.ReadError) as e:

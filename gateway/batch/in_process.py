@@ -15,7 +15,7 @@ import logging
 from google.protobuf import json_format
 
 from gateway.batch.spec import JobSpec
-from gateway.batch.transport import CLOSE, RETRY, Answer, Deliver, Queue, Work, backoff, failed
+from gateway.batch.transport import Answer, CallTransport, Deliver, Work, failed
 from gateway.client.messages import model_spec
 from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import Pipeline
@@ -70,7 +70,7 @@ def answer(binding: Binding, outcome: Outcome) -> Answer:
     return Answer(result, f"{outcome.model_name}@{outcome.model_version}", None)
 
 
-class InProcessTransport(Queue):
+class InProcessTransport(CallTransport):
     def __init__(
         self,
         spec: JobSpec,
@@ -80,45 +80,20 @@ class InProcessTransport(Queue):
         deliver: Deliver,
         give_up_after: float = 600.0,
     ) -> None:
-        super().__init__(deliver, give_up_after, "the pipeline", "the job resumes from there")
+        super().__init__(
+            deliver, concurrency, give_up_after, "the pipeline", "the job resumes from there"
+        )
         self.spec = spec
         self.binding = binding
         self._lane = lane
         self._model = model_spec(spec.model.name, spec.model.version, spec.model.label)
         self._options = dict(spec.options)
-        self._concurrency = concurrency
 
-    def workers(self) -> int:
-        return max(1, self._concurrency)
+    async def call(self, work: Work) -> Answer:
+        outcome = await self._lane.run(self.binding.task, self.request(work.data, work.request_id))
+        return answer(self.binding, outcome)
 
-    async def worker(self, index: int) -> None:
-        failures = 0
-        binding = self.binding
-        while not self.stopping:
-            work = await self.next()
-            if work is None or work is CLOSE:
-                return
-            try:
-                outcome = await self._lane.run(binding.task, self._request(work))
-            except GatewayError as e:
-                if e.kind.per_item:
-                    self.deliver(work, failed(e))
-                    failures = 0
-                elif e.kind in RETRY:
-                    if e.kind is Kind.DEADLINE and self.timed_out(work, e.message):
-                        continue
-                    self.failing(e)
-                    self.requeue([work])
-                    failures += 1
-                    await asyncio.sleep(backoff(failures))
-                else:
-                    self.requeue([work])
-                    self.stop(e.kind, e.message)
-                continue
-            self.deliver(work, answer(binding, outcome))
-            failures = 0
-
-    def _request(self, work: Work) -> Request:
+    def request(self, data: bytes, request_id: str) -> Request:
         """The pipeline's request, made as a door makes it from the task's message."""
-        message = self.binding.request(work.data, self._model, work.request_id, **self._options)
-        return self.binding.to_request(message, work.request_id, METHOD, None, ())
+        message = self.binding.request(data, self._model, request_id, **self._options)
+        return self.binding.to_request(message, request_id, METHOD, None, ())

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from gateway.batch import sources, storage
+from gateway.batch.limits import Limits
 from gateway.batch.output import STATE, Counts, Output, iso, now, shard_marker
 from gateway.batch.shard import Connect, RunSettings, ShardRun, UnitState
 from gateway.batch.sources import Dataset, Guard
@@ -103,10 +104,12 @@ def _check_places(dataset: Dataset, out: Output) -> None:
         )
 
 
-def prepare(spec: JobSpec, guard: Guard | None = None) -> tuple[Dataset, Output]:
+def prepare(
+    spec: JobSpec, guard: Guard | None = None, limits: Limits | None = None
+) -> tuple[Dataset, Output]:
     """The dataset and OUTPUT of a job, with job.json written or checked (blocking I/O).
-    With a guard, the input may only be read where it allows."""
-    dataset = sources.discover(spec.input, spec.format, guard)
+    With a guard, the input may only be read where it allows; `limits` bound what is read."""
+    dataset = sources.discover(spec.input, spec.format, guard, limits)
     out = Output(storage.resolve(spec.output))
     _check_places(dataset, out)
     check_job(out, job_description(spec, dataset))
@@ -122,7 +125,7 @@ async def run_shard(
 ) -> dict[str, Any]:
     """Runs (or resumes) one shard, sending images through the transport `connect` makes;
     returns its marker's contents."""
-    dataset, out = await asyncio.to_thread(prepare, spec, guard)
+    dataset, out = await asyncio.to_thread(prepare, spec, guard, settings.limits)
     index = settings.shard_index
     marker = shard_marker(index)
     if out.exists(marker):

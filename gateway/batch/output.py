@@ -28,7 +28,7 @@ from gateway.batch.storage import Location
 
 STATE = "_batch"
 _PART = re.compile(r"^(\d{12})-(\d{12})\.jsonl$")
-_HEADER_READ = 64 * 1024  # a part's header line is read alone when it fits in this
+_HEADER_READ = 64 * 1024  # a part's header line (its counts) is read alone, and fits in this
 
 
 @dataclass
@@ -170,10 +170,7 @@ def read_header(fs: Any, path: str, size: int | None = None) -> Counts | None:
         return _HEADERS[key]
     try:
         head = fs.cat_file(path, start=0, end=_HEADER_READ)
-        newline = head.find(b"\n")
-        if newline < 0:
-            head = fs.cat_file(path)
-            newline = head.find(b"\n")
+        newline = head.find(b"\n")  # none within the bound: not a part this runner wrote
         header = Counts.from_json(json.loads(head[:newline])) if newline >= 0 else None
     except FileNotFoundError:
         return None

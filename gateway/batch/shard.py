@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.batch import sources
+from gateway.batch.limits import ItemCount, Limits
 from gateway.batch.output import Counts, Output
 from gateway.batch.report import ProgressReport
 from gateway.batch.sources import Dataset, Item, Unit
@@ -20,6 +21,9 @@ from gateway.batch.transport import Answer, Deliver, StopJob, Transport, Work, f
 from gateway.errors import GatewayError, Kind
 
 Connect = Callable[[Deliver], Transport]
+# Image bytes a run holds at once (read, not answered yet). Images may each be as large as
+# the image limit, so a count of images in flight alone does not bound memory.
+HELD_BYTES = 256 * 1024 * 1024
 T = TypeVar("T")
 _READ_ERRORS: dict[type[OSError], Kind] = {
     FileNotFoundError: Kind.NOT_FOUND,
@@ -38,6 +42,10 @@ class RunSettings:
     # Stop (StopJob NOT_FOUND) at the first input that cannot be found, in input order, once
     # the lines before it are committed: jobs over the API fail there, naming it.
     stop_at_missing: bool = False
+    # What may be read (gateway.batch.limits), and the manifest lines and TFRecord records
+    # read against it: one count for the shards one process runs (None: this run's own).
+    limits: Limits = field(default_factory=Limits)
+    items: ItemCount | None = None
 
 
 @dataclass
@@ -82,13 +90,35 @@ async def _whole(write: Coroutine[Any, Any, T]) -> tuple[T, bool]:
         return await task, True
 
 
-def _take(iterator: Iterator[Item], count: int) -> list[Item]:
+def _take(iterator: Iterator[Item], count: int, max_bytes: int) -> list[Item]:
     batch = []
+    size = 0
     for item in iterator:
         batch.append(item)
-        if len(batch) >= count:
+        size += len(item.data or b"")
+        if len(batch) >= count or size >= max_bytes:
             break
     return batch
+
+
+class Held:
+    """Image bytes held, against a limit: `take` waits while it would pass it (one image
+    alone always fits)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._freed = asyncio.Event()
+
+    async def take(self, size: int) -> None:
+        while self.used and self.used + size > self.limit:
+            self._freed.clear()
+            await self._freed.wait()
+        self.used += size
+
+    def give(self, size: int) -> None:
+        self.used -= size
+        self._freed.set()
 
 
 class ShardRun:
@@ -119,6 +149,8 @@ class ShardRun:
         self.halt = asyncio.Event()
         self.pool = ThreadPoolExecutor(settings.read_threads, thread_name_prefix="batch-read")
         self.loading: set[asyncio.Task[None]] = set()
+        self.items = settings.items or ItemCount(dataset.limits)
+        self.held = Held(HELD_BYTES)
 
     # --- answers back in order -----------------------------------------------------------
 
@@ -129,6 +161,8 @@ class ShardRun:
     def _record(self, state: UnitState, item: Item, answer: Answer) -> None:
         if item.index < state.next_index or item.index in state.waiting:
             return  # answered twice (sent again after a stream ended): the first answer stays
+        self.held.give(item.held)
+        item.held, item.data = 0, None
         code = "OK" if answer.error is None else answer.error.code
         missing = None
         if answer.error is not None and answer.error.kind is Kind.NOT_FOUND:
@@ -160,14 +194,19 @@ class ShardRun:
         for state in self.states:
             if state.finished:
                 continue
-            iterator = sources.items(self.dataset, state.unit, state.start)
+            iterator = sources.items(self.dataset, state.unit, state.start, self.items)
             count = state.start
             while True:
-                batch = await loop.run_in_executor(self.pool, _take, iterator, 64)
+                batch = await loop.run_in_executor(self.pool, _take, iterator, 64, HELD_BYTES // 4)
                 if not batch:
                     break
                 for item in batch:
                     await self.permits.acquire()
+                    if item.data is not None:
+                        item.held = len(item.data)
+                    elif item.load is not None and item.error is None:
+                        item.held = self.dataset.limits.max_image_bytes  # at most this
+                    await self.held.take(item.held)
                     seq += 1
                     count += 1
                     self.seen += 1
@@ -189,6 +228,8 @@ class ShardRun:
         assert item.load is not None
         try:
             data = await asyncio.get_running_loop().run_in_executor(self.pool, item.load)
+            self.held.give(item.held - len(data))
+            item.held = len(data)
         except GatewayError as e:  # refused before reading (a path outside the allowed ones)
             self._record(state, item, failed(e))
             return

@@ -13,77 +13,34 @@ inputs in key order.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import posixpath
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-import fsspec
-
-from gateway.batch import storage, tfrecord
-from gateway.batch.access import Guard, fs_place
+from gateway.batch import manifest, reading, storage, tfrecord
+from gateway.batch.access import Guard
+from gateway.batch.dataset import (
+    Dataset,
+    DatasetError,
+    InputFile,
+    Item,
+    ReadError,
+    Unit,
+    check_size,
+    invalid,
+    loader,
+)
+from gateway.batch.limits import ItemCount, Limits
 from gateway.batch.storage import Location, StorageError
 from gateway.errors import GatewayError, Kind
+
+__all__ = ["Dataset", "DatasetError", "InputFile", "Item", "ReadError", "Unit", "invalid"]
 
 IMAGES, MANIFEST, TFRECORD = "images", "manifest", "tfrecord"
 FORMATS = (IMAGES, MANIFEST, TFRECORD)
 _TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".record")
 _MANIFEST_SUFFIXES = (".jsonl", ".ndjson", ".manifest")
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
-
-
-class DatasetError(Exception):
-    """INPUT cannot be used as a dataset; the message says why and what to do."""
-
-
-class ReadError(Exception):
-    """A manifest or TFRecord file could not be read during the run (storage trouble that
-    may pass: the run stops, resumable)."""
-
-
-@dataclass(frozen=True)
-class InputFile:
-    path: str  # on the dataset's filesystem
-    key: str  # relative to INPUT's root
-    size: int
-
-
-@dataclass(frozen=True)
-class Dataset:
-    location: Location  # the root: INPUT itself, or the directory a glob or file is in
-    format: str
-    files: tuple[InputFile, ...]
-    guard: Guard | None = None  # where items may be read from (jobs started by the API)
-
-    def fingerprint(self) -> list[list[object]]:
-        """What a resumed run must find again: every file's key and size."""
-        return [[f.key, f.size] for f in self.files]
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One output file and the input files whose items it holds, in order."""
-
-    name: str  # relative to OUTPUT
-    files: tuple[InputFile, ...]
-
-
-@dataclass
-class Item:
-    """One image to send: its bytes (or how to load them), or why it cannot be sent."""
-
-    index: int  # line number in the unit's output
-    id: object
-    source: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    data: bytes | None = None
-    load: Callable[[], bytes] | None = None
-    error: GatewayError | None = None
-    # How much of the unit's input is read once this item is (0..1], for progress estimates.
-    position: float = 0.0
 
 
 def _strip_compression(name: str) -> str:
@@ -102,10 +59,14 @@ def is_manifest(name: str) -> bool:
     return _strip_compression(posixpath.basename(name)).lower().endswith(_MANIFEST_SUFFIXES)
 
 
-def discover(url: str, form: str = "auto", guard: Guard | None = None) -> Dataset:
-    """The dataset at `url`; raises DatasetError for a missing, empty or mixed one. With a
-    guard, `url` and every file found must be where it allows (GatewayError
-    PERMISSION_DENIED, checked before anything is read)."""
+def discover(
+    url: str, form: str = "auto", guard: Guard | None = None, limits: Limits | None = None
+) -> Dataset:
+    """The dataset at `url`; raises DatasetError for a missing, empty or mixed one and
+    LimitExceeded past its files' limit (listing stops there). With a guard, `url` and every
+    file found must be where it allows (GatewayError PERMISSION_DENIED, checked before
+    anything is read)."""
+    limits = limits or Limits()
     if guard is not None:
         guard.check_url(url, "input_uri")
     try:
@@ -118,12 +79,14 @@ def discover(url: str, form: str = "auto", guard: Guard | None = None) -> Datase
             root = _glob_root(path)
             found = fs.glob(path, detail=True)
             entries = {p: info for p, info in found.items() if info.get("type") != "directory"}
+            if len(entries) > limits.max_input_files:
+                raise limits.too_many_files(url)
         elif fs.isfile(path):
             root = posixpath.dirname(path)
             entries = {path: fs.info(path)}
         elif fs.isdir(path):
             root = path
-            entries = fs.find(path, detail=True)
+            entries = _walk(fs, path, url, limits)
         else:
             raise DatasetError(f"INPUT {url} does not exist (no file, directory or prefix)")
     except (OSError, PermissionError) as e:
@@ -146,7 +109,19 @@ def discover(url: str, form: str = "auto", guard: Guard | None = None) -> Datase
             form = IMAGES
     elif form not in FORMATS:
         raise DatasetError(f"--format must be one of auto, {', '.join(FORMATS)}; got {form!r}")
-    return Dataset(Location(fs, root), form, files, guard)
+    return Dataset(Location(fs, root), form, files, guard, limits)
+
+
+def _walk(fs: Any, path: str, url: str, limits: Limits) -> dict[str, Any]:
+    """Every file below `path` with its details, directory by directory, stopping past the
+    files' limit (a listing of millions of objects is never held whole)."""
+    entries: dict[str, Any] = {}
+    for _root, _dirs, files in fs.walk(path, detail=True):
+        for name, info in files.items():
+            entries[info.get("name", name)] = info
+        if len(entries) > limits.max_input_files:
+            raise limits.too_many_files(url)
+    return entries
 
 
 def has_glob(path: str) -> bool:
@@ -178,20 +153,18 @@ def units(dataset: Dataset, shard_index: int, shard_count: int) -> list[Unit]:
     return [Unit(f.key + ".jsonl", (f,)) for f in block]
 
 
-def items(dataset: Dataset, unit: Unit, start: int = 0) -> Iterator[Item]:
-    """The unit's items from index `start` on (blocking I/O: run it in a thread)."""
+def items(
+    dataset: Dataset, unit: Unit, start: int = 0, count: ItemCount | None = None
+) -> Iterator[Item]:
+    """The unit's items from index `start` on (blocking I/O: run it in a thread). Manifest
+    lines and TFRecord records read are counted in `count` (LimitExceeded past its limit)."""
+    count = count or ItemCount(dataset.limits)
     if dataset.format == IMAGES:
         yield from _image_items(dataset, unit, start)
     elif dataset.format == MANIFEST:
-        yield from _manifest_items(dataset, unit.files[0], start)
+        yield from manifest.items(dataset, unit.files[0], start, count)
     else:
-        yield from _tfrecord_items(dataset, unit.files[0], start)
-
-
-def _loader(guard: Guard | None, fs: Any, path: str, what: str) -> Callable[[], bytes]:
-    if guard is not None:
-        return guard.loader(fs, path, what)
-    return lambda: storage.read_bytes(fs, path)
+        yield from _tfrecord_items(dataset, unit.files[0], start, count)
 
 
 def _image_items(dataset: Dataset, unit: Unit, start: int) -> Iterator[Item]:
@@ -199,111 +172,31 @@ def _image_items(dataset: Dataset, unit: Unit, start: int) -> Iterator[Item]:
     for index in range(start, len(unit.files)):
         f = unit.files[index]
         url = dataset.location.url(f.path)
-        load = _loader(dataset.guard, fs, f.path, "input file")
-        yield Item(index, f.key, url, load=load, position=(index + 1) / len(unit.files))
+        position = (index + 1) / len(unit.files)
+        if f.size > dataset.limits.max_image_bytes:
+            error = dataset.limits.image_too_large(f.size, f"input file {url}")
+            yield Item(index, f.key, url, error=error, position=position)
+            continue
+        load = loader(dataset, dataset.guard, fs, f.path, "input file", f.size)
+        yield Item(index, f.key, url, load=load, position=position)
 
 
-def _open(dataset: Dataset, f: InputFile) -> Any:
-    return fsspec.open(dataset.location.url(f.path), "rb", compression="infer")
-
-
-def _manifest_items(dataset: Dataset, f: InputFile, start: int) -> Iterator[Item]:
-    manifest_url = dataset.location.url(f.path)
-    try:
-        with _open(dataset, f) as stream:
-            text = stream.read()
-    except OSError as e:
-        raise ReadError(f"cannot read manifest {manifest_url}: {e}") from None
-    lines = text.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the newline that ends the last line
-    base = posixpath.dirname(f.path)
-    guard = dataset.guard
-    if guard is not None:  # the manifest's own directory is allowed too
-        guard = guard.with_places([fs_place(dataset.location.fs, base)])
-    filesystems: dict[str, Any] = {}
-    for number in range(start, len(lines)):
-        item = _manifest_item(
-            dataset, lines[number], number, base, manifest_url, filesystems, guard
-        )
-        item.position = (number + 1) / len(lines)
-        yield item
-
-
-def _manifest_item(
-    dataset: Dataset,
-    raw: bytes,
-    number: int,
-    base: str,
-    manifest_url: str,
-    filesystems: dict[str, Any],
-    guard: Guard | None,
-) -> Item:
-    source = f"{manifest_url}:{number + 1}"  # line numbers as editors show them
-    try:
-        entry = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        return Item(number, number, source, error=invalid(f"line {number + 1}: {e}"))
-    if not isinstance(entry, dict):
-        return Item(
-            number, number, source, error=invalid(f"line {number + 1} is not a JSON object")
-        )
-    item_id = entry.pop("id", number)
-    image = entry.pop("image", None)
-    image_bytes = entry.pop("image_bytes", None)
-    item = Item(number, item_id, source, metadata=entry)
-    if isinstance(image_bytes, str) and image is None:
-        try:
-            item.data = base64.b64decode(image_bytes, validate=True)
-        except (binascii.Error, ValueError) as e:
-            item.error = invalid(f"line {number + 1}: image_bytes is not base64 ({e})")
-    elif isinstance(image, str) and image and image_bytes is None:
-        if "://" in image:
-            protocol = image.split("://", 1)[0]
-            if guard is not None and not _same_scheme(dataset.location.fs, protocol):
-                item.error = guard.denied(f"line {number + 1}: image {image}")
-                return item
-            if protocol not in filesystems:
-                filesystems[protocol] = fsspec.core.url_to_fs(image)[0]
-            fs, path = filesystems[protocol], fsspec.core.strip_protocol(image)
-            item.source = image
-        else:
-            fs, path = dataset.location.fs, posixpath.normpath(posixpath.join(base, image))
-            item.source = dataset.location.url(path)
-        if guard is not None and not guard.allows(fs_place(fs, path)):
-            item.error = guard.denied(f"line {number + 1}: image {image}")
-            return item
-        item.load = _loader(guard, fs, path, f"line {number + 1}: image")
-    else:
-        item.error = invalid(
-            f"line {number + 1} needs exactly one of 'image' (a path or URI, relative to the "
-            "manifest) and 'image_bytes' (base64), as a non-empty string"
-        )
-    return item
-
-
-def invalid(message: str) -> GatewayError:
-    return GatewayError(Kind.INVALID_INPUT, message)
-
-
-def _same_scheme(fs: Any, protocol: str) -> bool:
-    own = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return protocol.lower() in own
-
-
-def _tfrecord_items(dataset: Dataset, f: InputFile, start: int) -> Iterator[Item]:
+def _tfrecord_items(dataset: Dataset, f: InputFile, start: int, count: ItemCount) -> Iterator[Item]:
     url = dataset.location.url(f.path)
     compressed = f.key.endswith(_COMPRESSED)
+    limits = dataset.limits
+    check_size(dataset, f)
     try:
-        with _open(dataset, f) as stream:
-            for record in tfrecord.read_records(stream):
+        with reading.open_bounded(dataset.location.fs, f.path, url, limits) as stream:
+            for record in tfrecord.read_records(stream, limits.max_record_bytes):
+                count.take(url)
                 if record.index < start:
                     continue
                 item = _tfrecord_item(record, f"{url}#{record.index}")
                 if not compressed and f.size:
                     item.position = min(1.0, (record.offset + len(record.data or b"")) / f.size)
                 yield item
-    except (OSError, EOFError) as e:
+    except reading.DAMAGED as e:
         raise ReadError(f"cannot read TFRecord file {url}: {e}") from None
 
 

@@ -67,6 +67,30 @@ def read_bytes(fs: Any, path: str) -> bytes:
     return fs.cat_file(path)
 
 
+class TooLarge(Exception):
+    """A file over the size a read allows; `size` when it was listed, else None."""
+
+    def __init__(self, size: int | None) -> None:
+        super().__init__(f"{size} bytes" if size is not None else "too large")
+        self.size = size
+
+
+def read_capped(fs: Any, path: str, limit: int, size: int | None = None) -> bytes:
+    """The file's bytes, never more than `limit` of them read: its listed `size` checked
+    first (the listing's, else the one opening the file tells), then at most `limit + 1`
+    bytes read (TooLarge when it gets them: the file grew, or its size was not told)."""
+    if size is not None and size > limit:
+        raise TooLarge(size)
+    with fs.open(path, "rb") as f:
+        told = getattr(f, "size", None)
+        if isinstance(told, int) and told > limit:
+            raise TooLarge(told)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(None)
+    return bytes(data)
+
+
 @contextlib.contextmanager
 def _replacing(path: str) -> Iterator[BinaryIO]:
     """A local file that replaces `path` whole when the block ends (a temporary name in the

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import Protocol
 
 import google_crc32c
 from google.protobuf.message import DecodeError
@@ -47,8 +47,14 @@ class Record:
     error: str | None = None
 
 
-def read_records(stream: IO[bytes]) -> Iterator[Record]:
-    """The records of a TFRecord stream, in order; damaged ones carry an error."""
+class Readable(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+
+
+def read_records(stream: Readable, max_length: int = 1 << 62) -> Iterator[Record]:
+    """The records of a TFRecord stream, in order; damaged ones carry an error. A length
+    field over `max_length` is refused before anything is allocated for it: like a length
+    whose checksum is wrong, it ends the file (a forged length can carry a valid checksum)."""
     index = 0
     offset = 0
     while True:
@@ -66,6 +72,16 @@ def read_records(stream: IO[bytes]) -> Iterator[Record]:
                 None,
                 f"record {index} at byte {offset}: its length field is corrupt (checksum "
                 "mismatch), so the rest of the file cannot be framed and was not read",
+            )
+            return
+        if length > max_length:
+            yield Record(
+                index,
+                offset,
+                None,
+                f"record {index} at byte {offset}: its length field says {length} bytes, over "
+                f"the limit of {max_length} bytes for one record (GATEWAY_MAX_IMAGE_BYTES plus "
+                "1 MiB), so the rest of the file cannot be framed and was not read",
             )
             return
         data = stream.read(length)

@@ -245,3 +245,47 @@ class Queue:
                     f"{self._resume}",
                 )
                 return
+
+
+class CallTransport(Queue):
+    """A transport whose workers each send one image at a time and wait for its answer:
+    `call` returns the answer, or raises GatewayError when the call itself failed (the
+    failure rules above decide what happens to the image)."""
+
+    def __init__(
+        self, deliver: Deliver, concurrency: int, give_up_after: float, describe: str, resume: str
+    ) -> None:
+        super().__init__(deliver, give_up_after, describe, resume)
+        self._concurrency = concurrency
+
+    def workers(self) -> int:
+        return max(1, self._concurrency)
+
+    async def call(self, work: Work) -> Answer:
+        raise NotImplementedError
+
+    async def worker(self, index: int) -> None:
+        failures = 0
+        while not self.stopping:
+            work = await self.next()
+            if work is None or work is CLOSE:
+                return
+            try:
+                found = await self.call(work)
+            except GatewayError as e:
+                if e.kind.per_item:
+                    self.deliver(work, failed(e))
+                    failures = 0
+                elif e.kind in RETRY:
+                    if e.kind is Kind.DEADLINE and self.timed_out(work, e.message):
+                        continue
+                    self.failing(e)
+                    self.requeue([work])
+                    failures += 1
+                    await asyncio.sleep(backoff(failures))
+                else:
+                    self.requeue([work])
+                    self.stop(e.kind, e.message)
+                continue
+            self.deliver(work, found)
+            failures = 0

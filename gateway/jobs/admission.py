@@ -11,6 +11,7 @@ from gateway import errors
 from gateway.batch import job as batch_job
 from gateway.batch import sources, storage
 from gateway.batch.access import Guard, check_prefixes, place
+from gateway.batch.limits import LimitExceeded, Limits
 from gateway.batch.spec import JobSpec
 from gateway.client.messages import model_spec
 from gateway.config import Settings
@@ -37,6 +38,21 @@ def input_guard(settings: Settings, job: Job | None = None) -> Guard:
     if job is not None and job.upload_id:
         guard = guard.with_places([place(job.spec.input)])
     return guard
+
+
+def job_limits(settings: Settings, job: Job) -> Limits:
+    """What the job may read; over an upload, no more lines or records than the images an
+    upload may hold (a manifest must not buy what uploaded files may not)."""
+    items, setting = settings.batch_max_items_per_job, "GATEWAY_BATCH_MAX_ITEMS_PER_JOB"
+    if job.upload_id and settings.batch_max_upload_images < items:
+        items, setting = settings.batch_max_upload_images, "GATEWAY_BATCH_MAX_UPLOAD_IMAGES"
+    return Limits(
+        max_image_bytes=settings.max_image_bytes,
+        max_items=items,
+        max_input_files=settings.batch_max_input_files,
+        max_decompressed_bytes=settings.batch_max_decompressed_bytes,
+        items_setting=setting,
+    )
 
 
 def output_refusal(url: str, guard: Guard) -> GatewayError:
@@ -168,8 +184,13 @@ class Admission:
             raise output_refusal(named, self._outputs)
         try:
             dataset, _ = await asyncio.to_thread(
-                batch_job.prepare, job.spec, input_guard(self.settings, job)
+                batch_job.prepare,
+                job.spec,
+                input_guard(self.settings, job),
+                job_limits(self.settings, job),
             )
+        except LimitExceeded as e:
+            raise e.error() from None
         except sources.DatasetError as e:
             raise errors.invalid_input(f"input: {e}") from None
         except storage.StorageError as e:

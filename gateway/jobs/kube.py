@@ -42,7 +42,7 @@ from gateway.batch.status import OutputStatus
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.api import Binding
-from gateway.jobs.admission import input_guard
+from gateway.jobs.admission import input_guard, job_limits
 from gateway.jobs.records import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
 from gateway.jobs.service import ExecutorError, JobService
 from gateway.jobs.views import end
@@ -94,6 +94,15 @@ def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
     guard = input_guard(settings, job)
     args.append(f"--allowed-input-uris={','.join(guard.urls())}")
     args.append(f"--fenced-uris={','.join(guard.fence_urls())}")
+    # ... and no more of it than the gateway's limits let one job read (lines and
+    # records: per shard).
+    limits = job_limits(settings, job)
+    args += [
+        f"--max-image-bytes={limits.max_image_bytes}",
+        f"--max-items={limits.max_items}",
+        f"--max-input-files={limits.max_input_files}",
+        f"--max-decompressed-bytes={limits.max_decompressed_bytes}",
+    ]
     return args
 
 

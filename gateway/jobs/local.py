@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING
 
 from gateway.batch import job as batch_job
 from gateway.batch import sources, status, storage
-from gateway.batch.in_process import InProcessTransport, Lane
+from gateway.batch.in_process import Lane
+from gateway.batch.limits import ItemCount, LimitExceeded
 from gateway.batch.output import Output
-from gateway.batch.shard import RunSettings
-from gateway.batch.transport import RETRY, Deliver, StopJob
+from gateway.batch.transport import RETRY, StopJob
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
-from gateway.jobs.admission import input_guard
+from gateway.jobs.admission import input_guard, job_limits
+from gateway.jobs.isolated import Runner, RunnerDied
 from gateway.jobs.leases import Lease
 from gateway.jobs.records import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job
 from gateway.jobs.views import end
@@ -68,6 +69,9 @@ class LocalExecutor:
         self._wake = asyncio.Event()
         self._scheduler: asyncio.Task[None] | None = None
         self._look_every = max(0.1, min(LOOK_SECONDS, settings.job_lease_seconds / 3))
+        # Each shard runs in a child process (gateway.jobs.isolated): untrusted dataset
+        # files are read and parsed where they cannot take online serving down.
+        self.runner = Runner(settings.batch_runner_memory_bytes, settings.log_level)
 
     async def start(self, jobs: list[Job]) -> None:
         self._scheduler = asyncio.create_task(self._schedule())
@@ -247,8 +251,9 @@ class LocalExecutor:
                 return  # deleted, or ended elsewhere meanwhile
             job = saved
             await self._check_missing(job)  # one found before a restart still ends the job
+            items = ItemCount(job_limits(self._settings, job))  # one count for every shard
             for shard in range(job.shards):
-                await self._shard(job, shard)
+                await self._shard(job, shard, items)
             await self._check_missing(job)
             out = Output(storage.resolve(job.spec.output))
             await asyncio.to_thread(batch_job.finalize, out)
@@ -268,26 +273,26 @@ class LocalExecutor:
         if lease is not None and await asyncio.to_thread(self._leases.holds, lease):
             await self._end(job, state, error)
 
-    async def _shard(self, job: Job, shard: int) -> None:
+    async def _shard(self, job: Job, shard: int, items: ItemCount) -> None:
         s = self._settings
         concurrency = job_concurrency(s)
-        settings = RunSettings(
-            shard_index=shard,
-            checkpoint_seconds=s.batch_checkpoint_seconds,
-            log_interval=3600.0,
-            stop_at_missing=True,
-        )
-
         binding = job.spec.binding(self._service.bindings)
-
-        def connect(deliver: Deliver) -> InProcessTransport:
-            return InProcessTransport(job.spec, binding, self._lane, concurrency, deliver)
-
         guard = input_guard(s, job)
         failures = 0
+        counted = items.read  # by the shards before this one
         while True:
+            items.read = counted  # an attempt again reads what the one before read
             work = asyncio.create_task(
-                batch_job.run_shard(job.spec, connect, concurrency, settings, guard)
+                self.runner.run_shard(
+                    job.spec,
+                    binding,
+                    self._lane,
+                    concurrency,
+                    shard,
+                    s.batch_checkpoint_seconds,
+                    guard,
+                    items,
+                )
             )
             try:
                 while not work.done():
@@ -306,6 +311,12 @@ class LocalExecutor:
                 if failures >= READ_ATTEMPTS:
                     raise GatewayError(Kind.NOT_FOUND, str(e)) from None
                 await asyncio.sleep(random.uniform(0, 2.0**failures))
+            except LimitExceeded as e:
+                raise e.error() from None
+            except RunnerDied as e:
+                await self._died(job, e)
+                failures += 1
+                await asyncio.sleep(random.uniform(0, min(30.0, 2.0**failures)))
             except (batch_job.JobError, sources.DatasetError, storage.StorageError) as e:
                 raise GatewayError(Kind.PRECONDITION, str(e)) from None
             finally:
@@ -313,6 +324,30 @@ class LocalExecutor:
                     work.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await work
+
+    async def _died(self, job: Job, died: RunnerDied) -> None:
+        """Counts a death of the job's runner in its record; past the limit the job is a
+        poison job: it fails, naming the cause, instead of being retried forever."""
+        store = self._service.store
+        fresh = await asyncio.to_thread(store.load, job.id)
+        if fresh is None or fresh.done:
+            raise asyncio.CancelledError  # deleted or ended meanwhile
+        fresh.runner_deaths += 1
+        await self._service.save(fresh)
+        deaths = job.runner_deaths = fresh.runner_deaths
+        limit = self._settings.batch_runner_max_deaths
+        log.warning(
+            "batch runner died",
+            extra={"fields": {"operation": job.name, "cause": died.cause, "deaths": deaths}},
+        )
+        if deaths >= limit:
+            kind = Kind.OVERLOADED if died.out_of_memory else Kind.INTERNAL
+            raise GatewayError(
+                kind,
+                f"{died.cause} {deaths} times; the job is failed as a poison job instead of "
+                f"being retried forever (GATEWAY_BATCH_RUNNER_MAX_DEATHS={limit}): look for "
+                "inputs that need more memory than the limit, or raise it",
+            )
 
     async def _check_cancelled(self, job: Job) -> None:
         """Cancel or Delete may arrive through another process sharing the job store (a

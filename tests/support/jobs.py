@@ -165,3 +165,33 @@ def result(op: lro.Operation) -> bpb.BatchJobResult:
     found = bpb.BatchJobResult()
     assert op.response.Unpack(found), op
     return found
+
+
+def runner_pids(gw: GatewayProcess) -> list[int]:
+    """The batch runner processes (gateway.batch.child) the gateway process runs now."""
+    found = []
+    for task in Path(f"/proc/{gw.process.pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        for pid in children:
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"gateway.batch.child" in command:
+                found.append(int(pid))
+    return sorted(set(found))
+
+
+def new_runner(gw: GatewayProcess, seen: Sequence[int], seconds: float = 120) -> int:
+    """Waits for a runner process of the gateway that is not one of `seen`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        fresh = [pid for pid in runner_pids(gw) if pid not in seen]
+        if fresh:
+            return fresh[0]
+        assert gw.process.poll() is None, "the gateway exited"
+        assert time.monotonic() < deadline, f"no new batch runner after {seconds} s"
+        time.sleep(0.01)

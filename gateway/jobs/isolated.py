@@ -1,0 +1,190 @@
+"""The local executor's isolation: one shard of a job run by the batch runner in a child
+process (gateway.batch.child) with its own memory limit, its images sent back over a socket
+and run through this process's pipeline on the batch Lane (gateway.batch.over_pipe).
+
+Whatever the dataset's files do to the runner (a parser bug, more memory than the limit),
+the child dies, not the gateway: `run_shard` raises RunnerDied naming the cause, and the
+executor counts the death in the job's record. Every other ending is raised as the runner
+raised it (StopJob, ReadError, LimitExceeded, ...), so the executor's rules stay the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from gateway.batch import job as batch_job
+from gateway.batch import sources
+from gateway.batch.access import Guard
+from gateway.batch.child import MEMORY_EXIT
+from gateway.batch.in_process import InProcessTransport, Lane
+from gateway.batch.limits import ItemCount, LimitExceeded
+from gateway.batch.over_pipe import Link, ProtocolError, answer_header, receive
+from gateway.batch.spec import JobSpec
+from gateway.batch.transport import StopJob, Work
+from gateway.errors import GatewayError, Kind
+from gateway.frontends.api import Binding
+
+log = logging.getLogger("gateway.jobs")
+
+STOP_GRACE = 10.0  # seconds a stopped runner gets to commit its answered lines
+MEMORY_SETTING = "GATEWAY_BATCH_RUNNER_MEMORY_BYTES"
+
+
+class RunnerDied(Exception):
+    """The runner's process ended without saying how its run ended; `cause` says why (the
+    memory limit, a signal, an exit status)."""
+
+    def __init__(self, cause: str, out_of_memory: bool) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.out_of_memory = out_of_memory
+
+
+def death(status: int, memory_bytes: int) -> RunnerDied:
+    if status == MEMORY_EXIT:
+        return RunnerDied(
+            f"the batch runner ran out of memory under its limit ({MEMORY_SETTING}={memory_bytes})",
+            True,
+        )
+    if status < 0:
+        name = signal.Signals(-status).name if -status in signal.valid_signals() else -status
+        how = " (the kernel's OOM killer, or an operator)" if -status == signal.SIGKILL else ""
+        return RunnerDied(f"the batch runner was killed by {name}{how}", -status == 9)
+    return RunnerDied(f"the batch runner exited with status {status} before it finished", False)
+
+
+class Runner:
+    """How the executor starts runner processes: their memory limit and log level."""
+
+    def __init__(self, memory_bytes: int, log_level: str) -> None:
+        self.memory_bytes = memory_bytes
+        self.log_level = log_level
+        self.pids: set[int] = set()  # runners alive (for shutdown and the tests)
+
+    async def run_shard(
+        self,
+        spec: JobSpec,
+        binding: Binding,
+        lane: Lane,
+        concurrency: int,
+        shard: int,
+        checkpoint_seconds: float,
+        guard: Guard | None,
+        items: ItemCount,
+    ) -> dict[str, Any]:
+        """Runs one shard in a child process; its marker's contents, or what the runner
+        raised, or RunnerDied."""
+        ours, theirs = socket.socketpair()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gateway.batch.child",
+                str(theirs.fileno()),
+                str(self.memory_bytes),
+                self.log_level,
+                pass_fds=(theirs.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                env={**os.environ, "MALLOC_ARENA_MAX": "2"},  # arenas are address space
+            )
+        finally:
+            theirs.close()
+        self.pids.add(process.pid)
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        link = Link(reader, writer)
+        pipeline = InProcessTransport(spec, binding, lane, concurrency, lambda *_: None)
+        calls: set[asyncio.Task[None]] = set()
+        end: dict[str, Any] | None = None
+        try:
+            start = {
+                "t": "start",
+                "spec": spec.to_json(),
+                "shard": shard,
+                "checkpoint_seconds": checkpoint_seconds,
+                "concurrency": concurrency,
+                "guard": guard.urls() if guard is not None else None,
+                "fences": guard.fence_urls() if guard is not None else [],
+                "limits": asdict(items.limits),
+                "items_read": items.read,
+            }
+            await link.send(start)
+            max_image = items.limits.max_record_bytes  # a TFRecord image may be this large
+            while end is None:
+                try:
+                    header, data = await receive(reader, max_image)
+                except (asyncio.IncompleteReadError, ConnectionError, ProtocolError):
+                    break  # the runner is gone (or broke the protocol: it is stopped below)
+                if header.get("t") == "work":
+                    call = asyncio.create_task(_answer(link, pipeline, header, data))
+                    calls.add(call)
+                    call.add_done_callback(calls.discard)
+                elif header.get("t") == "end":
+                    end = header
+        except asyncio.CancelledError:
+            await _stop(link, process)
+            raise
+        finally:
+            for call in calls:
+                call.cancel()
+            if process.returncode is None and end is None:
+                await _stop(link, process)
+            status = await process.wait()
+            self.pids.discard(process.pid)
+            writer.close()
+        if end is None:
+            raise death(status, self.memory_bytes)
+        items.read = int(end.get("items_read", items.read))
+        return _ended(end)
+
+
+async def _answer(
+    link: Link, pipeline: InProcessTransport, header: dict[str, Any], data: bytes
+) -> None:
+    try:
+        found: Any = await pipeline.call(Work(0, data, str(header.get("rid", "")), None))
+    except GatewayError as e:
+        found = e
+    with contextlib.suppress(ConnectionError):
+        await link.send({**answer_header(found), "n": header.get("n")})
+
+
+async def _stop(link: Link, process: asyncio.subprocess.Process) -> None:
+    """Asks the runner to stop (it commits what is answered), then kills it past the grace."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await link.send({"t": "stop"})
+    try:
+        await asyncio.wait_for(asyncio.shield(process.wait()), STOP_GRACE)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+def _ended(end: dict[str, Any]) -> dict[str, Any]:
+    """The shard's summary, or the runner's exception raised again here."""
+    how = end.get("how")
+    message = str(end.get("message", ""))
+    if how == "done":
+        return dict(end["summary"])
+    if how == "stopped":
+        raise asyncio.CancelledError
+    if how == "stop":
+        raise StopJob(Kind(end["kind"]), message)
+    if how == "read":
+        raise sources.ReadError(message)
+    if how == "limit":
+        raise LimitExceeded(message)
+    if how == "precondition":
+        raise batch_job.JobError(message)
+    if how == "error":
+        raise GatewayError(Kind(end["kind"]), message)
+    raise GatewayError(Kind.INTERNAL, f"internal error in the batch runner: {message}")
