@@ -25,7 +25,7 @@ from gateway import logs
 from gateway.batch import job, sources, storage
 from gateway.batch.access import Guard
 from gateway.batch.limits import ItemCount, LimitExceeded, Limits
-from gateway.batch.over_pipe import Link, PipeTransport, ProtocolError, receive
+from gateway.batch.over_pipe import Link, PipeBudget, PipeTransport, ProtocolError, receive
 from gateway.batch.shard import RunSettings
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import Deliver, StopJob
@@ -89,6 +89,7 @@ async def serve(fd: int) -> None:
         stop_at_missing=True,
         limits=limits,
         items=items,
+        budget=PipeBudget(link, loop) if start.get("budget") else None,
     )
     guard = None
     if start.get("guard") is not None:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from gateway.batch import sources, storage
+from gateway.batch.budget import Budget
 from gateway.batch.limits import Limits
 from gateway.batch.output import STATE, Counts, Output, iso, now, shard_marker
 from gateway.batch.shard import Connect, RunSettings, ShardRun, UnitState
@@ -105,12 +106,16 @@ def _check_places(dataset: Dataset, out: Output) -> None:
 
 
 def prepare(
-    spec: JobSpec, guard: Guard | None = None, limits: Limits | None = None
+    spec: JobSpec,
+    guard: Guard | None = None,
+    limits: Limits | None = None,
+    budget: Budget | None = None,
 ) -> tuple[Dataset, Output]:
     """The dataset and OUTPUT of a job, with job.json written or checked (blocking I/O).
-    With a guard, the input may only be read where it allows; `limits` bound what is read."""
+    With a guard, the input may only be read where it allows; `limits` bound what is read,
+    `budget` what is written."""
     dataset = sources.discover(spec.input, spec.format, guard, limits)
-    out = Output(storage.resolve(spec.output))
+    out = Output(storage.resolve(spec.output), budget)
     _check_places(dataset, out)
     check_job(out, job_description(spec, dataset))
     return dataset, out
@@ -125,15 +130,15 @@ async def run_shard(
 ) -> dict[str, Any]:
     """Runs (or resumes) one shard, sending images through the transport `connect` makes;
     returns its marker's contents."""
-    dataset, out = await asyncio.to_thread(prepare, spec, guard, settings.limits)
+    dataset, out = await asyncio.to_thread(prepare, spec, guard, settings.limits, settings.budget)
     index = settings.shard_index
     marker = shard_marker(index)
     if out.exists(marker):
-        finalize_if_complete(out)
+        await asyncio.to_thread(finalize_if_complete, out)
         return dict(out.read_json(marker))
     shard_state = posixpath.join(STATE, f"shard-{index:05d}.json")
     if not out.exists(shard_state):
-        out.write_json(shard_state, {"started_at": now()})
+        await asyncio.to_thread(out.write_json, shard_state, {"started_at": now()})
     first_started = float(out.read_json(shard_state)["started_at"])
     run_started = time.monotonic()
     units = sources.units(dataset, index, spec.shards)
@@ -182,8 +187,8 @@ async def run_shard(
             "retries": shard.transport.retries,
         },
     }
-    out.write_json(marker, summary)
-    finalize_if_complete(out)
+    await asyncio.to_thread(out.write_json, marker, summary)  # (a budget may block)
+    await asyncio.to_thread(finalize_if_complete, out)
     return summary
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.batch import storage
+from gateway.batch.budget import Budget
 from gateway.batch.storage import Location
 
 STATE = "_batch"
@@ -59,11 +60,32 @@ def shard_marker(index: int) -> str:
 
 
 class Output:
-    """The OUTPUT prefix and the runner's state in it."""
+    """The OUTPUT prefix and the runner's state in it; with a budget, every byte written is
+    reserved in it first (BudgetSpent: not written) and every byte deleted given back."""
 
-    def __init__(self, location: Location) -> None:
+    def __init__(self, location: Location, budget: Budget | None = None) -> None:
         self.location = location
         self.fs = location.fs
+        self.budget = budget
+
+    def _reserve(self, size: int) -> None:
+        if self.budget is not None:
+            self.budget.reserve(size)
+
+    def _delete(self, paths: list[str]) -> None:
+        """Deletes files this runner wrote, giving their bytes back."""
+        if self.budget is not None and paths:
+            self.budget.release(sum(size for _, size in self._sizes(paths)))
+        storage.delete(self.fs, paths)
+
+    def _sizes(self, paths: list[str]) -> list[tuple[str, int]]:
+        found = []
+        for path in paths:
+            try:
+                found.append((path, int(self.fs.size(path) or 0)))
+            except FileNotFoundError:
+                continue
+        return found
 
     def path(self, relative: str) -> str:
         return self.location.child(relative)
@@ -75,8 +97,9 @@ class Output:
         return json.loads(storage.read_bytes(self.fs, self.path(relative)))
 
     def write_json(self, relative: str, data: Any) -> None:
-        text = json.dumps(data, indent=2, sort_keys=False) + "\n"
-        storage.write_atomic(self.fs, self.path(relative), text.encode())
+        text = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode()
+        self._reserve(len(text))
+        storage.write_atomic(self.fs, self.path(relative), text)
 
     # --- output files and their committed parts ------------------------------------------
 
@@ -92,19 +115,21 @@ class Output:
         directory = self.parts_dir(unit)
         storage.remove_temporaries(self.fs, directory)
         found = committed(self.fs, directory, verify=True)
-        storage.delete(self.fs, found.stray)
+        self._delete(found.stray)
         return found.lines, [path for _, path in found.parts], found.counts
 
     def commit_part(self, unit: str, start: int, lines: list[bytes], counts: Counts) -> str:
         name = f"{start:012d}-{start + len(lines):012d}.jsonl"
         path = posixpath.join(self.parts_dir(unit), name)
-        header = json.dumps(counts.to_json()).encode() + b"\n"
-        storage.write_atomic(self.fs, path, header + b"".join(lines))
+        data = json.dumps(counts.to_json()).encode() + b"\n" + b"".join(lines)
+        self._reserve(len(data))
+        storage.write_atomic(self.fs, path, data)
         return path
 
     def finish_unit(self, unit: str, parts: list[str], counts: Counts) -> None:
         """Counts first, then the output file (atomic), then the parts go."""
         self.write_json(posixpath.join(STATE, "done", unit + ".json"), counts.to_json())
+        self._reserve(sum(size for _, size in self._sizes(parts)))  # its parts, once more
         storage.write_atomic_parts(self.fs, self.path(unit), parts, skip_first_line=True)
         self.clean_unit(unit)
 
@@ -143,7 +168,7 @@ class Output:
     def clean_unit(self, unit: str) -> None:
         """Parts left when a run was killed between writing the output and deleting them."""
         directory = self.parts_dir(unit)
-        storage.delete(self.fs, storage.listing(self.fs, directory))
+        self._delete(storage.listing(self.fs, directory))
         storage.remove_empty_dir(self.fs, directory)
 
 

@@ -17,6 +17,7 @@ import json
 import struct
 from typing import Any
 
+from gateway.batch.budget import BudgetSpent
 from gateway.batch.transport import Answer, CallTransport, Deliver, Work
 from gateway.errors import GatewayError, Kind
 
@@ -122,3 +123,25 @@ class PipeTransport(CallTransport):
             raise _error(reply["raised"])
         error = reply.get("error")
         return Answer(reply.get("result"), reply.get("model"), _error(error) if error else None)
+
+
+class PipeBudget:
+    """The runner's side of the job's budget (gateway.batch.budget): each reservation asks
+    the gateway, which holds the bound, and waits for its answer; deletions are told."""
+
+    def __init__(self, link: Link, loop: asyncio.AbstractEventLoop) -> None:
+        self._link = link
+        self._loop = loop
+
+    def reserve(self, size: int) -> None:
+        ask = self._link.ask({"t": "charge", "bytes": size})
+        try:
+            reply = asyncio.run_coroutine_threadsafe(ask, self._loop).result()
+        except ConnectionError:
+            raise BudgetSpent("the gateway closed the runner's link") from None
+        if not reply.get("ok"):
+            raise BudgetSpent(str(reply.get("message", "")))
+
+    def release(self, size: int) -> None:
+        credit = self._link.send({"t": "credit", "bytes": size})
+        asyncio.run_coroutine_threadsafe(credit, self._loop)

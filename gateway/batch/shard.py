@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.batch import sources
+from gateway.batch.budget import Budget
 from gateway.batch.limits import ItemCount, Limits
 from gateway.batch.output import Counts, Output
 from gateway.batch.report import ProgressReport
@@ -46,6 +47,8 @@ class RunSettings:
     # read against it: one count for the shards one process runs (None: this run's own).
     limits: Limits = field(default_factory=Limits)
     items: ItemCount | None = None
+    # What the run's writes are charged to (gateway.batch.budget); None: nothing.
+    budget: Budget | None = None
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any
 from gateway.batch import job as batch_job
 from gateway.batch import sources
 from gateway.batch.access import Guard
+from gateway.batch.budget import Budget, BudgetSpent
 from gateway.batch.child import MEMORY_EXIT
 from gateway.batch.in_process import InProcessTransport, Lane
 from gateway.batch.limits import ItemCount, LimitExceeded
@@ -79,9 +80,10 @@ class Runner:
         checkpoint_seconds: float,
         guard: Guard | None,
         items: ItemCount,
+        budget: Budget | None = None,
     ) -> dict[str, Any]:
         """Runs one shard in a child process; its marker's contents, or what the runner
-        raised, or RunnerDied."""
+        raised, or RunnerDied. The runner's writes are charged to `budget`."""
         ours, theirs = socket.socketpair()
         try:
             process = await asyncio.create_subprocess_exec(
@@ -115,6 +117,7 @@ class Runner:
                 "fences": guard.fence_urls() if guard is not None else [],
                 "limits": asdict(items.limits),
                 "items_read": items.read,
+                "budget": budget is not None,
             }
             await link.send(start)
             max_image = items.limits.max_record_bytes  # a TFRecord image may be this large
@@ -123,11 +126,18 @@ class Runner:
                     header, data = await receive(reader, max_image)
                 except (asyncio.IncompleteReadError, ConnectionError, ProtocolError):
                     break  # the runner is gone (or broke the protocol: it is stopped below)
-                if header.get("t") == "work":
+                kind = header.get("t")
+                call = None
+                if kind == "work":
                     call = asyncio.create_task(_answer(link, pipeline, header, data))
+                elif kind == "charge" and budget is not None:
+                    call = asyncio.create_task(_charge(link, budget, header))
+                elif kind == "credit" and budget is not None:
+                    budget.release(int(header.get("bytes", 0)))
+                if call is not None:
                     calls.add(call)
                     call.add_done_callback(calls.discard)
-                elif header.get("t") == "end":
+                elif kind == "end":
                     end = header
         except asyncio.CancelledError:
             await _stop(link, process)
@@ -155,6 +165,16 @@ async def _answer(
         found = e
     with contextlib.suppress(ConnectionError):
         await link.send({**answer_header(found), "n": header.get("n")})
+
+
+async def _charge(link: Link, budget: Budget, header: dict[str, Any]) -> None:
+    reply: dict[str, Any] = {"t": "charged", "n": header.get("n"), "ok": True}
+    try:
+        await asyncio.to_thread(budget.reserve, int(header.get("bytes", 0)))
+    except BudgetSpent as e:
+        reply.update(ok=False, message=str(e))
+    with contextlib.suppress(ConnectionError):
+        await link.send(reply)
 
 
 async def _stop(link: Link, process: asyncio.subprocess.Process) -> None:

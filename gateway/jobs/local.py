@@ -34,6 +34,7 @@ from gateway.batch.transport import RETRY, StopJob
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.admission import input_guard, job_limits
+from gateway.jobs.budget import StoreBudget
 from gateway.jobs.isolated import Runner, RunnerDied
 from gateway.jobs.leases import Lease
 from gateway.jobs.records import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job
@@ -72,6 +73,8 @@ class LocalExecutor:
         # Each shard runs in a child process (gateway.jobs.isolated): untrusted dataset
         # files are read and parsed where they cannot take online serving down.
         self.runner = Runner(settings.batch_runner_memory_bytes, settings.log_level)
+        # Results written into the job store are reserved against its bound first.
+        self.budget = StoreBudget(service.store.usage, settings.job_store_max_bytes)
 
     async def start(self, jobs: list[Job]) -> None:
         self._scheduler = asyncio.create_task(self._schedule())
@@ -255,10 +258,14 @@ class LocalExecutor:
             for shard in range(job.shards):
                 await self._shard(job, shard, items)
             await self._check_missing(job)
-            out = Output(storage.resolve(job.spec.output))
+            budget = self.budget if job.default_output else None
+            out = Output(storage.resolve(job.spec.output), budget)
             await asyncio.to_thread(batch_job.finalize, out)
         except GatewayError as e:
             await self._end_held(job, FAILED, e)
+            return
+        except LimitExceeded as e:  # the store's bound, as the job is finalized
+            await self._end_held(job, FAILED, e.error())
             return
         except Exception as e:
             log.exception("batch job failed", extra={"fields": {"operation": job.name}})
@@ -292,6 +299,7 @@ class LocalExecutor:
                     s.batch_checkpoint_seconds,
                     guard,
                     items,
+                    self.budget if job.default_output else None,
                 )
             )
             try:

@@ -56,11 +56,10 @@ def record(store: Path, name: str) -> dict[str, object]:
 
 
 def test_a_job_whose_runner_is_killed_3_times_fails_as_a_poison_job(
-    upstream: FaultyUpstream, tmp_path: Path
+    upstream: FaultyUpstream, tmp_path: Path, store: Path
 ) -> None:
     images = tmp_path / "images"
     make_images(images, 20)
-    store = tmp_path / "store"
     extra = ["--batch-runner-max-deaths=3"]
     with gateway(upstream, store, tmp_path, extra) as gw, gw.channel() as channel:
         client = Client(channel)
@@ -92,7 +91,7 @@ def test_a_job_whose_runner_is_killed_3_times_fails_as_a_poison_job(
 
 
 def test_a_runner_out_of_memory_under_its_limit_is_named_as_the_cause(
-    tfs: LocalServer, tmp_path: Path
+    tfs: LocalServer, tmp_path: Path, store: Path
 ) -> None:
     # Lines with 30 MiB images inline (within the image limit): more than a runner with
     # 320 MiB of address space can hold while it reads them.
@@ -102,7 +101,6 @@ def test_a_runner_out_of_memory_under_its_limit_is_named_as_the_cause(
     with gzip.open(data / "big.jsonl.gz", "wt", compresslevel=1) as out:
         for _ in range(12):
             out.write(line)
-    store = tmp_path / "store"
     extra = ["--batch-runner-memory-bytes=335544320", "--batch-runner-max-deaths=2"]
     with gateway(tfs, store, tmp_path, extra) as gw, gw.channel() as channel:
         client = Client(channel)
@@ -117,11 +115,11 @@ def test_a_runner_out_of_memory_under_its_limit_is_named_as_the_cause(
 
 
 def test_a_gateway_killed_mid_job_leaves_no_runner_behind(
-    upstream: FaultyUpstream, tmp_path: Path
+    upstream: FaultyUpstream, tmp_path: Path, store: Path
 ) -> None:
     images = tmp_path / "images"
     make_images(images, 20)
-    with gateway(upstream, tmp_path / "store", tmp_path) as gw, gw.channel() as channel:
+    with gateway(upstream, store, tmp_path) as gw, gw.channel() as channel:
         upstream.hold(after=0)
         Client(channel).create(input_uri=str(images))
         runner = new_runner(gw, [])
