@@ -45,6 +45,15 @@ class Limits:
         """A TFRecord record: a tf.Example with the largest image, plus metadata."""
         return self.max_image_bytes + METADATA_ROOM
 
+    def flags(self) -> list[str]:
+        """The limits as `detection-batch` flags (the kubernetes executor's pods)."""
+        return [
+            f"--max-image-bytes={self.max_image_bytes}",
+            f"--max-items={self.max_items}",
+            f"--max-input-files={self.max_input_files}",
+            f"--max-decompressed-bytes={self.max_decompressed_bytes}",
+        ]
+
     def image_too_large(self, size: int | None, what: str) -> GatewayError:
         shown = f"{size} bytes" if size is not None else f"over {self.max_image_bytes} bytes"
         return GatewayError(

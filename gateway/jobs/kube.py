@@ -94,15 +94,8 @@ def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
     guard = input_guard(settings, job)
     args.append(f"--allowed-input-uris={','.join(guard.urls())}")
     args.append(f"--fenced-uris={','.join(guard.fence_urls())}")
-    # ... and no more of it than the gateway's limits let one job read (lines and
-    # records: per shard).
-    limits = job_limits(settings, job)
-    args += [
-        f"--max-image-bytes={limits.max_image_bytes}",
-        f"--max-items={limits.max_items}",
-        f"--max-input-files={limits.max_input_files}",
-        f"--max-decompressed-bytes={limits.max_decompressed_bytes}",
-    ]
+    # ... no more than the gateway's limits let one job read (lines and records: per shard).
+    args += job_limits(settings, job).flags()
     return args
 
 
