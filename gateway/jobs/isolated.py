@@ -36,6 +36,7 @@ from gateway.frontends.api import Binding
 log = logging.getLogger("gateway.jobs")
 
 STOP_GRACE = 10.0  # seconds a stopped runner gets to commit its answered lines
+MAX_CHARGES = 8  # a runner's writes waiting for their reservation at once (a few threads)
 MEMORY_SETTING = "GATEWAY_BATCH_RUNNER_MEMORY_BYTES"
 
 
@@ -68,7 +69,6 @@ class Runner:
     def __init__(self, memory_bytes: int, log_level: str) -> None:
         self.memory_bytes = memory_bytes
         self.log_level = log_level
-        self.pids: set[int] = set()  # runners alive (for shutdown and the tests)
 
     async def run_shard(
         self,
@@ -100,12 +100,12 @@ class Runner:
             )
         finally:
             theirs.close()
-        self.pids.add(process.pid)
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         link = Link(reader, writer)
         pipeline = InProcessTransport(spec, binding, lane, concurrency, lambda *_: None)
-        calls: set[asyncio.Task[None]] = set()
+        calls: dict[str, set[asyncio.Task[None]]] = {"work": set(), "charge": set()}
         end: dict[str, Any] | None = None
+        broken = ""
         try:
             start = {
                 "t": "start",
@@ -124,9 +124,20 @@ class Runner:
             while end is None:
                 try:
                     header, data = await receive(reader, max_image)
-                except (asyncio.IncompleteReadError, ConnectionError, ProtocolError):
-                    break  # the runner is gone (or broke the protocol: it is stopped below)
-                kind = header.get("t")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break  # the runner is gone
+                except ProtocolError as e:
+                    broken = str(e)
+                    break
+                kind = str(header.get("t"))
+                # A runner has at most `concurrency` images and a few writes waiting for an
+                # answer (twice that, for answers whose task has not ended yet); more is a
+                # runner that no longer follows the protocol, bounding the gateway's memory.
+                waiting = calls.get(kind)
+                most = 2 * concurrency if kind == "work" else MAX_CHARGES
+                if waiting is not None and len(waiting) >= most:
+                    broken = f"more than {most} {kind} frames waiting at once"
+                    break
                 call = None
                 if kind == "work":
                     call = asyncio.create_task(_answer(link, pipeline, header, data))
@@ -134,22 +145,27 @@ class Runner:
                     call = asyncio.create_task(_charge(link, budget, header))
                 elif kind == "credit" and budget is not None:
                     budget.release(int(header.get("bytes", 0)))
-                if call is not None:
-                    calls.add(call)
-                    call.add_done_callback(calls.discard)
                 elif kind == "end":
                     end = header
+                if call is not None and waiting is not None:
+                    waiting.add(call)
+                    call.add_done_callback(waiting.discard)
         except asyncio.CancelledError:
             await _stop(link, process)
             raise
         finally:
-            for call in calls:
+            for call in (*calls["work"], *calls["charge"]):
                 call.cancel()
+            if broken and process.returncode is None:
+                process.kill()
             if process.returncode is None and end is None:
                 await _stop(link, process)
             status = await process.wait()
-            self.pids.discard(process.pid)
             writer.close()
+        if broken:
+            raise RunnerDied(
+                f"the batch runner broke its protocol with the gateway ({broken})", False
+            )
         if end is None:
             raise death(status, self.memory_bytes)
         items.read = int(end.get("items_read", items.read))
