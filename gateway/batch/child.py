@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import resource
@@ -41,11 +42,16 @@ def _out_of_memory() -> None:
 
 
 def _from_memory(error: BaseException | None) -> bool:
-    """The error is a MemoryError, or was raised while one was handled (asyncio's own
-    transports break in odd ways once an allocation failed)."""
+    """The error is the address space running out (a MemoryError, a thread or a mapping
+    that could not be made), or was raised while one was handled (asyncio's own transports
+    break in odd ways once an allocation failed)."""
     seen = 0
     while error is not None and seen < 20:
         if isinstance(error, MemoryError):
+            return True
+        if isinstance(error, RuntimeError) and "can't start new thread" in str(error):
+            return True
+        if isinstance(error, OSError) and error.errno == errno.ENOMEM:
             return True
         error = error.__cause__ or error.__context__
         seen += 1

@@ -59,8 +59,11 @@ class Link:
         self._lock = asyncio.Lock()
         self._numbers = itertools.count()
         self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.closed = False
 
     async def send(self, header: dict[str, Any], data: bytes = b"") -> None:
+        if self.closed:
+            raise ConnectionError("the other side closed the link")
         async with self._lock:
             self.writer.write(pack(header, data))
             await self.writer.drain()
@@ -82,7 +85,9 @@ class Link:
             reply.set_result(header)
 
     def gone(self) -> None:
-        """The other side is gone: every call waiting for a reply fails."""
+        """The other side is gone: every call waiting for a reply fails, and every call
+        made from now on (a write reserving its bytes as the run stops)."""
+        self.closed = True
         for reply in self.waiting.values():
             if not reply.done():
                 reply.set_exception(ConnectionError("the gateway closed the batch runner's link"))

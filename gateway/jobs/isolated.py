@@ -106,6 +106,7 @@ class Runner:
         calls: dict[str, set[asyncio.Task[None]]] = {"work": set(), "charge": set()}
         end: dict[str, Any] | None = None
         broken = ""
+        max_image = items.limits.max_record_bytes  # a TFRecord image may be this large
         try:
             start = {
                 "t": "start",
@@ -120,7 +121,6 @@ class Runner:
                 "budget": budget is not None,
             }
             await link.send(start)
-            max_image = items.limits.max_record_bytes  # a TFRecord image may be this large
             while end is None:
                 try:
                     header, data = await receive(reader, max_image)
@@ -151,7 +151,7 @@ class Runner:
                     waiting.add(call)
                     call.add_done_callback(waiting.discard)
         except asyncio.CancelledError:
-            await _stop(link, process)
+            await _stop(link, process, budget, max_image)
             raise
         finally:
             for call in (*calls["work"], *calls["charge"]):
@@ -159,7 +159,7 @@ class Runner:
             if broken and process.returncode is None:
                 process.kill()
             if process.returncode is None and end is None:
-                await _stop(link, process)
+                await _stop(link, process, budget, max_image)
             status = await process.wait()
             writer.close()
         if broken:
@@ -193,10 +193,32 @@ async def _charge(link: Link, budget: Budget, header: dict[str, Any]) -> None:
         await link.send(reply)
 
 
-async def _stop(link: Link, process: asyncio.subprocess.Process) -> None:
-    """Asks the runner to stop (it commits what is answered), then kills it past the grace."""
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await link.send({"t": "stop"})
+async def _stop(
+    link: Link, process: asyncio.subprocess.Process, budget: Budget | None, max_data: int
+) -> None:
+    """Asks the runner to stop and answers what it still asks (the reservations of the lines
+    it commits as it stops; images are refused) until it exits; kills it past the grace."""
+
+    async def wind_down() -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await link.send({"t": "stop"})
+        while True:
+            header, _ = await receive(link.reader, max_data)
+            kind = header.get("t")
+            if kind == "charge" and budget is not None:
+                await _charge(link, budget, header)
+            elif kind == "credit" and budget is not None:
+                budget.release(int(header.get("bytes", 0)))
+            elif kind == "work":
+                stopping = GatewayError(Kind.CANCELLED, "the job is stopping")
+                await link.send({**answer_header(stopping), "n": header.get("n")})
+            elif kind == "end":
+                return
+
+    with contextlib.suppress(
+        TimeoutError, asyncio.IncompleteReadError, ConnectionError, ProtocolError
+    ):
+        await asyncio.wait_for(wind_down(), STOP_GRACE)
     try:
         await asyncio.wait_for(asyncio.shield(process.wait()), STOP_GRACE)
     except TimeoutError:
