@@ -79,13 +79,12 @@ class Output:
         storage.delete(self.fs, paths)
 
     def _sizes(self, paths: list[str]) -> list[tuple[str, int]]:
-        found = []
-        for path in paths:
-            try:
-                found.append((path, int(self.fs.size(path) or 0)))
-            except FileNotFoundError:
-                continue
-        return found
+        """The sizes of `paths` that exist: one listing per directory (a LIST on an object
+        store, not a HEAD per file)."""
+        listed: dict[str, int] = {}
+        for directory in sorted({posixpath.dirname(p) for p in paths}):
+            listed.update(storage.sized_listing(self.fs, directory))
+        return [(p, listed[p]) for p in paths if p in listed]
 
     def path(self, relative: str) -> str:
         return self.location.child(relative)
