@@ -1,56 +1,43 @@
-"""The job store's bound as the local executor's runners see it: every result byte a job
-writes into the store is reserved here first (gateway.batch.budget), so the store never
-passes GATEWAY_JOB_STORE_MAX_BYTES because of results, and a job whose next write does not
-fit fails RESOURCE_EXHAUSTED naming the setting.
-
-The bytes in the store are measured (the store's `usage`) when a reservation finds the
-measure older than MEASURE_SECONDS; reservations and deletions since are added to it, under
-one lock per process. Between measures, what other processes (replicas, uploads) wrote or
-deleted is not seen: a tally the store keeps itself (conditional writes) would make this
-exact; `reserve` and `release` are the interface it would back.
+"""The job store's tally (gateway.jobs.tally) as the batch runner's Budget
+(gateway.batch.budget): every result byte a job writes into the store is charged to the
+tally first, by conditional write, so the store never passes GATEWAY_JOB_STORE_MAX_BYTES
+because of results, across processes and replicas; a job whose next write does not fit
+fails RESOURCE_EXHAUSTED naming the setting. Bytes the runner deletes (the parts an output
+file replaces) are given back at once, from the tally and from the job's `charged`.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
-
 from gateway.batch.budget import BudgetSpent
-from gateway.jobs.uploads import store_full
+from gateway.errors import GatewayError
+from gateway.jobs.records import Job
+from gateway.jobs.store import JobStore
 
-MEASURE_SECONDS = 5.0
 
-
-class StoreBudget:
-    def __init__(
-        self, usage: Callable[[], int], limit: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._usage = usage  # bytes in the store now (blocking)
-        self.limit = limit
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._measured = 0
-        self._since = 0  # reserved minus released since the measure
-        self._at: float | None = None
-
-    def _measure(self) -> None:
-        self._measured = self._usage()
-        self._since = 0
-        self._at = self._clock()
-
-    @property
-    def used(self) -> int:
-        return self._measured + self._since
+class TallyBudget:
+    def __init__(self, store: JobStore, job_id: str) -> None:
+        self._store = store
+        self._job_id = job_id
+        self._charges = store.budget(job_id)
 
     def reserve(self, size: int) -> None:
-        with self._lock:
-            if self._at is None or self._clock() - self._at > MEASURE_SECONDS:
-                self._measure()
-            if self.used + size > self.limit:
-                raise BudgetSpent(store_full(self.used, self.limit).message)
-            self._since += size
+        try:
+            self._charges.charge(size)
+        except GatewayError as e:
+            raise BudgetSpent(e.message) from None
 
     def release(self, size: int) -> None:
-        with self._lock:
-            self._since -= size
+        given: list[int] = []
+
+        def take_back(job: Job) -> bool:
+            given.append(min(size, job.charged))
+            job.charged -= given[0]
+            return given[0] > 0
+
+        self._store.update(self._job_id, take_back)
+        if given and given[0] > 0:
+            self._store.tally.release(given[0])
+
+    def close(self) -> None:
+        """Gives back what was reserved ahead and not written."""
+        self._charges.close()

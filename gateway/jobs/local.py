@@ -34,7 +34,7 @@ from gateway.batch.transport import RETRY, StopJob
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.admission import input_guard, job_limits
-from gateway.jobs.budget import StoreBudget
+from gateway.jobs.budget import TallyBudget
 from gateway.jobs.isolated import Runner, RunnerDied
 from gateway.jobs.leases import Lease
 from gateway.jobs.records import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job
@@ -73,8 +73,6 @@ class LocalExecutor:
         # Each shard runs in a child process (gateway.jobs.isolated): untrusted dataset
         # files are read and parsed where they cannot take online serving down.
         self.runner = Runner(settings.batch_runner_memory_bytes, settings.log_level)
-        # Results written into the job store are reserved against its bound first.
-        self.budget = StoreBudget(service.store.usage, settings.job_store_max_bytes)
 
     async def start(self, jobs: list[Job]) -> None:
         self._scheduler = asyncio.create_task(self._schedule())
@@ -258,9 +256,13 @@ class LocalExecutor:
             for shard in range(job.shards):
                 await self._shard(job, shard, items)
             await self._check_missing(job)
-            budget = self.budget if job.default_output else None
+            budget = self._budget(job)
             out = Output(storage.resolve(job.spec.output), budget)
-            await asyncio.to_thread(batch_job.finalize, out)
+            try:
+                await asyncio.to_thread(batch_job.finalize, out)
+            finally:
+                if budget is not None:
+                    await asyncio.to_thread(budget.close)
         except GatewayError as e:
             await self._end_held(job, FAILED, e)
             return
@@ -281,12 +283,26 @@ class LocalExecutor:
             await self._end(job, state, error)
 
     async def _shard(self, job: Job, shard: int, items: ItemCount) -> None:
+        counted = items.read  # by the shards before this one
+        budget = self._budget(job)
+        try:
+            await self._attempts(job, shard, items, counted, budget)
+        finally:
+            if budget is not None:
+                await asyncio.to_thread(budget.close)
+
+    def _budget(self, job: Job) -> TallyBudget | None:
+        """Results written into the job store are charged to its tally first."""
+        return TallyBudget(self._service.store, job.id) if job.default_output else None
+
+    async def _attempts(
+        self, job: Job, shard: int, items: ItemCount, counted: int, budget: TallyBudget | None
+    ) -> None:
         s = self._settings
         concurrency = job_concurrency(s)
         binding = job.spec.binding(self._service.bindings)
         guard = input_guard(s, job)
         failures = 0
-        counted = items.read  # by the shards before this one
         while True:
             items.read = counted  # an attempt again reads what the one before read
             work = asyncio.create_task(
@@ -299,7 +315,7 @@ class LocalExecutor:
                     s.batch_checkpoint_seconds,
                     guard,
                     items,
-                    self.budget if job.default_output else None,
+                    budget,
                 )
             )
             try:

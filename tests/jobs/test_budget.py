@@ -10,47 +10,31 @@ import grpc
 import pytest
 
 from gateway.batch.budget import BudgetSpent
-from gateway.jobs.budget import MEASURE_SECONDS, StoreBudget
+from gateway.batch.spec import JobSpec
+from gateway.jobs.budget import TallyBudget
+from gateway.jobs.records import Job
+from gateway.jobs.store import JobStore
 from tests.support.jobs import Client, State, gateway, make_images, metadata
 from tests.support.localserver import LocalServer
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_reservations_and_releases_count_between_measures() -> None:
-    on_disk = [100]
-    measures = []
-
-    def usage() -> int:
-        measures.append(on_disk[0])
-        return on_disk[0]
-
-    clock = Clock()
-    budget = StoreBudget(usage, 1000, clock)
-    budget.reserve(500)
-    budget.reserve(300)
-    assert budget.used == 900 and len(measures) == 1
-    with pytest.raises(BudgetSpent, match=r"holds 900 of its 1000 bytes \(GATEWAY_JOB_STORE_MAX"):
-        budget.reserve(101)
-    budget.reserve(100)  # exactly the bound
-    budget.release(300)  # deleted
-    budget.reserve(250)
-    assert budget.used == 950 and len(measures) == 1
-    on_disk[0] = 980  # what reached the store, others' writes included
-    clock.now += MEASURE_SECONDS + 1
-    with pytest.raises(BudgetSpent, match="holds 980 of its 1000 bytes"):
-        budget.reserve(21)
-    assert len(measures) == 2
-    on_disk[0] = 400  # operations deleted meanwhile: seen at the next measure
-    clock.now += MEASURE_SECONDS + 1
-    budget.reserve(600)
-    assert budget.used == 1000
+def test_charges_go_to_the_tally_and_deleted_bytes_come_back(tmp_path: Path) -> None:
+    store = JobStore(str(tmp_path / "store"), max_bytes=(64 << 10) + (40 << 10))
+    spec = JobSpec(input="/data", output="/out")
+    job = Job(id="ab12", caller="a", spec=spec, executor="local", units=[], total=None)
+    assert store.create(job)
+    base = store.tally.used()  # the record's own reservation
+    budget = TallyBudget(store, "ab12")
+    budget.reserve(10_000)
+    budget.reserve(20_000)
+    with pytest.raises(BudgetSpent, match="GATEWAY_JOB_STORE_MAX_BYTES"):
+        budget.reserve(20_000)
+    budget.release(15_000)  # parts an output file replaced
+    budget.reserve(20_000)
+    budget.close()
+    record = store.load("ab12")
+    assert record is not None and record.charged == base + 35_000
+    assert store.tally.used() == base + 35_000
 
 
 def store_bytes(store: Path) -> int:
