@@ -119,6 +119,12 @@ run: $(STAMP) models
 bench: $(STAMP) h2load
 	$(PY) -m bench
 
+# How far the fast resize is from each zoo classifier's own preprocessing -> the "zoo"
+# section of bench/results.md (builds the zoo first when the cache has none).
+.PHONY: zoo-deviation
+zoo-deviation: $(STAMP) zoo-venv
+	$(PY) -m tests.zoo.deviation
+
 .PHONY: h2load
 h2load:
 	@command -v h2load >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \

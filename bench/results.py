@@ -30,6 +30,7 @@ SECTIONS = {
     "batch-string": "python -m bench.batch --mode string",
     "http": "python -m bench.http",
     "jobs": "python -m bench.jobs",
+    "zoo": "python -m tests.zoo.deviation",
 }
 _END = "<!-- end "
 

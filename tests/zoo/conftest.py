@@ -13,15 +13,21 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from tests.support import tools
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer, run_local_server
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = Path(__file__).with_name("build.py")
+# The builder and the modules it imports: a change to any builds the zoo again.
+SOURCES = [BUILDER, BUILDER.with_name("classifiers.py"), BUILDER.with_name("detectors.py")]
 ZOO_PYTHON = ROOT / ".venv-zoo" / "bin" / "python"
 CONSTRAINTS = ROOT / "constraints-zoo.txt"
 CACHE = ROOT / ".cache" / "zoo"
@@ -30,7 +36,7 @@ BUILD_TIMEOUT = 3600  # seconds; about 5 minutes on an idle 2-core machine
 
 def zoo_key() -> str:
     digest = hashlib.sha256()
-    for path in (BUILDER, CONSTRAINTS):
+    for path in (*SOURCES, CONSTRAINTS):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -75,3 +81,53 @@ def zoo() -> Path:
 def zoo_expected(zoo: Path) -> dict[str, Any]:
     document: dict[str, Any] = json.loads((zoo / "expected.json").read_text())
     return document
+
+
+CLASSIFIERS = (
+    "keras_mobilenetv3small_export",
+    "keras_efficientnetb0_export",
+    "tf_keras_resnet50_saved_model",
+    "hf_vit",
+    "mg_classifier",
+    "keras_hub_resnet_classifier",
+)
+DETECTORS = (
+    "mg_retinanet_image_tensor",
+    "mg_retinanet_image_bytes",
+    "mg_retinanet_tf_example",
+    "mg_retinanet_image_tensor_normalized",
+    "yolo_v8_layout",
+)
+REFUSED = "keras_hub_retinanet"
+MODEL_CONFIG = Path(__file__).with_name("models.toml")
+LOAD_TIMEOUT = 1200.0
+
+
+@pytest.fixture(scope="session")
+def tfs(zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    directory = tmp_path_factory.mktemp("zoo-serving")
+    entries = "".join(
+        f"  config {{ name: '{name}' base_path: '{zoo / 'models' / name}' "
+        "model_platform: 'tensorflow' }\n"
+        for name in (*CLASSIFIERS, *DETECTORS, REFUSED)
+    )
+    config = directory / "models.config"
+    config.write_text(f"model_config_list {{\n{entries}}}\n")
+    # Twelve models load one after another: about a minute on 2 idle cores, far more on a
+    # busy machine.
+    args = [f"--model_config_file={config}"]
+    with run_local_server(args, timeout=LOAD_TIMEOUT, log_dir=directory) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gateway(tfs: LocalServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    args = [f"--model-config={MODEL_CONFIG}", f"--model={DETECTORS[0]}"]
+    with run_gateway(tfs.target, args, log_dir=tmp_path_factory.mktemp("zoo-gateway")) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="session")
+def channel(gateway: GatewayProcess) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(gateway.target, options=CHANNEL_OPTIONS) as channel:
+        yield channel

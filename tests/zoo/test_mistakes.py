@@ -1,0 +1,86 @@
+"""The zoo's comparisons have teeth: a gateway whose model config makes one preprocessing
+mistake gives answers that tests/zoo/compare.py tells apart from the library's, for every
+model the mistake applies to.
+
+- the channel order swapped (RGB models sent BGR, the caffe-style ResNet50 sent RGB);
+- the mean subtraction dropped (models whose config sets `mean`; the others normalise in
+  their graph);
+- the fast resize instead of the exact one the config asks for (`resize_filter` removed):
+  on the JPEGs the fast path decodes smaller (DCT scaling), at least.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
+from tests.support.localserver import LocalServer
+from tests.zoo.compare import classifier_differences, to_toml
+from tests.zoo.conftest import CLASSIFIERS, DETECTORS, MODEL_CONFIG
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(5400)]
+
+
+def _swap_channels(prep: dict[str, Any]) -> bool:
+    prep["channel_order"] = "RGB" if prep.get("channel_order") == "BGR" else "BGR"
+    return True
+
+
+def _drop_mean(prep: dict[str, Any]) -> bool:
+    return prep.pop("mean", None) is not None
+
+
+def _fast_resize(prep: dict[str, Any]) -> bool:
+    return prep.pop("resize_filter", None) is not None
+
+
+MISTAKES: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "channels swapped": _swap_channels,
+    "mean dropped": _drop_mean,
+    "fast resize": _fast_resize,
+}
+# The photos the fast path decodes at a fraction of their size: where it must be caught.
+DCT_SCALED = {"photo640x480", "photo1200x900", "exif6_600x800", "exif3_800x600"}
+
+
+def wrong_config(mistake: str, directory: Path) -> tuple[Path, list[str]]:
+    """The zoo's model config with `mistake` made for every classifier it applies to."""
+    config = tomllib.loads(MODEL_CONFIG.read_text())
+    wrong = copy.deepcopy(config)
+    changed = []
+    for model in CLASSIFIERS:
+        table = wrong["models"][model]
+        if MISTAKES[mistake](table.setdefault("input", {})):
+            changed.append(model)
+    path = directory / "models.toml"
+    path.write_text(to_toml(wrong))
+    return path, changed
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_a_wrong_preprocessing_fails_the_comparison(
+    mistake: str,
+    zoo: Path,
+    zoo_expected: dict[str, Any],
+    tfs: LocalServer,
+    tmp_path: Path,
+) -> None:
+    config, changed = wrong_config(mistake, tmp_path)
+    assert len(changed) >= 3, changed  # the mistake is tried on several exporters' models
+    args = [f"--model-config={config}", f"--model={DETECTORS[0]}"]
+    with (
+        run_gateway(tfs.target, args, log_dir=tmp_path) as gateway,
+        grpc.insecure_channel(gateway.target, options=CHANNEL_OPTIONS) as channel,
+    ):
+        for model in changed:
+            differences = classifier_differences(channel, model, zoo, zoo_expected)
+            assert differences, f"{mistake}: {model} still matches the library"
+            if mistake == "fast resize":
+                assert set(differences) >= DCT_SCALED, (model, differences)
