@@ -74,10 +74,10 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def upstream() -> Iterator[str]:
+def upstream(delay_ms: float = 0.0) -> Iterator[str]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.upstream", f"--port={port}"],
+        [sys.executable, "-m", "bench.upstream", f"--port={port}", f"--delay-ms={delay_ms}"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
     )

@@ -9,7 +9,10 @@ Predict requests are not parsed (the fixed answer does not depend on them); thei
 counted where they arrive, and `/bench.Upstream/Stats` answers the counts so far
 ("<requests> <bytes>", ASCII), so a run reports what the gateway really sent per image.
 
-    python -m bench.upstream --port 8500
+    python -m bench.upstream --port 8500 [--delay-ms 20]
+
+`--delay-ms` answers each Predict that much later without using CPU, as a model's time on
+TF Serving would (bench/fairness.py: callers sharing a gateway in front of a model).
 """
 
 from __future__ import annotations
@@ -99,14 +102,17 @@ def metadata_response(model: str) -> tfs.GetModelMetadataResponse:
 class Upstream:
     """The three RPCs; Predict's answer depends only on the model name, found in the bytes."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.0) -> None:
         self._answers = {name.encode(): predict_response(name) for name in MODELS}
+        self._delay = delay
         self.requests = 0
         self.request_bytes = 0
 
     async def predict(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self.requests += 1
         self.request_bytes += len(request)
+        if self._delay:
+            await asyncio.sleep(self._delay)
         # ModelSpec.name sits in the first bytes wherever the gateway or a client put it;
         # parsing only the model spec keeps this cheap for multi-megabyte pixel requests.
         for name, answer in self._answers.items():
@@ -164,8 +170,8 @@ def stats(target: str) -> tuple[int, int]:
     return int(requests), int(size)
 
 
-async def serve(port: int, host: str = "127.0.0.1") -> None:
-    upstream = Upstream()
+async def serve(port: int, host: str = "127.0.0.1", delay: float = 0.0) -> None:
+    upstream = Upstream(delay)
     server = grpc.aio.server(
         handlers=upstream.handlers(),
         options=[("grpc.max_receive_message_length", -1), ("grpc.so_reuseport", 0)],
@@ -185,7 +191,9 @@ async def serve(port: int, host: str = "127.0.0.1") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    asyncio.run(serve(parser.parse_args().port))
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="per Predict, no CPU")
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, delay=args.delay_ms / 1000))
 
 
 if __name__ == "__main__":

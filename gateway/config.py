@@ -1,5 +1,5 @@
 """The gateway's settings: one frozen object, its fields grouped (server, limits, upstream,
-models, jobs, security), each with the reason for its default; validated as a whole.
+models, jobs, security, policy), each with the reason for its default; validated as a whole.
 
 gateway.flags reads it from command-line flags and GATEWAY_* variables.
 """
@@ -244,6 +244,12 @@ class Settings:
     # is gRPC's own hard limit: room for a mesh's x-forwarded-client-cert with the client
     # certificate, a bearer token and trace headers.
     grpc_max_metadata_bytes: int = 16 * 1024
+
+    # === policy: who may do how much (gateway/policy) ===
+    # The quota file (TOML: [default] and [callers."<identity>"] tables with rate, burst and
+    # concurrency; gateway/policy/quotas.py), looked at for changes every second. Empty:
+    # no per-caller quotas; the concurrency limit is still shared fairly among callers.
+    quotas: str = ""
 
     @property
     def upstream_uses_tls(self) -> bool:

@@ -87,12 +87,15 @@ _PER_ITEM = frozenset(
 
 
 class GatewayError(Exception):
-    """A failure with its kind and a message for the caller."""
+    """A failure with its kind and a message for the caller; `retry_after`: seconds after
+    which a retry may succeed, when the gateway knows (an OVERLOADED caller over its quota);
+    the doors send it as google.rpc.RetryInfo and Retry-After."""
 
-    def __init__(self, kind: Kind, message: str) -> None:
+    def __init__(self, kind: Kind, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.retry_after = retry_after
 
     @property
     def code(self) -> str:
@@ -107,5 +110,5 @@ def bad_model(message: str) -> GatewayError:
     return GatewayError(Kind.BAD_MODEL, message)
 
 
-def overloaded(message: str) -> GatewayError:
-    return GatewayError(Kind.OVERLOADED, message)
+def overloaded(message: str, retry_after: float | None = None) -> GatewayError:
+    return GatewayError(Kind.OVERLOADED, message, retry_after)

@@ -127,6 +127,10 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
             "grpc_max_metadata_bytes",
         ),
     ),
+    "policy": (
+        "who may do how much (gateway/policy)",
+        ("quotas",),
+    ),
 }
 
 
@@ -226,6 +230,7 @@ _HELP = {
     "batch_parallelism": "kubernetes executor: shards (pods) running at once per job",
     "batch_cpu": "kubernetes executor: runner pod CPU request,limit",
     "batch_memory": "kubernetes executor: runner pod memory request,limit",
+    "quotas": "TOML quota file: rate, burst, concurrency per caller (reloaded on change)",
 }
 
 

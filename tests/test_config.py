@@ -56,7 +56,7 @@ def test_every_setting_has_one_group_and_a_help_line(capsys) -> None:
     names = [setting.name for setting in fields(Settings)]
     grouped = [name for _, members in GROUPS.values() for name in members]
     assert sorted(grouped) == sorted(names)  # each setting in exactly one group
-    assert set(GROUPS) == {"server", "limits", "upstream", "models", "jobs", "security"}
+    assert set(GROUPS) == {"server", "limits", "upstream", "models", "jobs", "security", "policy"}
     with pytest.raises(SystemExit):
         parse_settings(["--help"], {})
     shown = capsys.readouterr().out

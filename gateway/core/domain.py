@@ -28,6 +28,9 @@ class Request(NamedTuple):
     method: str = ""
     # Caller metadata to pass to TF Serving (trace context headers), as (key, value) pairs.
     trace: tuple[tuple[str, str], ...] = ()
+    # Who is calling (gateway.identity), for its quota and fair share (gateway.policy);
+    # "" is the gateway's own work (in-process batch jobs).
+    caller: str = ""
 
 
 class Outcome(NamedTuple):

@@ -36,6 +36,7 @@ from gateway.errors import GatewayError, Kind
 from gateway.imaging.header import ImageLimits
 from gateway.modelref import ModelRef
 from gateway.models import ModelConfig, ModelRegistry
+from gateway.policy.fairshare import FairShare
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import BAD_OUTPUTS, Frame, OutputError, OutputPlan, Task, TaskRegistry
 from gateway.upstream.client import (
@@ -56,25 +57,6 @@ _MAX_PLANS = 4096
 def new_request_id() -> str:
     """32 random hex digits, like uuid4().hex (not a secret: it names a request in logs)."""
     return f"{random.getrandbits(128):032x}"
-
-
-class ConcurrencyLimit:
-    """Counts images in flight; refuses more than the limit instead of queueing them."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_flight = 0
-
-    def acquire(self) -> None:
-        if self.in_flight >= self.limit:
-            raise errors.overloaded(
-                f"the gateway is working on its limit of {self.limit} images; retry with "
-                "backoff, add gateway replicas or raise GATEWAY_MAX_CONCURRENT_REQUESTS"
-            )
-        self.in_flight += 1
-
-    def release(self) -> None:
-        self.in_flight -= 1
 
 
 @dataclass(frozen=True)
@@ -107,7 +89,8 @@ class Pipeline:
         self._client = client
         client.signature_names.update(registry.signature_names())
         self._executor = executor
-        self._limit = ConcurrencyLimit(settings.max_concurrent_requests)
+        # Callers' quotas and fair shares of the concurrency limit (gateway.policy).
+        self._limit = FairShare.for_settings(settings)
         self._image_limits = ImageLimits(settings.max_image_bytes, settings.max_pixels)
         self._plans: dict[tuple[str, int, str], Plan] = {}
         # Per-model gauges (in flight, waiting for TF Serving): the models the config names.
@@ -131,13 +114,13 @@ class Pipeline:
         outcome: Outcome | None = None
         metrics.start()
         try:
-            self._limit.acquire()
+            ticket = self._limit.acquire(request.caller)
             try:
                 model = self.model_ref(task.name, request.model)
                 with self._load.in_flight(model.name):
                     outcome = await self._run(task, model, request, request_id, timings, notes)
             finally:
-                self._limit.release()
+                self._limit.release(ticket, time.perf_counter() - started)
             return outcome
         except GatewayError as exc:
             code = exc.code

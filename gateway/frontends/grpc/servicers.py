@@ -21,11 +21,12 @@ from typing import Any, TypeVar
 import grpc
 from google.rpc import status_pb2
 
+from gateway import identity
 from gateway.core.domain import Outcome
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.api import TRACE_HEADERS, Binding, ToRequest, Trace
-from gateway.frontends.grpc.status import STATUS
+from gateway.frontends.grpc.status import STATUS, abort
 
 log = logging.getLogger("gateway.pipeline")
 
@@ -96,16 +97,21 @@ def _converted(to_result: Callable[[Outcome], ResultT], outcome: Outcome) -> Res
         ) from None
 
 
-def _metadata(context: grpc.aio.ServicerContext) -> tuple[str, Trace]:
-    """The caller's x-request-id (or "") and the trace headers to pass on."""
+def _metadata(context: grpc.aio.ServicerContext, trust_xfcc: bool) -> tuple[str, Trace, str]:
+    """The caller's x-request-id (or ""), the trace headers to pass on, and who is calling
+    (gateway.identity: the client certificate, or a trusted x-forwarded-client-cert)."""
     request_id = ""
     trace = []
+    xfcc = None
     for key, value in context.invocation_metadata() or ():
         if key in TRACE_HEADERS and isinstance(value, str):
             trace.append((key, value))
             if key == "x-request-id":
                 request_id = value
-    return request_id, tuple(trace)
+        elif key == identity.XFCC and isinstance(value, str):
+            xfcc = value
+    certificate = identity.from_auth_context(context.auth_context())
+    return request_id, tuple(trace), identity.caller(certificate, xfcc, trust_xfcc)
 
 
 async def _unary(
@@ -121,16 +127,16 @@ async def _unary(
     if not drain.enter():
         await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
     try:
-        header_id, trace = _metadata(context)
+        header_id, trace, caller = _metadata(context, pipeline.settings.trust_xfcc)
         request_id = getattr(request, "request_id", "") or header_id or new_request_id()
         context.set_trailing_metadata((("x-request-id", request_id),))
         try:
-            outcome = await pipeline.run(
-                task, to_request(request, request_id, method, context.time_remaining(), trace)
-            )
+            timeout = context.time_remaining()
+            domain = to_request(request, request_id, method, timeout, trace)
+            outcome = await pipeline.run(task, domain._replace(caller=caller))
             return _converted(to_result, outcome)
         except GatewayError as exc:
-            await context.abort(STATUS[exc.kind], exc.message)
+            await abort(context, exc, (("x-request-id", request_id),))
             raise  # unreachable: abort raises
     finally:
         drain.leave()
@@ -153,7 +159,7 @@ async def _stream(
     to gRPC (which waits on the client's flow control), so a slow reader slows the sender.
     A client that waits for each answer before sending the next frame gets it at once.
     """
-    header_id, trace = _metadata(context)
+    header_id, trace, caller = _metadata(context, pipeline.settings.trust_xfcc)
     stream_id = header_id or new_request_id()
     context.set_trailing_metadata((("x-request-id", stream_id),))
     window = asyncio.Semaphore(pipeline.settings.stream_window)
@@ -168,7 +174,8 @@ async def _stream(
             request_id = getattr(request, "request_id", "") or f"{stream_id}-{index}"
             index += 1
             timeout = context.time_remaining()
-            work = pipeline.run(task, to_request(request, request_id, method, timeout, trace))
+            domain = to_request(request, request_id, method, timeout, trace)
+            work = pipeline.run(task, domain._replace(caller=caller))
             started = asyncio.ensure_future(work)
             in_flight.add(started)
             pending.put_nowait((request_id, started))
@@ -206,7 +213,7 @@ async def _stream(
             # gRPC asks for the next result once it has taken this one: read one more frame.
             window.release()
     except GatewayError as exc:
-        await context.abort(STATUS[exc.kind], exc.message)
+        await abort(context, exc, (("x-request-id", stream_id),))
     finally:
         reader.cancel()
         for work in in_flight:

@@ -1,10 +1,17 @@
-"""The gRPC door's one error table: domain error kinds -> gRPC status codes."""
+"""The gRPC door's one error table: domain error kinds -> gRPC status codes; and the abort
+that carries an error's retry delay as google.rpc.RetryInfo in the status details."""
 
 from __future__ import annotations
 
-import grpc
+from collections.abc import Sequence
 
-from gateway.errors import Kind
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from gateway.errors import GatewayError, Kind
+
+# Where gRPC carries a google.rpc.Status with details (grpcio-status reads it from here).
+DETAILS_KEY = "grpc-status-details-bin"
 
 Code = grpc.StatusCode
 STATUS: dict[Kind, grpc.StatusCode] = {
@@ -25,3 +32,22 @@ STATUS: dict[Kind, grpc.StatusCode] = {
     Kind.DATA_LOSS: Code.DATA_LOSS,
     Kind.ABORTED: Code.ABORTED,
 }
+
+
+async def abort(
+    context: grpc.aio.ServicerContext,
+    error: GatewayError,
+    trailers: Sequence[tuple[str, str]] = (),
+) -> None:
+    """Ends the call with the error's status; `trailers` (e.g. x-request-id) are sent with
+    it, and a retry delay, when the error has one, as google.rpc.RetryInfo. Raises."""
+    code, delay = STATUS[error.kind], error.retry_after
+    if delay is None:
+        await context.abort(code, error.message)
+        return
+    status = status_pb2.Status(code=code.value[0], message=error.message)
+    info = error_details_pb2.RetryInfo()
+    info.retry_delay.FromNanoseconds(round(delay * 1e9))
+    status.details.add().Pack(info)
+    metadata = (*trailers, (DETAILS_KEY, status.SerializeToString()))
+    await context.abort(code, error.message, metadata)

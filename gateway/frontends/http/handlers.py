@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 from google.rpc import code_pb2
 
-from gateway import errors, logs, metrics
+from gateway import errors, identity, logs, metrics
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.errors import GatewayError, Kind
@@ -164,11 +164,15 @@ class Handlers:
         message = decoded.message
         request_id = message.request_id or header_id or new_request_id()
         try:
+            domain = binding.to_request(message, request_id, method, None, trace)
             outcome = await self._pipeline.run(
-                binding.task, binding.to_request(message, request_id, method, None, trace)
+                binding.task, domain._replace(caller=self._caller(request))
             )
         except GatewayError as exc:
-            return error_response(STATUS[exc.kind], exc.code, exc.message, request_id, as_msgpack)
+            status = STATUS[exc.kind]
+            return error_response(
+                status, exc.code, exc.message, request_id, as_msgpack, exc.retry_after
+            )
         return result_response(binding.to_result(outcome), request_id, as_msgpack, decoded.metadata)
 
     async def _request_message(
@@ -197,6 +201,18 @@ class Handlers:
         elif not message.model.name:
             message.model.name = self._pipeline.default_model
         return decoded
+
+    def _caller(self, request: web.Request) -> str:
+        """Who is calling (gateway.identity): the client certificate, or a trusted
+        x-forwarded-client-cert."""
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        certificate = ssl_object.getpeercert() if ssl_object is not None else None
+        return identity.caller(
+            identity.from_peercert(certificate),
+            request.headers.get(identity.XFCC),
+            self._settings.trust_xfcc,
+        )
 
     def _record_rejection(
         self, method: str, code: str, request_id: str, started: float, status: int

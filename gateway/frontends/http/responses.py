@@ -49,15 +49,24 @@ def result_response(
 
 
 def error_response(
-    status: int, code: str, message: str, request_id: str, as_msgpack: bool
+    status: int,
+    code: str,
+    message: str,
+    request_id: str,
+    as_msgpack: bool,
+    retry_after: float | None = None,
 ) -> web.Response:
+    """The error answer; with `retry_after` (seconds), a Retry-After header (whole seconds)
+    and the exact delay as a google.rpc.RetryInfo in the error's details."""
     response = web.Response(
         status=status,
-        body=error_body(code, message, as_msgpack),
+        body=error_body(code, message, as_msgpack, retry_after),
         content_type=MSGPACK if as_msgpack else JSON,
     )
     if request_id:
         response.headers[REQUEST_ID] = request_id
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     return response
 
 
@@ -126,8 +135,18 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def error_body(code: str, message: str, as_msgpack: bool) -> bytes:
-    error = {"error": {"code": code, "message": message}}
+def error_body(
+    code: str, message: str, as_msgpack: bool, retry_after: float | None = None
+) -> bytes:
+    error: dict[str, Any] = {"error": {"code": code, "message": message}}
+    if retry_after is not None:
+        # As google.rpc.Status in JSON (proto3's Duration: seconds with an "s").
+        error["error"]["details"] = [
+            {
+                "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                "retryDelay": f"{retry_after:.3f}s",
+            }
+        ]
     if as_msgpack:
         return bytes(msgpack.packb(error, use_bin_type=True))
     return json.dumps(error, separators=(",", ":")).encode()

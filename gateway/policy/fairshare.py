@@ -1,0 +1,200 @@
+"""Admission per caller: its quota (gateway.policy.quotas), then its fair share of the
+gateway's limit (--max-concurrent-requests), so one caller's burst costs only that caller.
+
+Each request (one image; a stream's frames each) asks in turn:
+1. the caller's concurrency: no more than its quota's requests in flight;
+2. the caller's rate: a token bucket of `burst` tokens refilled at `rate` per second;
+3. the gateway's limit: below it, anyone may go on; at it, only a caller within its fair
+   share (the limit divided among the callers with requests in flight, itself included).
+A caller within its share is never refused for the limit: it goes in even when callers above
+their share hold the limit, and those are refused until they are back under it, so the
+total stays below twice the limit and only ever comes down. Refusals are OVERLOADED
+(RESOURCE_EXHAUSTED, HTTP 429) with a retry delay: when the bucket has a token again, or
+for the concurrency and the limit about one request's time (a moving average).
+
+Quotas are per gateway process (each replica, each --workers process), held on the event
+loop. Metrics per caller label (the quota table's name; "other" for callers the file does
+not name, "internal" for the gateway's own batch work), so the file bounds them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge
+
+from gateway import errors
+from gateway.config import Settings
+from gateway.policy.quotas import INF, NO_QUOTAS, Quota, QuotaFile, Quotas
+
+INTERNAL = ""  # the caller of the gateway's own work (in-process batch jobs): no quota
+INTERNAL_QUOTA = Quota(label="internal", source="the gateway's own work")
+# Callers kept with nothing in flight and a full bucket are the same as new ones: dropped
+# once more than this many are kept, so identities seen once cost no memory for long.
+_KEEP = 4096
+_HINT_FLOOR, _HINT_CEILING = 0.01, 10.0  # seconds: a retry delay stays in this range
+
+ADMISSIONS = Counter(
+    "detection_gateway_caller_requests",
+    "Requests (images) by caller (its quota table; other: callers the quota file does not "
+    "name) and decision: admitted, or refused for rate, concurrency or fair_share.",
+    ["caller", "decision"],
+)
+IN_FLIGHT = Gauge(
+    "detection_gateway_caller_in_flight_requests",
+    "Requests (images) in flight by caller (its quota table; other: the rest).",
+    ["caller"],
+    multiprocess_mode="livesum",
+)
+
+
+@dataclass(slots=True)
+class Caller:
+    """One caller's state; also the ticket a request holds while admitted."""
+
+    identity: str
+    quota: Quota
+    generation: int
+    tokens: float
+    stamp: float
+    in_flight: int = 0
+
+
+class FairShare:
+    """The gateway's concurrency limit, shared fairly among callers, and their quotas."""
+
+    def __init__(
+        self,
+        limit: int,
+        quotas: QuotaFile | Quotas = NO_QUOTAS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit = limit
+        self._file = quotas if isinstance(quotas, QuotaFile) else None
+        self._quotas = quotas.quotas if isinstance(quotas, QuotaFile) else quotas
+        self._clock = clock
+        self.in_flight = 0
+        self.active = 0  # callers with requests in flight
+        self._callers: dict[str, Caller] = {}
+        self._sweep_at = _KEEP
+        self._hold = 0.05  # seconds a request holds its place, moving average
+        self._children: dict[str, tuple[Counter, Gauge]] = {}
+
+    def _caller(self, identity: str, now: float) -> Caller:
+        generation = 0
+        if self._file is not None:
+            self._quotas = self._file.current(now)
+            generation = self._file.generation
+        state = self._callers.get(identity)
+        if state is None or state.generation != generation:
+            quota = INTERNAL_QUOTA if identity == INTERNAL else self._quotas.of(identity)
+            if state is None:
+                if len(self._callers) >= self._sweep_at:
+                    self._sweep(now)
+                state = Caller(identity, quota, generation, quota.burst, now)
+                self._callers[identity] = state
+            else:  # the file changed: the new quota, the bucket kept within its size
+                state.quota, state.generation = quota, generation
+                state.tokens = min(state.tokens, quota.burst)
+        return state
+
+    def acquire(self, identity: str) -> Caller:
+        """Admits one request of `identity` (a caller) or raises OVERLOADED; the ticket it
+        returns goes back to release()."""
+        now = self._clock()
+        state = self._caller(identity, now)
+        quota = state.quota
+        if state.in_flight >= quota.concurrency:
+            self._refuse(
+                state,
+                "concurrency",
+                f"{_who(identity)} has {state.in_flight} images in flight, its limit "
+                f"({quota.source}); wait for answers before sending more, or ask the "
+                "gateway's operators for a larger quota",
+                self._hold,
+            )
+        if quota.rate != INF:
+            state.tokens = min(quota.burst, state.tokens + (now - state.stamp) * quota.rate)
+            state.stamp = now
+            if state.tokens < 1:
+                delay = (1 - state.tokens) / quota.rate
+                self._refuse(
+                    state,
+                    "rate",
+                    f"{_who(identity)} is over its rate of {quota.rate:g} requests per "
+                    f"second (burst {quota.burst:g}; {quota.source}); retry in {delay:.3g} s, "
+                    "or ask the gateway's operators for a larger quota",
+                    delay,
+                )
+        if self.in_flight >= self.limit:
+            active = self.active + (0 if state.in_flight else 1)
+            share = self.limit / active
+            if state.in_flight >= share:
+                self._refuse(
+                    state,
+                    "fair_share",
+                    f"the gateway is working on its limit of {self.limit} images and "
+                    f"{_who(identity)} holds {state.in_flight}, at or above its fair share of "
+                    f"{share:.3g} with {active} callers active; retry with backoff, add "
+                    "gateway replicas or raise GATEWAY_MAX_CONCURRENT_REQUESTS",
+                    self._hold,
+                )
+        if quota.rate != INF:
+            state.tokens -= 1
+        if state.in_flight == 0:
+            self.active += 1
+        state.in_flight += 1
+        self.in_flight += 1
+        admitted, in_flight = self._metrics(quota.label)
+        admitted.inc()
+        in_flight.inc()
+        return state
+
+    def release(self, state: Caller, held: float) -> None:
+        """A request admitted by acquire() is done, after `held` seconds."""
+        state.in_flight -= 1
+        self.in_flight -= 1
+        if state.in_flight == 0:
+            self.active -= 1
+        self._hold += 0.05 * (held - self._hold)
+        self._metrics(state.quota.label)[1].dec()
+
+    def _refuse(self, state: Caller, reason: str, message: str, delay: float) -> None:
+        ADMISSIONS.labels(state.quota.label, reason).inc()
+        delay = min(_HINT_CEILING, max(_HINT_FLOOR, delay))
+        raise errors.overloaded(message, retry_after=delay)
+
+    def _metrics(self, label: str) -> tuple[Counter, Gauge]:
+        children = self._children.get(label)
+        if children is None:
+            children = (ADMISSIONS.labels(label, "admitted"), IN_FLIGHT.labels(label))
+            self._children[label] = children
+        return children
+
+    def _sweep(self, now: float) -> None:
+        """Drops callers that hold nothing and whose bucket is full again."""
+        for identity, state in list(self._callers.items()):
+            quota = state.quota
+            full = quota.rate == INF or state.tokens + (now - state.stamp) * quota.rate >= (
+                quota.burst
+            )
+            if state.in_flight == 0 and full:
+                del self._callers[identity]
+        self._sweep_at = max(_KEEP, 2 * len(self._callers))
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> FairShare:
+        """The limit and quota file (QuotaError when it cannot be used) of `settings`."""
+        quotas = QuotaFile(settings.quotas) if settings.quotas else NO_QUOTAS
+        return cls(settings.max_concurrent_requests, quotas)
+
+    @property
+    def callers(self) -> int:
+        """Callers kept (for tests: identities seen once do not stay)."""
+        return len(self._callers)
+
+
+def _who(identity: str) -> str:
+    return f"caller {identity}" if identity else "the gateway's own batch work"
