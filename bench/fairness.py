@@ -158,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         certs = make_certificates(Path(tmp), clients={"steady": STEADY, "burster": BURSTER})
         quotas = Path(tmp) / "quotas.toml"
         quotas.write_text(
-            f'[callers."{STEADY}"]\nrate = {steady_quota:g}\n'
-            f'[callers."{BURSTER}"]\nrate = {args.burst_quota:g}\n'
+            f'[callers."uri:{STEADY}"]\nrate = {steady_quota:g}\n'
+            f'[callers."uri:{BURSTER}"]\nrate = {args.burst_quota:g}\n'
         )
         with canned_upstream(args.delay_ms) as up, gateway(up, certs, quotas) as target:
             context = multiprocessing.get_context("spawn")

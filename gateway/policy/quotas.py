@@ -5,16 +5,17 @@
     burst = 40                 # requests at once above the rate (the token bucket's size)
     concurrency = 8            # requests in flight at once
 
-    [callers."spiffe://cluster.local/ns/shop/sa/checkout"]
+    [callers."uri:spiffe://cluster.local/ns/shop/sa/checkout"]
     rate = 200                 # keys left out are [default]'s; inf: no limit
 
-    [callers."spiffe://cluster.local/ns/batch/*"]
+    [callers."uri:spiffe://cluster.local/ns/batch/*"]
     concurrency = 4            # each caller the pattern matches, on its own
 
-Callers are the identities of gateway.identity (a certificate's URI SAN or CN, a trusted
-x-forwarded-client-cert, "anonymous"). A caller gets the table naming it exactly, else the
-longest pattern that matches it (fnmatch: `*`, `?`, `[...]`), else [default]; with no file,
-or keys left out everywhere, there is no limit but the gateway's fair share
+Callers are the typed identities of gateway.identity: "uri:<URI SAN>" or "cn:<CN>" (from
+a certificate or a trusted x-forwarded-client-cert), or "anonymous". A caller gets the
+table naming it exactly, else the longest pattern that matches it (fnmatch: `*`, `?`,
+`[...]`), else [default]; with no file, or keys left out everywhere, there is no limit
+but the gateway's fair share
 (gateway.policy.fairshare). A key that does not exist, or a value that cannot be one, is
 refused naming it: at startup the gateway does not start, on a reload the previous quotas
 stay (logged, and counted in detection_gateway_quota_reloads_total{result="error"}).

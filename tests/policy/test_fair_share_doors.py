@@ -41,12 +41,13 @@ from tests.support.localserver import LocalServer, run_local_server
 BURSTER = "spiffe://test.local/ns/shop/sa/burster"
 STEADY = "spiffe://test.local/ns/shop/sa/steady"
 HOG = "spiffe://test.local/ns/ads/sa/hog"  # no table: the default (no rate limit)
+# Identities are typed (gateway.identity): a certificate's URI SAN as "uri:<URI>".
 QUOTAS = f"""
-[callers."{BURSTER}"]
+[callers."uri:{BURSTER}"]
 rate = 5
 burst = 5
 
-[callers."{STEADY}"]
+[callers."uri:{STEADY}"]
 rate = 100
 burst = 100
 """
@@ -173,7 +174,8 @@ def test_a_caller_bursting_at_ten_times_its_rate_is_refused_and_a_steady_one_is_
         assert isinstance(error, grpc.RpcError)
         delay = retry_delay(error)
         assert 0.01 <= delay <= 0.2 + 1e-9, delay  # a token comes back every 0.2 s
-        assert f"caller {BURSTER} is over its rate of 5 requests per second" in str(error.details())
+        over = f"caller uri:{BURSTER} is over its rate of 5 requests per second"
+        assert over in str(error.details())
     # The HTTP door: 429 with Retry-After and the RetryInfo in the body's details.
     answers = [curl(gateway, certs, "burster") for _ in range(12)]
     status, headers, body = next(a for a in answers if a[0] != 200)
@@ -184,9 +186,9 @@ def test_a_caller_bursting_at_ten_times_its_rate_is_refused_and_a_steady_one_is_
     assert error["details"][0]["@type"] == "type.googleapis.com/google.rpc.RetryInfo"
     assert float(error["details"][0]["retryDelay"].rstrip("s")) > 0
     assert curl(gateway, certs, "steady")[0] == 200
-    assert caller_count(gateway, BURSTER, "rate") >= len(refused) + 1
-    assert caller_count(gateway, STEADY, "admitted") >= 21
-    assert caller_count(gateway, STEADY, "rate") == 0
+    assert caller_count(gateway, "uri:" + BURSTER, "rate") >= len(refused) + 1
+    assert caller_count(gateway, "uri:" + STEADY, "admitted") >= 21
+    assert caller_count(gateway, "uri:" + STEADY, "rate") == 0
 
 
 def test_at_the_limit_the_caller_holding_it_is_refused_and_one_within_its_share_is_not(
@@ -203,7 +205,7 @@ def test_at_the_limit_the_caller_holding_it_is_refused_and_one_within_its_share_
                 error = detect(hog)
                 assert isinstance(error, grpc.RpcError)
                 assert retry_delay(error) > 0
-                assert f"caller {HOG} holds {LIMIT}, at or above its fair share" in str(
+                assert f"caller uri:{HOG} holds {LIMIT}, at or above its fair share" in str(
                     error.details()
                 )
                 # The steady caller is within its share (4 / 2 callers): it goes in, twice.
@@ -219,4 +221,4 @@ def test_at_the_limit_the_caller_holding_it_is_refused_and_one_within_its_share_
             upstream.release()
         assert detect(hog) == Code.OK  # below the limit again
     assert caller_count(gateway, "other", "fair_share") == other_before + 2
-    assert caller_count(gateway, STEADY, "fair_share") >= 1
+    assert caller_count(gateway, "uri:" + STEADY, "fair_share") >= 1
