@@ -144,8 +144,8 @@ class LocalExecutor:
         for job_id in await asyncio.to_thread(store.active):
             if job_id in self._tasks:
                 continue
-            job = await asyncio.to_thread(store.load, job_id)
-            if job is not None and not job.done and job.executor == self.name:
+            job = await asyncio.to_thread(store.live, job_id)
+            if job is not None and job.executor == self.name:
                 waiting.append(job)
         waiting.sort(key=lambda j: (j.create_time, j.id))
         for job in waiting:

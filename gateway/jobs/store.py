@@ -158,12 +158,23 @@ class JobStore:
         for job_id in job_ids:
             if job_id not in have:
                 storage.write_atomic(self.fs, self._active(job_id), b"")
+                self.live(job_id)  # it may have ended since it was read
 
     def active(self) -> list[str]:
         """The ids of unfinished jobs (a job that ended or was deleted meanwhile may be among
         them: load its record)."""
         names = [posixpath.basename(p) for p in storage.listing(self.fs, self._path("active"))]
         return [n for n in names if valid_id(n)]
+
+    def live(self, job_id: str) -> Job | None:
+        """The unfinished job an active marker names; None when it ended, is being deleted or
+        is gone, and the marker goes when it ended or is gone (a replica that marked a job
+        while another ended it leaves one, which would count against GATEWAY_BATCH_MAX_JOBS)."""
+        job = self.load(job_id, deleted=True)
+        if job is None or job.done:
+            storage.delete(self.fs, [self._active(job_id)])
+            return None
+        return None if job.deleted else job
 
     def _active(self, job_id: str) -> str:
         return self._path("active", job_id)

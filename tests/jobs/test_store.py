@@ -92,3 +92,20 @@ def test_a_record_holds_the_job_spec_and_its_failure_as_a_kind(tmp_path: Path) -
     assert again.spec.options == {"min_score": 0.25, "top_k": 3}
     assert again.failure is not None and again.failure.kind is Kind.PRECONDITION
     assert JobSpec.from_json(spec.to_json()) == spec
+
+
+def test_a_marker_left_for_an_ended_job_goes_when_it_is_looked_at(tmp_path: Path) -> None:
+    store = JobStore(str(tmp_path / "store"))
+    running, ended = job("a1", state="RUNNING"), job("e1")
+    store.create(running)
+    store.create(ended)
+    store.update("e1", lambda j: setattr(j, "state", "SUCCEEDED") is None)
+    # A replica marks the job it read as unfinished after another ended it.
+    store.mark_active(["e1"])
+    assert store.active() == ["a1"]
+    (tmp_path / "store" / "active" / "e1").touch()  # one left behind by an older gateway
+    (tmp_path / "store" / "active" / "b2").touch()  # and one whose record is gone
+    assert store.live("e1") is None and store.live("b2") is None
+    found = store.live("a1")
+    assert found is not None and found.state == "RUNNING"
+    assert store.active() == ["a1"]
