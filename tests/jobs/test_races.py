@@ -6,6 +6,7 @@ leaves a job stuck, run twice, or files behind."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -69,6 +70,25 @@ def no_active_markers(store: Path, context: object = None) -> None:
     wait_for(lambda: not list((store / "active").iterdir()), f"no active markers ({context})")
 
 
+def stall_outside_the_lease_lock(pid: int, store: Path) -> None:
+    """SIGSTOPs `pid` at a moment it holds no lock of the leases' directory: a process
+    stalled inside a local store's write keeps that directory's lock until it resumes
+    (docs/jobs.md), so a stall there would keep every lease as it is."""
+    with open(store / "leases" / ".lock", "a+b") as lock:
+        for _ in range(100):
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # stopped inside a lease write: let it finish it
+                os.kill(pid, signal.SIGCONT)
+                fcntl.flock(lock, fcntl.LOCK_EX)  # until it released the lock
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                continue
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            return
+    raise AssertionError("the holder was inside a lease write at each of 100 stops")
+
+
 def lease(store: Path, name: str) -> dict[str, Any]:
     path = store / "leases" / f"{name.removeprefix('operations/')}.json"
     try:
@@ -94,7 +114,7 @@ def test_a_stalled_holder_loses_its_lease_to_the_replica_that_took_over(
         holder, other = processes[first], processes[1 - first]
         clients[1 - first].until(name, lambda m: m.processed > 0)
         stalled = lease(store, name)
-        os.kill(holder.process.pid, signal.SIGSTOP)
+        stall_outside_the_lease_lock(holder.process.pid, store)
         try:
             # The other replica takes the job over once the lease expired, and renews twice.
             wait_for(lambda: lease(store, name).get("holder", stalled["holder"])
