@@ -52,6 +52,10 @@ class _Context:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("user-agent", "grpc-c/1"),)
 
+    def auth_context(self) -> dict[str, list[bytes]]:
+        # A plaintext call's: no client certificate (the caller is "anonymous").
+        return {"transport_security_type": [b"insecure"]}
+
     def set_trailing_metadata(self, metadata: object) -> None:
         self.trailing = metadata
 
