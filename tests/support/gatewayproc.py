@@ -85,9 +85,20 @@ class GatewayProcess:
         return float(match.group(1))
 
     def records(self) -> list[dict[str, Any]]:
-        """The gateway's JSON log lines."""
-        lines = self.log_path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
+        """The gateway's JSON log lines. Its batch runners' processes write to the same file,
+        so a line may hold two records whose writes met (1 of 20 runs of
+        tests/jobs/test_races.py), and the last one may be still being written."""
+        decoder = json.JSONDecoder()
+        found = []
+        for line in self.log_path.read_text().splitlines():
+            at = 0
+            while line.startswith("{", at):
+                try:
+                    record, at = decoder.raw_decode(line, at)
+                except json.JSONDecodeError:
+                    break
+                found.append(record)
+        return found
 
     def readiness_changes(self) -> list[dict[str, Any]]:
         """The "readiness changed" log lines, oldest first (with --workers each names its
