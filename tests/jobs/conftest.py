@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import jobs as helpers
+from tests.support.faultupstream import FaultyUpstream
 from tests.support.localserver import LocalServer, run_local_server
 
 MODELS = ("detector", "classifier_scores")
@@ -48,6 +49,16 @@ def store() -> Iterator[Path]:
 def module_store() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="jobs-store-") as directory:
         yield Path(directory) / "store"
+
+
+@pytest.fixture
+def upstream(tfs: LocalServer) -> Iterator[FaultyUpstream]:
+    """The module's TF Serving behind a FaultyUpstream (held calls released at the end)."""
+    with FaultyUpstream(tfs.target) as faulty:
+        try:
+            yield faulty
+        finally:
+            faulty.release()
 
 
 # The real API server (envtest) of the Kubernetes tests, for the kubernetes executor's tests.

@@ -10,25 +10,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from google.longrunning import operations_pb2 as lro
 
-from tests.support.faultupstream import FaultyUpstream
 from tests.support.jobs import Client, State, gateway, make_images, metadata, result
-from tests.support.localserver import LocalServer
-
-
-@pytest.fixture
-def upstream(tfs: LocalServer) -> Iterator[FaultyUpstream]:
-    with FaultyUpstream(tfs.target) as faulty:
-        try:
-            yield faulty
-        finally:
-            faulty.release()
 
 
 @pytest.fixture(scope="module")

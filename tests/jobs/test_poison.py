@@ -16,11 +16,9 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import pytest
 
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess
@@ -34,15 +32,6 @@ from tests.support.jobs import (
     runner_pids,
 )
 from tests.support.localserver import LocalServer
-
-
-@pytest.fixture
-def upstream(tfs: LocalServer) -> Iterator[FaultyUpstream]:
-    with FaultyUpstream(tfs.target) as faulty:
-        try:
-            yield faulty
-        finally:
-            faulty.release()
 
 
 def no_traceback(gw: GatewayProcess) -> None:
