@@ -16,6 +16,7 @@ from gateway.flags import parse_settings
 from gateway.identity import AdminsError
 from gateway.labels import LabelsError
 from gateway.models import ModelConfigError
+from gateway.paylog.sampling import PaylogError
 from gateway.policy.quotas import QuotaError
 from gateway.workers import supervise
 
@@ -31,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(supervise(settings, args))
     try:
         asyncio.run(serve(settings))
-    except (LabelsError, ModelConfigError, PlacesError, AdminsError, QuotaError) as exc:
+    except (LabelsError, ModelConfigError, PlacesError, AdminsError, QuotaError,
+            PaylogError) as exc:  # fmt: skip
         sys.exit(f"gateway: {exc}")
     except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
         sys.exit(f"gateway: cannot start: {exc}")

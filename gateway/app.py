@@ -31,6 +31,7 @@ from gateway.jobs.service import Executor, JobService
 from gateway.jobs.store import JobStore
 from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
+from gateway.paylog.writer import PayloadLog
 from gateway.readiness import Readiness, WorkerGroup
 from gateway.tasks.base import TaskRegistry
 from gateway.tasks.classification import ClassificationTask
@@ -82,6 +83,7 @@ class Gateway:
         jobs: JobService,
         client: TFServingClient,
         executor: ThreadPoolExecutor,
+        payload_log: PayloadLog | None = None,
     ) -> None:
         self.settings = settings
         self.grpc_port = grpc.port
@@ -93,6 +95,7 @@ class Gateway:
         self._jobs = jobs
         self._client = client
         self._executor = executor
+        self._payload_log = payload_log
 
     async def stop(self) -> None:
         """Drains and stops: in-flight requests get the shutdown grace to finish.
@@ -129,6 +132,8 @@ class Gateway:
         # start.
         await self._jobs.close()
         await self._client.close()
+        if self._payload_log is not None:  # what is queued gets a few seconds to be written
+            await asyncio.to_thread(self._payload_log.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
         log.info("stopped")
 
@@ -150,6 +155,10 @@ async def start(
     resize.use_threads(settings.decode_threads)
     client = TFServingClient(settings)
     pipeline = Pipeline(settings, client, registry, executor, tasks)
+    payload_log = PayloadLog.for_settings(settings, bindings)
+    if payload_log is not None:
+        pipeline.observers.append(payload_log)
+        payload_log.start()
     jobs = build_jobs(settings, pipeline, client, bindings)
     grpc = grpc_door.build(settings, pipeline, bindings, jobs)
     await grpc.statuses.start()
@@ -187,7 +196,9 @@ async def start(
             modelcheck.log_plans(client, registry, tasks, settings.upstream_timeout)
         ),
     ]
-    gateway = Gateway(settings, grpc, http, readiness, background, jobs, client, executor)
+    gateway = Gateway(
+        settings, grpc, http, readiness, background, jobs, client, executor, payload_log
+    )
     log.info(
         "gateway listening",
         extra={

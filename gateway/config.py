@@ -250,6 +250,25 @@ class Settings:
     # concurrency; gateway/policy/quotas.py), looked at for changes every second. Empty:
     # no per-caller quotas; the concurrency limit is still shared fairly among callers.
     quotas: str = ""
+    # The payload log (gateway/paylog): each image's request and answer as a CloudEvent,
+    # to a file (a path or file:///path), object storage (any fsspec URL: s3://bucket/prefix)
+    # or an HTTP sink (http(s)://, one POST per event). Empty: off. Operator-set only: the
+    # log holds callers' images and results (docs/security.md).
+    payload_log: str = ""
+    # Which callers' requests are logged and how (TOML: [default] and [callers."<identity>"]
+    # with rate, a share 0..1, and images, "hash" or "full"; gateway/paylog/sampling.py),
+    # reloaded on change. Empty: every request, images as their SHA-256.
+    payload_log_config: str = ""
+    # Bytes records may hold while queued or being written (their images included); past it
+    # records are dropped and counted, never waited for. 64 MiB holds a few hundred camera
+    # JPEGs: minutes of a stalled sink at a typical sample rate, and a bounded cost in memory.
+    payload_log_queue_bytes: int = 64 * MIB
+    # A log file is rotated at this size, and an object holds at most this much (or 10 s of
+    # events, whichever comes first). 64 MiB objects keep the count of objects low.
+    payload_log_rotate_bytes: int = 64 * MIB
+    # Seconds one POST to an HTTP sink may take in all; then that event is dropped (counted).
+    # 5 s outlasts a healthy collector's slowest answer by far.
+    payload_log_timeout: float = 5.0
 
     @property
     def upstream_uses_tls(self) -> bool:
@@ -362,3 +381,14 @@ class Settings:
             raise ValueError("batch-upload-timeout must be positive")
         if self.upload_ttl <= 0 or self.operation_ttl <= 0 or self.job_lease_seconds <= 0:
             raise ValueError("upload-ttl, operation-ttl and job-lease-seconds must be positive")
+        if self.payload_log_queue_bytes < MIB or self.payload_log_rotate_bytes < MIB:
+            raise ValueError(
+                "payload-log-queue-bytes and payload-log-rotate-bytes must be at least "
+                "1048576 (1 MiB)"
+            )
+        if not self.payload_log_timeout > 0:
+            raise ValueError("payload-log-timeout must be positive (seconds)")
+        if self.payload_log_config and not self.payload_log:
+            raise ValueError(
+                "payload-log-config is set but payload-log is not: name where the log goes"
+            )

@@ -129,7 +129,14 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "policy": (
         "who may do how much (gateway/policy)",
-        ("quotas",),
+        (
+            "quotas",
+            "payload_log",
+            "payload_log_config",
+            "payload_log_queue_bytes",
+            "payload_log_rotate_bytes",
+            "payload_log_timeout",
+        ),
     ),
 }
 
@@ -231,6 +238,11 @@ _HELP = {
     "batch_cpu": "kubernetes executor: runner pod CPU request,limit",
     "batch_memory": "kubernetes executor: runner pod memory request,limit",
     "quotas": "TOML quota file: rate, burst, concurrency per caller (reloaded on change)",
+    "payload_log": "payload log sink: a file path, an fsspec URL or http(s):// (empty: off)",
+    "payload_log_config": "TOML payload log sampling per caller: rate, images (reloaded)",
+    "payload_log_queue_bytes": "bytes payload log records may hold queued; more are dropped",
+    "payload_log_rotate_bytes": "payload log file rotated, object written, at this size",
+    "payload_log_timeout": "seconds one POST to an HTTP payload log sink may take",
 }
 
 

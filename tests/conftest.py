@@ -52,6 +52,7 @@ SLOW = {
     "security/test_jobs_door_edges.py": 17,
     "k8s/test_tls.py": 12,
     "k8s/test_validate.py": 11,
+    "paylog/test_replay_doors.py": 25,  # gateways, the local TF Serving, batch runners
     "jobs/test_grpcurl.py": 43,
     "jobs/test_flow.py": 39,
     "jobs/test_replicas.py": 28,

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -59,6 +60,14 @@ def new_request_id() -> str:
     return f"{random.getrandbits(128):032x}"
 
 
+# Told of each image once it is answered: (task, request, request id, model called or None,
+# outcome or None, failure or None, seconds in the gateway). The payload log
+# (gateway.paylog) is one; an observer must return at once and never raise.
+Observer = Callable[
+    [str, Request, str, "ModelRef | None", "Outcome | None", "GatewayError | None", float], None
+]
+
+
 @dataclass(frozen=True)
 class Plan:
     """How one model version is called for one task."""
@@ -97,6 +106,7 @@ class Pipeline:
         named = {*registry.models, registry.default_model, *registry.task_defaults.values()}
         self._load = metrics.ModelLoad(named)
         self._coalescer = Coalescer(client, settings, executor, self._load.label)
+        self.observers: list[Observer] = []
 
     @property
     def in_flight(self) -> int:
@@ -112,6 +122,7 @@ class Pipeline:
         code = "OK"
         model: ModelRef | None = None
         outcome: Outcome | None = None
+        failure: GatewayError | None = None
         metrics.start()
         try:
             ticket = self._limit.acquire(request.caller)
@@ -123,20 +134,24 @@ class Pipeline:
                 self._limit.release(ticket, time.perf_counter() - started)
             return outcome
         except GatewayError as exc:
-            code = exc.code
+            code, failure = exc.code, exc
             raise
         except asyncio.CancelledError:
             code = Kind.CANCELLED.code
+            failure = GatewayError(Kind.CANCELLED, "the call was cancelled")
             raise
         except Exception:
             code = Kind.INTERNAL.code
             log.exception("unexpected error", extra={"fields": {"request_id": request_id}})
-            raise GatewayError(
+            failure = GatewayError(
                 Kind.INTERNAL, f"internal error in the gateway; quote request id {request_id}"
-            ) from None
+            )
+            raise failure from None
         finally:
             total = time.perf_counter() - started
             self._record(task, request, code, request_id, model, outcome, timings, total, notes)
+            for observe in self.observers:
+                observe(task.name, request, request_id, model, outcome, failure, total)
 
     def model_ref(self, task: str, requested: ModelRef) -> ModelRef:
         """The model to call for `task` (a task name): the request's, or the task's default;
