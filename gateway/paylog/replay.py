@@ -45,6 +45,9 @@ from gateway.paylog.events import SPECVERSION, TYPE
 # A log line holds at most one image (32 MiB by default) as base64, plus the rest.
 DEFAULT_MAX_LINE = (32 * 1024 * 1024 + 2) // 3 * 4 + 1024 * 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Groups (open manifest files) at once; a log whose options vary per request past this is
+# replayed in parts (its further records are listed as skipped, with this reason).
+MAX_GROUPS = 256
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -60,8 +63,13 @@ class Group:
     version: int | None
     label: str | None
     options: dict[str, Any]
-    requests: list[bytes] = field(default_factory=list)
-    expected: list[bytes] = field(default_factory=list)
+    files: list[Any] = field(default_factory=list)  # requests.jsonl, expected.jsonl (open)
+    records: int = 0
+
+    def add(self, request: dict[str, Any], answer: dict[str, Any]) -> None:
+        for file, line in zip(self.files, (request, answer), strict=True):
+            file.write(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        self.records += 1
 
     def command(self, out: str) -> list[str]:
         args = ["detection-batch", posixpath.join(out, self.directory, "requests.jsonl"),
@@ -125,6 +133,28 @@ def _image_index(images: str) -> dict[str, str]:
     return index
 
 
+class Groups(dict[tuple[Any, ...], Group]):
+    """The groups by (task, model, version, label, options), their files open under OUT."""
+
+    def __init__(self, target: storage.Location) -> None:
+        super().__init__()
+        self.target = target
+
+    def open(self, key: tuple[Any, ...], task: str, model: str, *rest: Any) -> Group:
+        name = _UNSAFE.sub("_", f"{len(self):03d}-{task}-{model}-{rest[0] or rest[1]}")
+        group = self[key] = Group(f"inputs/{name}", task, model, *rest)
+        base = self.target.child(group.directory)
+        self.target.fs.makedirs(base, exist_ok=True)
+        for file in ("requests.jsonl", "expected.jsonl"):
+            group.files.append(self.target.fs.open(posixpath.join(base, file), "wb"))
+        return group
+
+    def close(self) -> None:
+        for group in self.values():
+            for file in group.files:
+                file.close()
+
+
 def replay(
     log: str,
     out: str,
@@ -135,37 +165,36 @@ def replay(
     """Writes OUT (see the module's docstring); returns what replay.json holds."""
     location, paths = _log_files(log)
     index = _image_index(images) if images else None
-    groups: dict[tuple[Any, ...], Group] = {}
-    skipped: list[dict[str, Any]] = []
-    for path in paths:
-        where = location.url(path)
-        for number, line in _lines(location.fs, path, max_line):
-            place = f"{where}:{number}"
-            if line is None:
-                skipped.append({"line": place, "reason": f"line over {max_line} bytes"})
-                continue
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except (ValueError, UnicodeDecodeError) as e:
-                skipped.append({"line": place, "reason": f"not JSON: {e}"})
-                continue
-            problem = _add(event, groups, bindings, index)
-            if problem:
-                found: dict[str, Any] = {"line": place, "reason": problem}
-                if isinstance(event, dict) and isinstance(event.get("requestid"), str):
-                    found["request_id"] = event["requestid"]
-                skipped.append(found)
     target = storage.resolve(out)
+    groups = Groups(target)
+    skipped: list[dict[str, Any]] = []
+    try:
+        for path in paths:
+            where = location.url(path)
+            for number, line in _lines(location.fs, path, max_line):
+                place = f"{where}:{number}"
+                if line is None:
+                    skipped.append({"line": place, "reason": f"line over {max_line} bytes"})
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except (ValueError, UnicodeDecodeError) as e:
+                    skipped.append({"line": place, "reason": f"not JSON: {e}"})
+                    continue
+                problem = _add(event, groups, bindings, index)
+                if problem:
+                    found: dict[str, Any] = {"line": place, "reason": problem}
+                    if isinstance(event, dict) and isinstance(event.get("requestid"), str):
+                        found["request_id"] = event["requestid"]
+                    skipped.append(found)
+    finally:
+        groups.close()
     summary: dict[str, Any] = {"log": log, "groups": [], "skipped": skipped}
     for group in groups.values():
-        base = target.child(group.directory)
-        target.fs.makedirs(base, exist_ok=True)
-        target.fs.pipe_file(posixpath.join(base, "requests.jsonl"), b"".join(group.requests))
-        target.fs.pipe_file(posixpath.join(base, "expected.jsonl"), b"".join(group.expected))
         summary["groups"].append({
-            "directory": group.directory, "records": len(group.requests), "task": group.task,
+            "directory": group.directory, "records": group.records, "task": group.task,
             "model": group.model, "version": group.version, "label": group.label,
             "options": group.options, "command": shlex.join(group.command(target.url())),
         })  # fmt: skip
@@ -176,7 +205,7 @@ def replay(
 
 def _add(
     event: Any,
-    groups: dict[tuple[Any, ...], Group],
+    groups: Groups,
     bindings: Bindings,
     index: Mapping[str, str] | None,
 ) -> str:
@@ -190,9 +219,12 @@ def _add(
         request, response = data["request"], data["response"]
         task, image, asked = event["task"], request["image"], request["model"]
         digest = str(image["sha256"])
-        binding = bindings.for_task(task)
     except (KeyError, TypeError):
         return "the event lacks data.request, data.response or their fields"
+    try:
+        binding = bindings.for_task(task)
+    except KeyError:
+        return f"task {task!r} is not one of {', '.join(b.task for b in bindings)}"
     line: dict[str, Any]
     if "data" in image:
         try:
@@ -219,15 +251,18 @@ def _add(
     key = (binding.verb, model, version, label, tuple(sorted(options.items())))
     group = groups.get(key)
     if group is None:
-        name = _UNSAFE.sub("_", f"{len(groups):03d}-{binding.verb}-{model}-{version or label}")
-        group = groups[key] = Group(f"inputs/{name}", binding.verb, model, version, label, options)
+        if len(groups) >= MAX_GROUPS:
+            return (
+                f"the log has more than {MAX_GROUPS} combinations of task, model version and "
+                "options; replay it in parts"
+            )
+        group = groups.open(key, binding.verb, model, version, label, options)
     request_id = request.get("request_id", "")
     line.update(id=request_id, event=event.get("id", ""))
-    group.requests.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
     answer = {"id": request_id, "code": response.get("code")}
     if "result" in response:
         answer["result"] = response["result"]
     else:
         answer["error"] = response.get("error")
-    group.expected.append(json.dumps(answer, separators=(",", ":")).encode() + b"\n")
+    group.add(line, answer)
     return ""
