@@ -336,7 +336,7 @@ class Pipeline:
         }
         if outcome is not None:
             fields.update(task.summary(outcome.result))
-        trace_id = _trace_id(request.trace) if request.trace else ""
+        trace_id = trace_id_of(request.trace) if request.trace else ""
         if trace_id:
             fields["trace_id"] = trace_id
         fields["image_bytes"] = len(request.image)
@@ -349,7 +349,7 @@ class Pipeline:
         request_log.write(fields)
 
 
-def _trace_id(trace: tuple[tuple[str, str], ...]) -> str:
+def trace_id_of(trace: tuple[tuple[str, str], ...]) -> str:
     """The trace id from W3C traceparent (version-traceid-spanid-flags) or B3 headers."""
     for key, value in trace:
         if key == "traceparent":

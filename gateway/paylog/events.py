@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 from google.protobuf import json_format
 
 from gateway.core.domain import Outcome, Request
+from gateway.core.pipeline import trace_id_of
 from gateway.frontends.api import Bindings
 from gateway.modelref import ModelRef
 
@@ -86,6 +87,7 @@ def event(record: Record, bindings: Bindings) -> dict[str, Any]:
     data_request = {
         "method": request.method or record.task,
         "request_id": record.request_id,
+        "trace_id": trace_id_of(request.trace) or None,
         "caller": request.caller,
         "model": {"name": asked.name, "version": asked.version, "label": asked.label},
         "options": {name: options[name] for name in binding.options if name in options},

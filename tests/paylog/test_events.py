@@ -60,6 +60,7 @@ def test_each_image_is_one_cloudevent_with_its_request_and_answer(tmp_path: Path
     assert answered["traceparent"] == TRACEPARENT
     request, response = answered["data"]["request"], answered["data"]["response"]
     assert request["method"] == "Detect"
+    assert request["trace_id"] == TRACEPARENT.split("-")[1]
     assert request["model"] == {"name": "detector", "version": 2, "label": None}
     assert request["options"] == {"min_score": 0.5, "max_detections": 10}
     # The image as its SHA-256 by default, no data.
