@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -101,11 +101,12 @@ def export(repo: Path) -> None:
 
 
 @contextmanager
-def model_server(repo: Path) -> Iterator[str]:
+def model_server(repo: Path, names: Iterable[str] = tuple(MODELS.values())) -> Iterator[str]:
+    """serving.local serving the models `names` of `repo`."""
     config = repo / "models.config"
     entries = "".join(
         f"config {{ name: '{name}' base_path: '{repo / name}' model_platform: 'tensorflow' }}\n"
-        for name in MODELS.values()
+        for name in names
     )
     config.write_text(f"model_config_list {{\n{entries}}}\n")
     port = free_port()

@@ -31,6 +31,8 @@ SECTIONS = {
     "http": "python -m bench.http",
     "jobs": "python -m bench.jobs",
     "zoo": "python -m tests.zoo.deviation",
+    "fairness": "python -m bench.fairness",
+    "batching": "python -m bench.batching",
 }
 _END = "<!-- end "
 

@@ -2,12 +2,16 @@
 
 For measuring the gateway's own cost: a real model's time would drown it, and whatever the
 upstream costs is paid equally by the direct and the gateway path. It speaks TF Serving's RPC
-paths and messages: GetModelStatus (AVAILABLE), GetModelMetadata (an OD API signature) and
-Predict. Two models: `pixels` (uint8 [1,-1,-1,3] input) and `encoded` (string [-1]).
+paths and messages: GetModelStatus (AVAILABLE), GetModelMetadata and Predict. Three models:
+`pixels` (uint8 [1,-1,-1,3] input) and `encoded` (string [-1]), both with an OD API signature,
+and `classifier` (uint8 [-1,224,224,3] in, `probabilities` [-1,1000] out: a fixed-size
+classifier whose batch dimension is free, for bench/batching.py).
 
-Predict requests are not parsed (the fixed answer does not depend on them); their bytes are
-counted where they arrive, and `/bench.Upstream/Stats` answers the counts so far
-("<requests> <bytes>", ASCII), so a run reports what the gateway really sent per image.
+The detectors' Predict requests are not parsed (the fixed answer does not depend on them);
+the classifier's are, for the number of images in the batch, and it answers one row of
+scores per image. Their bytes are counted where they arrive, and `/bench.Upstream/Stats`
+answers the counts so far ("<requests> <bytes>", ASCII), so a run reports what the gateway
+really sent per image.
 
     python -m bench.upstream --port 8500 [--delay-ms 20]
 
@@ -30,7 +34,14 @@ from gateway.tasks.detection import BOXES, CLASSES, NUM_DETECTIONS, SCORES
 from gateway.upstream.client import GET_MODEL_METADATA, GET_MODEL_STATUS, PREDICT
 from gateway.upstream.signatures import SIGNATURE, SIGNATURE_DEF_MAP_TYPE
 
-MODELS = {"pixels": (tfs.DT_UINT8, (-1, -1, -1, 3)), "encoded": (tfs.DT_STRING, (-1,))}
+MODELS = {
+    "pixels": (tfs.DT_UINT8, (-1, -1, -1, 3)),
+    "encoded": (tfs.DT_STRING, (-1,)),
+    "classifier": (tfs.DT_UINT8, (-1, 224, 224, 3)),
+}
+CLASSIFIER = "classifier"
+SCORES_PER_IMAGE = 1000  # the classifier's scores per image
+PROBABILITIES = "probabilities"
 VERSION = 1
 DETECTIONS = 100  # rows per output, as the OD API pads them
 STATS = "/bench.Upstream/Stats"  # raw bytes in and out: b"<requests> <bytes>"
@@ -69,10 +80,19 @@ def outputs() -> dict[str, np.ndarray]:
     }
 
 
-def predict_response(model: str) -> bytes:
+def scores(images: int) -> np.ndarray:
+    """The classifier's answer: fixed scores per image, each image's top class its own (row
+    i peaks at class i)."""
+    rows = np.full((images, SCORES_PER_IMAGE), 0.5 / (SCORES_PER_IMAGE - 1), np.float32)
+    rows[np.arange(images), np.arange(images) % SCORES_PER_IMAGE] = 0.5
+    return rows
+
+
+def predict_response(model: str, images: int = 1) -> bytes:
+    answer = {PROBABILITIES: scores(images)} if model == CLASSIFIER else outputs()
     response = tfs.PredictResponse(
         model_spec=tfs.ModelSpec(name=model, signature_name=SIGNATURE),
-        outputs={k: _float_tensor(v) for k, v in outputs().items()},
+        outputs={k: _float_tensor(v) for k, v in answer.items()},
     )
     response.model_spec.version.value = VERSION
     return response.SerializeToString()
@@ -84,9 +104,11 @@ def metadata_response(model: str) -> tfs.GetModelMetadataResponse:
     signature.inputs["input_tensor"].CopyFrom(
         tfs.TensorInfo(name="input_tensor:0", dtype=dtype, tensor_shape=_shape(dims))
     )
-    for key, shape in outputs().items():
+    answer = {PROBABILITIES: scores(1)} if model == CLASSIFIER else outputs()
+    for key, values in answer.items():
+        out = (-1, *values.shape[1:]) if model == CLASSIFIER else values.shape
         signature.outputs[key].CopyFrom(
-            tfs.TensorInfo(name=f"{key}:0", dtype=tfs.DT_FLOAT, tensor_shape=_shape(shape.shape))
+            tfs.TensorInfo(name=f"{key}:0", dtype=tfs.DT_FLOAT, tensor_shape=_shape(out))
         )
     signatures = tfs.SignatureDefMap()
     signatures.signature_def[SIGNATURE].CopyFrom(signature)
@@ -104,6 +126,7 @@ class Upstream:
 
     def __init__(self, delay: float = 0.0) -> None:
         self._answers = {name.encode(): predict_response(name) for name in MODELS}
+        self._batches: dict[int, bytes] = {}  # the classifier's answer per batch size
         self._delay = delay
         self.requests = 0
         self.request_bytes = 0
@@ -115,11 +138,21 @@ class Upstream:
             await asyncio.sleep(self._delay)
         # ModelSpec.name sits in the first bytes wherever the gateway or a client put it;
         # parsing only the model spec keeps this cheap for multi-megabyte pixel requests.
+        if CLASSIFIER.encode() in request[:64]:
+            return self._classify(request)
         for name, answer in self._answers.items():
             if name in request[:64]:
                 return answer
         await context.abort(grpc.StatusCode.NOT_FOUND, "Servable not found")
         raise AssertionError("unreachable")
+
+    def _classify(self, request: bytes) -> bytes:
+        tensors = tfs.PredictRequest.FromString(request).inputs.values()
+        images = next(iter(tensors)).tensor_shape.dim[0].size if tensors else 1
+        answer = self._batches.get(images)
+        if answer is None:
+            answer = self._batches[images] = predict_response(CLASSIFIER, images)
+        return answer
 
     async def stats(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return f"{self.requests} {self.request_bytes}".encode()
