@@ -20,6 +20,8 @@ E2E = TESTS / "e2e"
 # teardown) of a whole run on 2 shared cores (2026-11-26, load 8 to 14), with the seconds each
 # file took there. `pytest -m "not slow"` (`make test-fast`) runs the rest, under 5 minutes; a
 # slow test in another file carries `@pytest.mark.slow` itself. Re-measure when a file grows.
+# The parts of a file split by subject (issue 36.6) carry the seconds each took in a run of
+# those parts alone (2026-11-26, load 2 to 4).
 SLOW = {
     "e2e": 210,  # every file: 33 (trace headers) to 210 s (lifecycle)
     "zoo": 1500,  # exports and serves the zoo: minutes
@@ -62,7 +64,8 @@ SLOW = {
     "serving/test_detector.py": 133,
     "serving/test_export.py": 98,
     "serving/test_local_server.py": 75,
-    "serving/test_local_versions.py": 60,
+    "serving/test_local_versions.py": 43,
+    "serving/test_local_config.py": 22,
     "serving/test_reference_models.py": 121,
     "serving/test_unparsable_input.py": 36,
 }

@@ -132,7 +132,6 @@ NOT_YET_SPLIT = {
     "tests/frontends/http/test_jobs_http.py": 586,
     "tests/serving/test_local_server.py": 499,
     "tests/security/test_jobs_access.py": 420,
-    "tests/serving/test_local_versions.py": 407,
 }
 
 

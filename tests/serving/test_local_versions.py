@@ -1,7 +1,9 @@
-"""serving.local's model lifecycle: version policies, labels, polling, warmup and startup.
+"""serving.local's model versions: version policies and labels on one server, and the polling of
+the base path as versions come and go (the config file's reloads and the startup failures are
+in test_local_config.py).
 
-Each test that changes the model repository or config gets its own server on a copy of
-the reference models, so the tests stay independent.
+Each test that changes the model repository gets its own server on a copy of the reference
+models (`two_versions`, tests/serving/conftest.py), so the tests stay independent.
 """
 
 from __future__ import annotations
@@ -9,126 +11,26 @@ from __future__ import annotations
 import shutil
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import (
-    get_model_status_pb2,
-    model_service_pb2_grpc,
-    predict_pb2,
-    prediction_log_pb2,
-    prediction_service_pb2_grpc,
-)
 
 from serving import scenes
-from serving.export import export_models
 from tests.support.facts import fact, text
-from tests.support.localserver import LocalServer, free_port, run_local_server, run_to_exit
-
-AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE
-END = get_model_status_pb2.ModelVersionStatus.END
-WARMUP = Path("assets.extra/tf_serving_warmup_requests")
-
-
-@pytest.fixture(scope="module")
-def two_versions(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A repository with `detector` versions 1 and 2 (read-only: tests copy it)."""
-    root = tmp_path_factory.mktemp("two-versions")
-    shutil.copytree(model_repo / "detector", root / "detector")
-    export_models(root, version=2, names=("detector",))
-    return root
-
-
-def copy_model(source: Path, target: Path, versions: tuple[int, ...]) -> Path:
-    """Copies the chosen version directories of one model; returns the new base path."""
-    target.mkdir(parents=True)
-    for version in versions:
-        shutil.copytree(source / str(version), target / str(version))
-    return target
-
-
-def add_version(base: Path, source: Path, version: int) -> None:
-    """Adds a version the way an exporter should: copy under a non-numeric name, rename."""
-    staging = base / f".staging-{version}"
-    shutil.copytree(source, staging)
-    staging.rename(base / str(version))
-
-
-def model_config(*models: str) -> str:
-    return "model_config_list {\n" + "".join(f"  config {{ {m} }}\n" for m in models) + "}\n"
-
-
-def detector_config(base: Path, extra: str = "") -> str:
-    return f"name: 'detector' base_path: '{base}' model_platform: 'tensorflow' {extra}"
-
-
-class Client:
-    """The official stubs on one channel, with the few calls these tests need."""
-
-    def __init__(self, channel: grpc.Channel) -> None:
-        self.prediction = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        self.models = model_service_pb2_grpc.ModelServiceStub(channel)
-
-    def predict(self, model: str = "detector", **spec: object) -> predict_pb2.PredictResponse:
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = model
-        if "version" in spec:
-            request.model_spec.version.value = int(spec["version"])
-        if "version_label" in spec:
-            request.model_spec.version_label = str(spec["version_label"])
-        pixels = spec.get("pixels", np.zeros([1, 32, 32, 3], np.uint8))
-        value = pixels if model == "detector" else np.array([scenes.encode(pixels[0])], object)
-        request.inputs["input_tensor"].CopyFrom(tf.make_tensor_proto(value))
-        return self.prediction.Predict(request, timeout=60)
-
-    def served_version(self, model: str = "detector", **spec: object) -> int:
-        return int(self.predict(model, **spec).model_spec.version.value)
-
-    def states(self, model: str = "detector") -> dict[int, int]:
-        request = get_model_status_pb2.GetModelStatusRequest()
-        request.model_spec.name = model
-        response = self.models.GetModelStatus(request, timeout=10)
-        return {s.version: s.state for s in response.model_version_status}
-
-    def error(self, model: str = "detector", **spec: object) -> tuple[str, str]:
-        with pytest.raises(grpc.RpcError) as info:
-            self.predict(model, **spec)
-        return info.value.code().name, info.value.details()
-
-
-@pytest.fixture
-def client_of() -> Iterator[Callable[[LocalServer], Client]]:
-    channels: list[grpc.Channel] = []
-
-    def connect(server: LocalServer) -> Client:
-        channels.append(server.channel())
-        return Client(channels[-1])
-
-    yield connect
-    for channel in channels:
-        channel.close()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    """Polls `condition` (an RPC error counts as "not yet") until it holds."""
-    deadline = time.monotonic() + timeout
-    while not _holds(condition):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _holds(condition: Callable[[], bool]) -> bool:
-    try:
-        return condition()
-    except grpc.RpcError:
-        return False
-
+from tests.support.localserver import LocalServer, free_port, run_local_server
+from tests.support.servingcalls import (
+    AVAILABLE,
+    END,
+    WARMUP,
+    add_version,
+    copy_model,
+    detector_config,
+    model_config,
+    wait_for,
+)
 
 # ----- versions and labels (one server, read-only) ------------------------------------------
 
@@ -261,147 +163,3 @@ def test_startup_waits_until_a_version_directory_appears(two_versions, tmp_path)
     finally:
         helper.join()
         server.stop()
-
-
-# ----- config reload ------------------------------------------------------------------------------
-
-
-def test_config_file_changes_are_applied_while_serving(
-    two_versions, model_repo, tmp_path, client_of
-):
-    config = tmp_path / "models.config"
-    base = two_versions / "detector"
-    config.write_text(
-        model_config(
-            detector_config(
-                base,
-                "model_version_policy { all {} } version_labels { key: 'stable' value: 1 }",
-            )
-        )
-    )
-    args = [
-        f"--model_config_file={config}",
-        "--model_config_file_poll_wait_seconds=1",
-        "--allow_version_labels_for_unavailable_models",
-        "--enable_model_warmup=false",
-    ]
-    with run_local_server(args, log_dir=tmp_path) as server:
-        client = client_of(server)
-        assert client.served_version(version_label="stable") == 1
-
-        encoded = (
-            f"name: 'detector_encoded' base_path: '{model_repo / 'detector_encoded'}' "
-            "model_platform: 'tensorflow'"
-        )
-        moved = "model_version_policy { all {} } version_labels { key: 'stable' value: 2 }"
-        config.write_text(model_config(detector_config(base, moved), encoded))
-        wait_for(
-            lambda: client.states("detector_encoded") == {1: AVAILABLE},
-            what="detector_encoded to load",
-        )
-        wait_for(lambda: client.served_version(version_label="stable") == 2, what="the label")
-        assert client.served_version("detector_encoded") == 1
-
-        # An existing label may only move to a loaded version, even with the flag.
-        config.write_text(
-            model_config(
-                detector_config(
-                    base,
-                    "model_version_policy { all {} } version_labels { key: 'stable' value: 7 }",
-                ),
-                encoded,
-            )
-        )
-        wait_for(
-            lambda: (
-                "PollFilesystemAndReloadConfig failed to ReloadConfig: Request to assign "
-                "label to version 7 of model detector, which is not currently available for "
-                "inference" in server.log_text()
-            ),
-            what="the refused reload",
-        )
-        assert client.served_version(version_label="stable") == 2
-
-        config.write_text(model_config(detector_config(base, moved)))
-        wait_for(lambda: client.states("detector_encoded") == {1: END}, what="the removal")
-        assert client.error("detector_encoded") == fact(
-            "servable_not_found_latest", model="detector_encoded"
-        )
-        assert "warmup data" not in server.log_text()
-
-
-# ----- startup failures ------------------------------------------------------------------------
-
-
-def test_labels_at_startup_need_the_allow_flag(two_versions, tmp_path):
-    config = tmp_path / "models.config"
-    config.write_text(
-        model_config(
-            detector_config(two_versions / "detector", "version_labels { key: 'stable' value: 1 }")
-        )
-    )
-    result = run_to_exit([f"--model_config_file={config}", f"--port={free_port()}"])
-    assert result.returncode == 255
-    code, message = fact("label_on_unavailable_version", version=1, model="detector")
-    assert text("startup_failed", code=code, message=message) in result.stdout
-
-
-def write_records(path: Path, records: list[prediction_log_pb2.PredictionLog]) -> None:
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for record in records:
-            writer.write(record.SerializeToString())
-
-
-def test_warmup_errors_fail_the_load_and_startup(model_repo, tmp_path):
-    bad_request = predict_pb2.PredictRequest()
-    bad_request.model_spec.name = "detector"
-    bad_request.inputs["input_tensor"].CopyFrom(
-        tf.make_tensor_proto(np.zeros([1, 8, 8, 3], np.float32))
-    )
-    bad_dtype = copy_model(model_repo / "detector", tmp_path / "bad_dtype", (1,))
-    write_records(
-        bad_dtype / "1" / WARMUP,
-        [prediction_log_pb2.PredictionLog(predict_log={"request": bad_request})],
-    )
-    too_many = copy_model(model_repo / "detector", tmp_path / "too_many", (1,))
-    write_records(too_many / "1" / WARMUP, [prediction_log_pb2.PredictionLog()] * 1001)
-    config = tmp_path / "models.config"
-    config.write_text(
-        model_config(
-            f"name: 'bad_dtype' base_path: '{bad_dtype}' model_platform: 'tensorflow'",
-            f"name: 'too_many' base_path: '{too_many}' model_platform: 'tensorflow'",
-        )
-    )
-    args = [f"--model_config_file={config}", "--max_num_load_retries=0", f"--port={free_port()}"]
-    result = run_to_exit(args, timeout=120)
-    assert result.returncode == 255
-    assert (
-        "Failed to start server. Error: UNKNOWN: 2 model(s) did not become available: "
-        "{{{name: bad_dtype version: 1} due to error: INVALID_ARGUMENT: Expects arg[0] to be "
-        "uint8 but float is provided}, {{name: too_many version: 1} due to error: "
-        "INVALID_ARGUMENT: Number of warmup records exceeds the maximum (1000) at "
-        f"{too_many / '1' / WARMUP}}}, }}" in result.stdout
-    )
-
-
-def test_allowed_batch_sizes_mismatch_fails_each_load(model_repo, tmp_path):
-    batching = tmp_path / "batching.config"
-    batching.write_text("max_batch_size { value: 4 } allowed_batch_sizes: 1 allowed_batch_sizes: 2")
-    args = [
-        "--model_name=detector",
-        f"--model_base_path={model_repo / 'detector'}",
-        "--enable_batching=true",
-        f"--batching_parameters_file={batching}",
-        "--max_num_load_retries=1",
-        "--load_retry_interval_micros=0",
-        f"--port={free_port()}",
-    ]
-    result = run_to_exit(args)
-    assert result.returncode == 255
-    assert (
-        "Failed to start server. Error: UNKNOWN: 1 model(s) did not become available: "
-        "{{{name: detector version: 1} due to error: INVALID_ARGUMENT: Last entry in "
-        "allowed_batch_sizes must match max_batch_size; last entry was 2; expected 4}, }"
-        in result.stdout
-    )
-    assert "Retrying of Loading servable: {name: detector version: 1} retry: 1" in result.stdout
