@@ -63,7 +63,7 @@ SLOW = {
     "jobs/test_edges.py": 53,  # a TF Serving and an in-process job service per test
     "serving/test_detector.py": 133,
     "serving/test_export.py": 98,
-    "serving/test_local_server.py": 75,
+    "serving/wire": 16,  # one local TF Serving for the package (conftest.py)
     "serving/test_local_versions.py": 43,
     "serving/test_local_config.py": 22,
     "serving/test_reference_models.py": 121,

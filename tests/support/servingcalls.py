@@ -1,6 +1,6 @@
 """Calls to serving.local through the official tensorflow_serving.apis stubs, for the tests of
-the local server (tests/serving): the model configs, versions and client of the lifecycle
-tests."""
+the local server (tests/serving): requests, the checks of their detections against the scenes'
+painted rectangles, and the model configs, versions and client of the lifecycle tests."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2
 from tensorflow_serving.apis import (
     get_model_status_pb2,
     model_service_pb2_grpc,
@@ -22,9 +23,74 @@ from tensorflow_serving.apis import (
 
 from serving import scenes
 
+BOX_TOLERANCE_PX = 1
+OUTPUT_KEYS = {
+    "detection_boxes",
+    "detection_classes",
+    "detection_multiclass_scores",
+    "detection_scores",
+    "num_detections",
+    "raw_detection_boxes",
+    "raw_detection_scores",
+}
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE
 END = get_model_status_pb2.ModelVersionStatus.END
 WARMUP = Path("assets.extra/tf_serving_warmup_requests")
+
+
+# ----- one request at a time (tests/serving/wire) -----------------------------------------------
+
+
+def request_for(
+    model: str, value: tensor_pb2.TensorProto | None = None, **spec: object
+) -> predict_pb2.PredictRequest:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    for key, item in spec.items():
+        if key == "version":
+            request.model_spec.version.value = int(item)
+        else:
+            setattr(request.model_spec, key, item)
+    if value is not None:
+        request.inputs["input_tensor"].CopyFrom(value)
+    return request
+
+
+def image_tensor(pixels: np.ndarray) -> tensor_pb2.TensorProto:
+    """uint8 [1, H, W, 3] as tensor_content (what tf.make_tensor_proto writes)."""
+    return tf.make_tensor_proto(pixels[np.newaxis])
+
+
+def rpc_error(call: Callable[..., object], request: object, **kwargs: object) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call(request, **kwargs)
+    return info.value
+
+
+def assert_finds(response: predict_pb2.PredictResponse, scene: scenes.Scene) -> None:
+    """Every painted rectangle is found with its class, its box within 1 px; nothing else."""
+    outputs = {key: tf.make_ndarray(value) for key, value in response.outputs.items()}
+    count = int(outputs["num_detections"][0])
+    assert count == len(scene.boxes)
+    size = np.array([scene.height, scene.width, scene.height, scene.width])
+    found = sorted(
+        (int(c), *np.rint(b * size).astype(int).tolist())
+        for b, c in zip(
+            outputs["detection_boxes"][0][:count],
+            outputs["detection_classes"][0][:count],
+            strict=True,
+        )
+    )
+    truth = sorted((t.class_id, t.y_min, t.x_min, t.y_max, t.x_max) for t in scene.boxes)
+    for got, want in zip(found, truth, strict=True):
+        assert got[0] == want[0]
+        assert np.abs(np.array(got[1:]) - np.array(want[1:])).max() <= BOX_TOLERANCE_PX
+    assert (outputs["detection_scores"][0][:count] > 0.5).all()
+    assert (outputs["detection_scores"][0][count:] < 0.5).all()
+
+
+def scene(seed: int, width: int = 320, height: int = 240, rects: int = 4) -> scenes.Scene:
+    return scenes.generate_scene(np.random.default_rng(seed), width, height, rects, noise_sigma=4)
 
 
 # ----- versions, configs and reloads (tests/serving/test_local_versions.py, ..._config.py) -----
