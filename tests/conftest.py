@@ -45,7 +45,8 @@ SLOW = {
     # Alone in the quick loop each of these two starts the door's gateway and TF Serving.
     "frontends/http/test_http_browser.py": 89,
     "frontends/http/test_http_client.py": 145,
-    "security/test_jobs_access.py": 70,
+    "security/test_jobs_access.py": 14,
+    "security/test_jobs_storage.py": 7,
     "security/test_grpc_limits.py": 61,
     "security/test_tls_and_hardening.py": 48,
     "security/test_hostile_bodies.py": 15,

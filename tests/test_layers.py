@@ -130,7 +130,6 @@ HAND_WRITTEN = ("gateway", "bench", "serving", "tests")
 NOT_YET_SPLIT = {
     "tests/e2e/test_detection.py": 770,
     "tests/frontends/http/test_jobs_http.py": 586,
-    "tests/security/test_jobs_access.py": 420,
 }
 
 

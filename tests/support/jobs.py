@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import pytest
 from google.longrunning import operations_pb2 as lro
 from google.longrunning import operations_pb2_grpc as lro_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -45,6 +46,13 @@ def make_images(directory: Path, count: int, size: tuple[int, int] = (64, 48)) -
     return paths
 
 
+def jpeg(seed: int) -> bytes:
+    """A small JPEG (32x24) of one colour, different for each seed, as bytes to upload."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), (seed * 40 % 256, 90, 160)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
 @contextmanager
 def gateway(
     tfs: LocalServer | FaultyUpstream,
@@ -75,6 +83,20 @@ def gateway(
         if certs is not None:
             with channel(gw, certs) as ready:
                 _wait_serving(ready)
+        yield gw
+
+
+@contextmanager
+def gateway_under(
+    tfs: LocalServer,
+    root: Path,
+    extra: Sequence[str],
+    certs: Certificates | None = None,
+    http: bool = False,
+) -> Iterator[GatewayProcess]:
+    """`gateway` with its store and logs under `root` (made when missing)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with gateway(tfs, root / "store", root, extra, certs, http) as gw:
         yield gw
 
 
@@ -146,6 +168,15 @@ class Client:
     def lines(self, name: str, token: str = "") -> list[bpb.BatchResultLine]:
         request = bpb.ReadBatchResultsRequest(name=name, page_token=token)
         return list(self.batch.ReadBatchResults(request, timeout=60, metadata=self.metadata))
+
+
+def refused(call: object, *args: object, **kwargs: object) -> grpc.RpcError:
+    """The error of a call that must fail (a stream's: once read to its end)."""
+    with pytest.raises(grpc.RpcError) as info:
+        result = call(*args, **kwargs)  # type: ignore[operator]
+        if hasattr(result, "__iter__") and not isinstance(result, bytes | str):
+            list(result)
+    return info.value
 
 
 def ran(gw: GatewayProcess, name: str) -> bool:
