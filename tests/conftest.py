@@ -41,7 +41,9 @@ SLOW = {
     "frontends/http/test_http_formats.py": 15,
     "frontends/http/test_http_errors.py": 6,
     "frontends/http/test_http_faults.py": 57,
-    "frontends/http/test_jobs_http.py": 38,
+    "frontends/http/test_jobs_http.py": 23,
+    "frontends/http/test_jobs_http_callers.py": 7,
+    "frontends/http/test_jobs_http_page.py": 6,
     # Alone in the quick loop each of these two starts the door's gateway and TF Serving.
     "frontends/http/test_http_browser.py": 89,
     "frontends/http/test_http_client.py": 145,

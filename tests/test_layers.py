@@ -129,7 +129,6 @@ HAND_WRITTEN = ("gateway", "bench", "serving", "tests")
 # may grow, and each leaves this list once it is split.
 NOT_YET_SPLIT = {
     "tests/e2e/test_detection.py": 770,
-    "tests/frontends/http/test_jobs_http.py": 586,
 }
 
 

@@ -2,7 +2,8 @@
 
 Models: the reference detectors from `model_repo`, `colours` (a small classifier made here:
 uint8 pixels in, the share of red-, green- and blue-dominated pixels out as probabilities),
-and the reference classifiers when `model_repo` has them.
+and the reference classifiers when `model_repo` has them. The batch jobs' tests
+(test_jobs_http*.py) share one more gateway, with the jobs API.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import grpc
 import pytest
 
 from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.jobs import make_images
 from tests.support.localserver import LocalServer, run_local_server
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -128,6 +130,36 @@ def channel(gateway: GatewayProcess) -> Iterator[grpc.Channel]:
     """A gRPC channel to the same gateway, for comparing the doors."""
     with gateway.channel() as channel:
         yield channel
+
+
+@pytest.fixture(scope="package")
+def jobs_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`allowed/`: 3 images under the prefix the jobs gateway lets jobs read."""
+    root = tmp_path_factory.mktemp("http-jobs-data")
+    make_images(root / "allowed", 3)
+    return root
+
+
+@pytest.fixture(scope="package")
+def jobs_gateway(
+    http_tfs: LocalServer,
+    http_repo: Path,
+    jobs_dataset: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GatewayProcess]:
+    """A gateway with the jobs API and both doors (anonymous callers allowed), started once for
+    the jobs' tests of the door (test_jobs_http.py and test_jobs_http_page.py)."""
+    args = [
+        f"--model-config={http_repo / 'gateway-models.toml'}",
+        f"--job-store={tmp_path_factory.mktemp('http-jobs-store')}",
+        f"--batch-allowed-input-uris={jobs_dataset / 'allowed'}",
+        "--batch-checkpoint-seconds=0.2",
+        "--batch-allow-anonymous=true",
+    ]
+    with run_gateway(
+        http_tfs.target, args, log_dir=tmp_path_factory.mktemp("http-jobs-logs"), http=True
+    ) as gateway:
+        yield gateway
 
 
 # Headless chromium for the page's tests (tests/support/browser.py).
