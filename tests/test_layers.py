@@ -125,11 +125,6 @@ def test_nothing_imports_late_to_dodge_a_cycle() -> None:
 # The hand-written code the 400-line rule covers: the gateway (not its generated gateway/proto),
 # the benchmarks, the reference models + local TF Serving, and the tests.
 HAND_WRITTEN = ("gateway", "bench", "serving", "tests")
-# Test files still over the rule, each split by subject as the others were (issue 36.6); none
-# may grow, and each leaves this list once it is split.
-NOT_YET_SPLIT = {
-    "tests/e2e/test_detection.py": 770,
-}
 
 
 def test_no_hand_written_module_is_over_400_lines() -> None:
@@ -141,7 +136,5 @@ def test_no_hand_written_module_is_over_400_lines() -> None:
     }
     assert "bench/__main__.py" in sizes and "serving/local/manager.py" in sizes
     assert "tests/test_layers.py" in sizes
-    over = {path: lines for path, lines in sizes.items() if lines > NOT_YET_SPLIT.get(path, 400)}
+    over = {path: lines for path, lines in sizes.items() if lines > 400}
     assert not over, over
-    split = [path for path in NOT_YET_SPLIT if sizes.get(path, 0) <= 400]
-    assert not split, f"under 400 lines now: take them out of NOT_YET_SPLIT: {split}"
