@@ -19,6 +19,11 @@ noise falls on both alike. Per run: throughput, p50/p99, the gateway process's C
 histogram: its count is Predict calls, its sum images). Verdicts against the issue's targets
 are computed here. -> the "batching" section of bench/results.md.
 
+Against the bench upstream, MLServer 1.7 (its venv: `make peers`) with adaptive batching on
+(`max_batch_size` 8, `max_batch_time` 5 ms: bench/peers/mlserver_classifier.py) takes the
+same image over its gRPC `ModelInfer` at concurrency 16 and 64, in the same rounds: its CPU
+(server and worker processes) and upstream calls per image, counted at the upstream.
+
     python -m bench.batching [--seconds 5] [--rounds 2] [--delay-ms 5] [--quick]
 """
 
@@ -32,17 +37,21 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from bench import load
 from bench.host import cpu_seconds, load_average, machine
+from bench.peers import venvs
+from bench.peers.processes import Process, process
 from bench.processes import ROOT, free_port, is_serving, stop_process
 from bench.processes import upstream as canned_upstream
 from bench.realmodel import model_server
 from bench.results import RESULTS, spread, verdict, write_section
-from bench.upstream import CLASSIFIER
+from bench.upstream import CLASSIFIER, classified
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 
 PHOTO = ROOT / "bench" / "images" / "photo_640x480.jpg"
@@ -51,6 +60,8 @@ MOBILENET = "mobilenet_fixed"
 SIDE = 224
 CONCURRENCY = (1, 16, 64)
 MODES = ("on", "off")
+MLSERVER_CONCURRENCY = (16, 64)
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 @dataclass
@@ -149,16 +160,76 @@ def measure(gw: Gateway, payload: bytes, concurrency: int, seconds: float) -> Ru
     )
 
 
+@dataclass
+class MLServer:
+    process: Process
+    target: str
+    body: bytes
+
+
+@contextmanager
+def mlserver(upstream: str, workdir: Path) -> Iterator[MLServer]:
+    """MLServer serving the classifier with adaptive batching, ready to answer."""
+    python = str(venvs.python("mlserver"))
+    folder = workdir / "mlserver"
+    folder.mkdir(exist_ok=True)
+    request = workdir / "oip-classify.bin"
+    subprocess.run(
+        [python, "-m", "bench.peers.mlserver_tool", "body", str(PHOTO), str(request),
+         f"--model={CLASSIFIER}"],
+        cwd=ROOT, check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    grpc_port = free_port()
+    command = [python, "-m", "bench.peers.mlserver_tool", "serve", f"--folder={folder}",
+               f"--http-port={free_port()}", f"--grpc-port={grpc_port}",
+               f"--metrics-port={free_port()}", f"--upstream={upstream}",
+               f"--model={CLASSIFIER}"]  # fmt: skip
+    with process("MLServer", command, workdir) as proc:
+        server = MLServer(proc, f"127.0.0.1:{grpc_port}", request.read_bytes())
+        deadline = time.monotonic() + 300
+        while True:  # until the model answers (MLServer loads it in its worker)
+            proc.check_alive()
+            try:
+                with grpc.insecure_channel(server.target) as channel:
+                    channel.unary_unary(MODEL_INFER)(server.body, timeout=10)
+                break
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("MLServer did not answer") from None
+                time.sleep(0.2)
+        yield server
+
+
+def measure_mlserver(server: MLServer, upstream: str, concurrency: int, seconds: float) -> Run:
+    calls0, images0 = classified(upstream)
+    cpu0 = server.process.cpu_seconds()
+    latencies = load.closed_loop(
+        server.target, MODEL_INFER, server.body, concurrency, seconds, warmup=1.0
+    )
+    cpu = server.process.cpu_seconds() - cpu0
+    calls1, images1 = classified(upstream)
+    images, calls = images1 - images0, calls1 - calls0
+    return Run(
+        rate=latencies.rate,
+        p50=latencies.p(50),
+        p99=latencies.p(99),
+        cpu_us=cpu / images * 1e6 if images else float("nan"),
+        calls=calls / images if images else float("nan"),
+        errors=latencies.errors,
+    )
+
+
 def scenario(
-    upstream: str, model: str, args: argparse.Namespace, workdir: Path
+    upstream: str, model: str, args: argparse.Namespace, workdir: Path, peer: bool = False
 ) -> dict[int, dict[str, list[Run]]]:
-    """Runs per concurrency and mode; both gateways alive throughout, measured in turn."""
+    """Runs per concurrency and mode; both gateways (and MLServer with `peer`) alive
+    throughout, measured in turn."""
     payload = body(model)
     runs: dict[int, dict[str, list[Run]]] = {c: {m: [] for m in MODES} for c in CONCURRENCY}
-    with (
-        gateway(upstream, model, True, workdir) as on,
-        gateway(upstream, model, False, workdir) as off,
-    ):
+    with ExitStack() as stack:
+        on = stack.enter_context(gateway(upstream, model, True, workdir))
+        off = stack.enter_context(gateway(upstream, model, False, workdir))
+        peer_server = stack.enter_context(mlserver(upstream, workdir)) if peer else None
         gateways = {"on": on, "off": off}
         for gw in gateways.values():  # first calls: signature fetch, warm caches
             load.closed_loop(gw.target, CLASSIFY, payload, 4, 1.0, warmup=0.5)
@@ -169,6 +240,10 @@ def scenario(
                     run = measure(gateways[mode], payload, concurrency, args.seconds)
                     runs[concurrency][mode].append(run)
                     print(f"{model} c{concurrency} {mode}: {run}", flush=True)
+                if peer_server is not None and concurrency in MLSERVER_CONCURRENCY:
+                    run = measure_mlserver(peer_server, upstream, concurrency, args.seconds)
+                    runs[concurrency].setdefault("MLServer", []).append(run)
+                    print(f"MLServer c{concurrency}: {run}", flush=True)
     return runs
 
 
@@ -191,7 +266,7 @@ def _table(runs: dict[int, dict[str, list[Run]]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for c, modes in runs.items():
-        lines += [_row(c, mode, modes[mode]) for mode in MODES]
+        lines += [_row(c, mode, runs) for mode, runs in modes.items()]
     return lines
 
 
@@ -207,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each gateway per case")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="the bench upstream's time")
     parser.add_argument("--quick", action="store_true", help="1 s runs, 1 round (smoke test)")
+    parser.add_argument("--no-peer", action="store_true", help="without MLServer")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -215,8 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        peer = (venvs.directory() / "mlserver" / venvs.COMPLETE).exists() and not args.no_peer
         with canned_upstream(args.delay_ms) as up:
-            canned = scenario(up, CLASSIFIER, args, work)
+            canned = scenario(up, CLASSIFIER, args, work, peer=peer)
         export_mobilenet(work / "repo")
         with model_server(work / "repo", [MOBILENET]) as server:
             real = scenario(server, MOBILENET, args, work)
@@ -227,6 +304,18 @@ def main(argv: list[str] | None = None) -> None:
     c16_on, c16_off = canned[16]["on"], canned[16]["off"]
     cpu_ratio = [a.cpu_us / b.cpu_us for a, b in zip(c16_on, c16_off, strict=True)]
     real_ratio = [a.rate / b.rate for a, b in zip(real[16]["on"], real[16]["off"], strict=True)]
+    peer_runs = canned[16].get("MLServer", [])
+    peer_ratio = [a.cpu_us / b.cpu_us for a, b in zip(c16_on, peer_runs, strict=False)]
+    if peer_runs:
+        peer_row = (
+            f"| c16, bench upstream: gateway CPU per image <= 0.33x MLServer's with adaptive "
+            f"batching | {spread(peer_ratio)}x | {verdict(peer_ratio, lambda v: v <= 0.33)} |"
+        )
+    else:
+        peer_row = (
+            "| c16, bench upstream: gateway CPU per image <= 0.33x MLServer's with adaptive "
+            "batching | not measured: MLServer's venv is not built (`make peers`) | |"
+        )
     text = "\n".join(
         [
             "## Batching in the gateway, on against off (`python -m bench.batching`)",
@@ -240,6 +329,11 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"### The bench upstream's fixed-size classifier ({args.delay_ms:g} ms per call, "
             "no CPU)",
+            "",
+            "MLServer: 1.7 with adaptive batching (`max_batch_size` 8, `max_batch_time` "
+            "0.005 s), a custom runtime decoding and resizing with Pillow, over gRPC "
+            "`ModelInfer`; its CPU is its server and worker processes'; its upstream calls are "
+            "counted at the upstream.",
             "",
             *_table(canned),
             "",
@@ -258,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{spread(cpu_ratio)}x of unbatched | {verdict(cpu_ratio, lambda v: v <= 1.0)} |",
             f"| c16, MobileNetV3Small: throughput >= 1.5x unbatched | {spread(real_ratio)}x | "
             f"{verdict(real_ratio, lambda v: v >= 1.5)} |",
+            peer_row,
             f"| c1, bench upstream: p50 within the unbatched p50's spread | "
             f"{spread([r.p50 for r in canned[1]['on']])} against "
             f"{spread([r.p50 for r in canned[1]['off']])} ms | "

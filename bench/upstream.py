@@ -10,8 +10,8 @@ classifier whose batch dimension is free, for bench/batching.py).
 The detectors' Predict requests are not parsed (the fixed answer does not depend on them);
 the classifier's are, for the number of images in the batch, and it answers one row of
 scores per image. Their bytes are counted where they arrive, and `/bench.Upstream/Stats`
-answers the counts so far ("<requests> <bytes>", ASCII), so a run reports what the gateway
-really sent per image.
+answers the counts so far ("<requests> <bytes> <classifier calls> <classifier images>",
+ASCII), so a run reports what the gateway really sent per image.
 
     python -m bench.upstream --port 8500 [--delay-ms 20]
 
@@ -44,7 +44,7 @@ SCORES_PER_IMAGE = 1000  # the classifier's scores per image
 PROBABILITIES = "probabilities"
 VERSION = 1
 DETECTIONS = 100  # rows per output, as the OD API pads them
-STATS = "/bench.Upstream/Stats"  # raw bytes in and out: b"<requests> <bytes>"
+STATS = "/bench.Upstream/Stats"  # raw bytes in and out: b"<requests> <bytes> <c> <i>"
 FOUND = 5  # num_detections
 
 
@@ -130,6 +130,8 @@ class Upstream:
         self._delay = delay
         self.requests = 0
         self.request_bytes = 0
+        self.classifier_calls = 0
+        self.classifier_images = 0
 
     async def predict(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self.requests += 1
@@ -149,13 +151,17 @@ class Upstream:
     def _classify(self, request: bytes) -> bytes:
         tensors = tfs.PredictRequest.FromString(request).inputs.values()
         images = next(iter(tensors)).tensor_shape.dim[0].size if tensors else 1
+        self.classifier_calls += 1
+        self.classifier_images += images
         answer = self._batches.get(images)
         if answer is None:
             answer = self._batches[images] = predict_response(CLASSIFIER, images)
         return answer
 
     async def stats(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return f"{self.requests} {self.request_bytes}".encode()
+        return (
+            f"{self.requests} {self.request_bytes} {self.classifier_calls} {self.classifier_images}"
+        ).encode()
 
     async def metadata(
         self, request: tfs.GetModelMetadataRequest, context: grpc.aio.ServicerContext
@@ -195,12 +201,22 @@ class Upstream:
         return [grpc.method_handlers_generic_handler(s, m) for s, m in by_service.items()]
 
 
-def stats(target: str) -> tuple[int, int]:
-    """(Predict requests, their bytes) the upstream at `target` has received so far."""
+def _stats(target: str) -> list[int]:
     with grpc.insecure_channel(target) as channel:
         answer: bytes = channel.unary_unary(STATS)(b"", timeout=10)
-    requests, size = answer.split()
-    return int(requests), int(size)
+    return [int(n) for n in answer.split()]
+
+
+def stats(target: str) -> tuple[int, int]:
+    """(Predict requests, their bytes) the upstream at `target` has received so far."""
+    requests, size, _, _ = _stats(target)
+    return requests, size
+
+
+def classified(target: str) -> tuple[int, int]:
+    """(Predict calls, images in them) of the classifier so far."""
+    _, _, calls, images = _stats(target)
+    return calls, images
 
 
 async def serve(port: int, host: str = "127.0.0.1", delay: float = 0.0) -> None:

@@ -4,6 +4,9 @@
     $PY -m bench.peers.mlserver_tool serve --folder DIR --http-port 8080 --grpc-port 8081 \\
         --metrics-port 8082 --upstream 127.0.0.1:8500
     $PY -m bench.peers.mlserver_tool body IMAGE OUT        # the gRPC request's bytes
+
+`--model classifier` (serve, body) serves and calls the classifier with adaptive batching
+(bench/peers/mlserver_classifier.py, for bench/batching.py) instead of the detector.
     $PY -m bench.peers.mlserver_tool probe TARGET IMAGE    # its answer, as JSON
 
 `serve` writes MLServer's settings files and replaces itself with `mlserver start` (the same
@@ -31,10 +34,22 @@ MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# The classifier's adaptive batching (MLServer's model settings): as many images per call as
+# the gateway's default `max_batch`, waiting at most 5 ms for them.
+CLASSIFIER = "classifier"
+MAX_BATCH_SIZE = 8
+MAX_BATCH_TIME = 0.005
+
+
 def write_settings(
-    folder: Path, http_port: int, grpc_port: int, metrics_port: int, upstream: str
+    folder: Path,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    upstream: str,
+    model_name: str = odapi.MODEL,
 ) -> None:
-    """settings.json (server) and pixels/model-settings.json (the model), as MLServer reads
+    """settings.json (server) and <model>/model-settings.json (the model), as MLServer reads
     them from the folder `mlserver start` is given."""
     server = {
         "host": "127.0.0.1",
@@ -43,22 +58,23 @@ def write_settings(
         "metrics_port": metrics_port,
     }
     (folder / "settings.json").write_text(json.dumps(server))
-    model = folder / odapi.MODEL
+    model = folder / model_name
     model.mkdir(exist_ok=True)
-    (model / "model-settings.json").write_text(
-        json.dumps(
-            {
-                "name": odapi.MODEL,
-                "implementation": "bench.peers.mlserver_runtime.Detector",
-                "parameters": {"extra": {"upstream": upstream}},
-            }
-        )
-    )
+    settings: dict[str, Any] = {
+        "name": model_name,
+        "implementation": "bench.peers.mlserver_runtime.Detector",
+        "parameters": {"extra": {"upstream": upstream}},
+    }
+    if model_name == CLASSIFIER:
+        settings["implementation"] = "bench.peers.mlserver_classifier.Classifier"
+        settings["max_batch_size"] = MAX_BATCH_SIZE
+        settings["max_batch_time"] = MAX_BATCH_TIME
+    (model / "model-settings.json").write_text(json.dumps(settings))
 
 
-def infer_request(image: bytes) -> oip.ModelInferRequest:
+def infer_request(image: bytes, model_name: str = odapi.MODEL) -> oip.ModelInferRequest:
     """The gRPC ModelInfer request for one image: one BYTES element, raw."""
-    request = oip.ModelInferRequest(model_name=odapi.MODEL)
+    request = oip.ModelInferRequest(model_name=model_name)
     request.inputs.add(name="image", datatype="BYTES", shape=[1]).contents.bytes_contents.append(
         image
     )
@@ -117,13 +133,15 @@ def main() -> None:
     body = sub.add_parser("body", help="write the serialized ModelInferRequest for an image")
     body.add_argument("image", type=Path)
     body.add_argument("out", type=Path)
+    for command in (serve, body):
+        command.add_argument("--model", choices=(odapi.MODEL, CLASSIFIER), default=odapi.MODEL)
     probe = sub.add_parser("probe", help="one gRPC ModelInfer; print the answer as JSON")
     probe.add_argument("target")
     probe.add_argument("image", type=Path)
     args = parser.parse_args()
     if args.what == "serve":
         write_settings(args.folder, args.http_port, args.grpc_port, args.metrics_port,
-                       args.upstream)  # fmt: skip
+                       args.upstream, args.model)  # fmt: skip
         mlserver = shutil.which("mlserver", path=str(Path(sys.executable).parent))
         if mlserver is None:
             raise SystemExit("the mlserver command is not in this venv")
@@ -131,7 +149,8 @@ def main() -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         os.execve(mlserver, [mlserver, "start", str(args.folder)], env)
     elif args.what == "body":
-        args.out.write_bytes(infer_request(args.image.read_bytes()).SerializeToString())
+        request = infer_request(args.image.read_bytes(), args.model)
+        args.out.write_bytes(request.SerializeToString())
     else:
         with grpc.insecure_channel(args.target, options=odapi.CHANNEL_OPTIONS) as channel:
             stub = oip_grpc.GRPCInferenceServiceStub(channel)
