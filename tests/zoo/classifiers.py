@@ -10,6 +10,7 @@ viewer shows it (EXIF applied).
 | Keras 3 EfficientNetB0 | keras.layers.Resizing: tf-bilinear | in the graph |
 | tf_keras ResNet50 | keras.utils.load_img's default: nearest | caffe: BGR, means |
 | Hugging Face ViT | ViTImageProcessor: pillow-bilinear | 1/255, mean = std = 0.5 |
+| Hugging Face ConvNeXt | ConvNextImageProcessor, 384 (no crop): pillow-bicubic | 1/255, ImageNet |
 | Model Garden ResNet | in the graph (the gateway sends the full image) | in the graph |
 | keras-hub ResNet | ResNetImageConverter(antialias=True): tf-bilinear-antialias | 1/255, ImageNet |
 """
@@ -85,6 +86,18 @@ def keras_applications(models: Path, photos: dict[str, Photo]) -> dict[str, Any]
     return expected
 
 
+def _saved_pretrained(model: Any, models: Path, name: str) -> None:
+    """`save_pretrained(saved_model=True)` writes DIR/saved_model/1 beside the weights; the
+    zoo serves MODELS/name/1."""
+    staging = models / f"{name}_pretrained"
+    model.save_pretrained(str(staging), saved_model=True)
+    (models / name).mkdir()
+    os.replace(staging / "saved_model" / "1", models / name / "1")
+    for leftover in sorted(staging.rglob("*"), reverse=True):
+        leftover.unlink() if leftover.is_file() else leftover.rmdir()
+    staging.rmdir()
+
+
 def hugging_face(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
     from PIL import Image
     from transformers import TFViTForImageClassification, ViTConfig, ViTImageProcessor
@@ -105,15 +118,42 @@ def hugging_face(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
         return model(pixel_values=pixel_values).logits
 
     sharpen(model.classifier.variables, 10, logits(photos[CLASSIFIER_PHOTOS[0]]))
-    target = models / "hf_vit"
-    model.save_pretrained(str(target), saved_model=True)
-    os.replace(target / "saved_model" / "1", models / "hf_vit_1")
-    for leftover in sorted(target.rglob("*"), reverse=True):
-        leftover.unlink() if leftover.is_file() else leftover.rmdir()
-    target.rmdir()
-    (models / "hf_vit").mkdir()
-    os.replace(models / "hf_vit_1", models / "hf_vit" / "1")
+    _saved_pretrained(model, models, "hf_vit")
     return {"hf_vit": _each(photos, lambda p: softmax(logits(p)))}
+
+
+def hugging_face_convnext(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
+    """ConvNeXt with the processor its 384 px checkpoints ship (facebook/convnext-*-384):
+    ConvNextImageProcessor, shortest_edge 384, which resizes to 384x384 without cropping
+    (below 384 it crops, which the gateway does not), Pillow's BICUBIC, 1/255, ImageNet
+    mean/std, NCHW."""
+    from PIL import Image
+    from transformers import (
+        ConvNextConfig,
+        ConvNextImageProcessor,
+        TFConvNextForImageClassification,
+    )
+
+    tf.keras.utils.set_random_seed(SEED)
+    config = ConvNextConfig(
+        image_size=384, hidden_sizes=[24, 48, 96, 192], depths=[1, 1, 2, 1],
+        layer_scale_init_value=0.5, num_labels=10,
+    )  # fmt: skip
+    model = TFConvNextForImageClassification(config)
+    model(model.dummy_inputs)
+    processor = ConvNextImageProcessor(
+        size={"shortest_edge": 384}, resample=Image.Resampling.BICUBIC,
+        image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD),
+    )  # fmt: skip
+
+    def logits(photo: Photo) -> Any:
+        image = Image.fromarray(photo.shown())
+        pixel_values = processor(image, return_tensors="tf")["pixel_values"]
+        return model(pixel_values=pixel_values).logits
+
+    sharpen(model.classifier.variables, 10, logits(photos[CLASSIFIER_PHOTOS[0]]))
+    _saved_pretrained(model, models, "hf_convnext")
+    return {"hf_convnext": _each(photos, lambda p: softmax(logits(p)))}
 
 
 def model_garden(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
@@ -174,6 +214,7 @@ def keras_hub_classifier(models: Path, photos: dict[str, Photo]) -> dict[str, An
 BUILDERS = {
     "keras": keras_applications,
     "hf": hugging_face,
+    "hf_convnext": hugging_face_convnext,
     "model_garden_classifier": model_garden,
     "keras_hub_classifier": keras_hub_classifier,
 }

@@ -88,6 +88,7 @@ CLASSIFIERS = (
     "keras_efficientnetb0_export",
     "tf_keras_resnet50_saved_model",
     "hf_vit",
+    "hf_convnext",
     "mg_classifier",
     "keras_hub_resnet_classifier",
 )
@@ -113,7 +114,7 @@ def tfs(zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSe
     )
     config = directory / "models.config"
     config.write_text(f"model_config_list {{\n{entries}}}\n")
-    # Twelve models load one after another: about a minute on 2 idle cores, far more on a
+    # Thirteen models load one after another: about a minute on 2 idle cores, far more on a
     # busy machine.
     args = [f"--model_config_file={config}"]
     with run_local_server(args, timeout=LOAD_TIMEOUT, log_dir=directory) as server:
