@@ -75,11 +75,6 @@ class Photo:
         out.seek(0)
         return out
 
-    def stored(self) -> np.ndarray:
-        """The pixels as stored, before the EXIF orientation (what TF's decoders give)."""
-        with Image.open(io.BytesIO(self.data)) as image:
-            return np.asarray(image.convert("RGB"))
-
 
 # name -> format, width and height as shown, EXIF orientation. JPEGs at least twice a
 # classifier's 224 px are where the gateway's fast path decodes smaller (DCT scaling).

@@ -6,8 +6,8 @@ A model that takes pixels gets the shown image (as the gateway sends it); a mode
 the encoded file decodes the stored pixels itself (TensorFlow ignores EXIF), so its boxes are
 mapped through the orientation, as the gateway maps them (_oriented). The YOLO head takes
 320x320: a photo is resized by tf.image.resize (bilinear; resize_filter = "tf-bilinear") and
-its boxes scaled back to the photo. DETECTOR_PHOTOS and YOLO_PHOTOS are PNGs today; the
-JPEGs (EXIF-rotated too) are for the classifiers.
+its boxes scaled back to the photo. Every detector sees PNGs and JPEGs of several sizes and
+aspect ratios, two of them EXIF-rotated (DETECTOR_PHOTOS).
 """
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ from build import (
     scores,
 )
 
-DETECTOR_PHOTOS = ("wide320x240", "tall200x300")
-YOLO_PHOTOS = ("yolo320",)
+DETECTOR_PHOTOS = (
+    "wide320x240",
+    "tall200x300",
+    "yolo320",
+    "photo640x480",
+    "photo1200x900",
+    "exif6_600x800",
+    "exif3_800x600",
+)
 
 
 def _oriented(boxes: np.ndarray, photo: Photo) -> np.ndarray:
@@ -117,7 +124,11 @@ def model_garden(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
         results = {}
         for photo in (photos[p] for p in DETECTOR_PHOTOS):
             encoded = input_type != "image_tensor"
-            pixels = photo.stored() if encoded else photo.shown()
+            # An encoded export decodes the file in its graph as export_base._decode_image
+            # does (tf.image.decode_image, EXIF ignored); a pixel export gets the shown image.
+            pixels = (
+                tf.image.decode_image(photo.data, channels=3).numpy() if encoded else photo.shown()
+            )
             found = _detections(
                 serve.serve(tf.constant(pixels[None])), normalized, pixels.shape[:2]
             )
@@ -241,7 +252,7 @@ def yolo(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
     model = yolo_model(CLASSES, YOLO_SIZE)
     model.export(str(models / "yolo_v8_layout" / "1"))
     results = {}
-    for photo in (photos[p] for p in YOLO_PHOTOS):
+    for photo in (photos[p] for p in DETECTOR_PHOTOS):
         # RGB scaled to [0, 1], as Ultralytics feeds it; stretched to the input size.
         pixels = tf.image.resize(photo.shown(), (YOLO_SIZE, YOLO_SIZE), method="bilinear")
         head = np.asarray(model(pixels.numpy()[None] / 255.0))[0]

@@ -44,7 +44,10 @@ def test_classifier_gives_the_librarys_scores(
 def test_detector_gives_the_librarys_boxes(
     model: str, zoo: Path, zoo_expected: dict[str, Any], channel: grpc.Channel
 ) -> None:
-    assert zoo_expected["expected"][model]
+    photos = set(zoo_expected["expected"][model])
+    # PNGs and JPEGs of several sizes (the YOLO head resizes them), two EXIF-rotated (boxes
+    # mapped back into the image as shown; encoded exports decode the stored pixels)
+    assert {"wide320x240", "photo1200x900", "exif6_600x800", "exif3_800x600"} <= photos
     assert detector_differences(channel, model, zoo, zoo_expected) == {}
 
 
