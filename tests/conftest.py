@@ -58,6 +58,7 @@ SLOW = {
     "k8s/test_tls.py": 12,
     "k8s/test_validate.py": 11,
     "paylog/test_replay_doors.py": 25,  # gateways, the local TF Serving, batch runners
+    "paylog/test_callers_doors.py": 11,
     "jobs/test_grpcurl.py": 43,
     "jobs/test_flow.py": 39,
     "jobs/test_replicas.py": 28,

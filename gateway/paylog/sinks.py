@@ -119,15 +119,17 @@ class ObjectSink:
         self._name = f"{socket.gethostname()}-{os.getpid()}"
 
     def write(self, events: Sequence[Event]) -> Settled:
-        if not self._lines:
-            self._since = time.monotonic()
+        written = failed = 0
         for event in events:
+            if not self._lines:
+                self._since = time.monotonic()
             line = structured(event) + b"\n"
             self._lines.append(line)
             self._size += len(line)
-        if self._size >= self.chunk_bytes:
-            return self.flush()
-        return 0, 0
+            if self._size >= self.chunk_bytes:  # an object at most one event over the size
+                done, lost = self.flush()
+                written, failed = written + done, failed + lost
+        return written, failed
 
     def due(self) -> bool:
         return bool(self._lines) and time.monotonic() - self._since >= CHUNK_SECONDS

@@ -77,3 +77,21 @@ def test_a_log_that_is_not_there_is_an_error_naming_it(
 ) -> None:
     assert main(["replay", str(tmp_path / "missing.jsonl"), str(tmp_path / "out")]) == 2
     assert f"no payload log at {tmp_path / 'missing.jsonl'}" in capsys.readouterr().err
+
+
+def test_a_log_in_object_storage_replays_from_its_prefix() -> None:
+    fs = fsspec.filesystem("memory")
+    sink = sinks.open_sink("memory://paylog-objects/2026", 1 << 20, 5)
+    log = PayloadLog(sink, BUILT_IN, 8 << 20, Policy(Sampling(1.0, FULL)))
+    log.start()
+    for i in range(5):
+        offer(log, FULL_CALLER, image=b"x" * 300_000 + bytes([i]), request_id=f"r{i}")
+    log.close()
+    assert len(fs.find("/paylog-objects/2026")) >= 2  # a chunk per 1 MiB: several objects
+    assert main(["replay", "memory://paylog-objects/2026", "memory://paylog-replayed"]) == 0
+    summary = json.loads(fs.cat_file("/paylog-replayed/replay.json"))
+    (group,) = summary["groups"]
+    manifest = fs.cat_file(f"/paylog-replayed/{group['directory']}/requests.jsonl")
+    assert [json.loads(x)["id"] for x in manifest.splitlines()] == [f"r{i}" for i in range(5)]
+    fs.rm("/paylog-objects", recursive=True)
+    fs.rm("/paylog-replayed", recursive=True)
