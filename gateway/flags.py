@@ -128,7 +128,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "policy": (
-        "who may do how much (gateway/policy)",
+        "who may do how much, and what is logged (gateway/policy, gateway/paylog)",
         (
             "quotas",
             "payload_log",
