@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -193,15 +194,29 @@ def test_hash_only_records_replay_from_an_images_directory_or_say_why_not(
     )
 
 
+@pytest.fixture
+def silent_collector() -> Iterator[str]:
+    """An HTTP sink that accepts connections and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.listen(64)  # connections wait in the backlog, never accepted, never answered
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/"
+    server.close()
+
+
+@pytest.mark.parametrize("sink", ["fifo", "silent-http"])
 def test_a_sink_nobody_reads_costs_no_request_and_drops_are_counted(
-    tfs: LocalServer, model_repo: Path, tmp_path: Path
+    tfs: LocalServer, model_repo: Path, tmp_path: Path, silent_collector: str, sink: str
 ) -> None:
-    fifo = tmp_path / "payloads.fifo"
-    os.mkfifo(fifo)
+    if sink == "fifo":
+        target = str(tmp_path / "payloads.fifo")
+        os.mkfifo(target)
+    else:
+        target = silent_collector
     config = tmp_path / "paylog.toml"
     config.write_text('[default]\nimages = "full"\n')
-    args = [label_maps(model_repo), f"--payload-log={fifo}", f"--payload-log-config={config}",
-            f"--payload-log-queue-bytes={1 << 20}"]  # fmt: skip
+    # The HTTP sink's timeout outlasts the requests: its first POST holds the writer.
+    args = [label_maps(model_repo), f"--payload-log={target}", f"--payload-log-config={config}",
+            f"--payload-log-queue-bytes={1 << 20}", "--payload-log-timeout=120"]  # fmt: skip
     image = scenes.encode(np.random.default_rng(3).integers(0, 255, (256, 256, 3), np.uint8))
     assert len(image) > 150_000  # noise: about 200 KB as PNG; 5 records fill the budget
     with run_gateway(tfs.target, args, log_dir=tmp_path) as gateway:
