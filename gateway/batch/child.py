@@ -25,8 +25,16 @@ from typing import Any
 from gateway import logs
 from gateway.batch import job, sources, storage
 from gateway.batch.access import Guard
+from gateway.batch.fence import LeaseLost
 from gateway.batch.limits import ItemCount, LimitExceeded, Limits
-from gateway.batch.over_pipe import Link, PipeBudget, PipeTransport, ProtocolError, receive
+from gateway.batch.over_pipe import (
+    Link,
+    PipeBudget,
+    PipeFence,
+    PipeTransport,
+    ProtocolError,
+    receive,
+)
 from gateway.batch.shard import RunSettings
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import Deliver, StopJob
@@ -96,6 +104,7 @@ async def serve(fd: int) -> None:
         limits=limits,
         items=items,
         budget=PipeBudget(link, loop) if start.get("budget") else None,
+        fence=PipeFence(link, loop) if start.get("fence") else None,
     )
     guard = None
     if start.get("guard") is not None:
@@ -139,6 +148,8 @@ async def _outcome(run: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
         summary = await run
     except asyncio.CancelledError:
         return {"t": "end", "how": "stopped"}
+    except LeaseLost as e:  # nothing more was written
+        return {"t": "end", "how": "lost", "message": str(e)}
     except StopJob as e:
         return {"t": "end", "how": "stop", "kind": e.kind.value, "message": e.message}
     except sources.ReadError as e:

@@ -17,6 +17,7 @@ from typing import Any
 
 from gateway.batch import sources, storage
 from gateway.batch.budget import Budget
+from gateway.batch.fence import Fence
 from gateway.batch.limits import Limits
 from gateway.batch.output import STATE, Counts, Output, iso, now, shard_marker
 from gateway.batch.shard import Connect, RunSettings, ShardRun, UnitState
@@ -110,12 +111,13 @@ def prepare(
     guard: Guard | None = None,
     limits: Limits | None = None,
     budget: Budget | None = None,
+    fence: Fence | None = None,
 ) -> tuple[Dataset, Output]:
     """The dataset and OUTPUT of a job, with job.json written or checked (blocking I/O).
     With a guard, the input may only be read where it allows; `limits` bound what is read,
-    `budget` what is written."""
+    `budget` what is written, `fence` whether it may be written now."""
     dataset = sources.discover(spec.input, spec.format, guard, limits)
-    out = Output(storage.resolve(spec.output), budget)
+    out = Output(storage.resolve(spec.output), budget, fence)
     _check_places(dataset, out)
     check_job(out, job_description(spec, dataset))
     return dataset, out
@@ -130,7 +132,9 @@ async def run_shard(
 ) -> dict[str, Any]:
     """Runs (or resumes) one shard, sending images through the transport `connect` makes;
     returns its marker's contents."""
-    dataset, out = await asyncio.to_thread(prepare, spec, guard, settings.limits, settings.budget)
+    dataset, out = await asyncio.to_thread(
+        prepare, spec, guard, settings.limits, settings.budget, settings.fence
+    )
     index = settings.shard_index
     marker = shard_marker(index)
     if out.exists(marker):
@@ -248,5 +252,6 @@ def finalize(out: Output) -> dict[str, Any]:
         ],
     }
     out.write_json("summary.json", summary)
+    out.check_fence()
     storage.write_atomic(out.fs, out.path("_SUCCESS"), b"")
     return summary

@@ -25,6 +25,7 @@ from typing import Any
 
 from gateway.batch import storage
 from gateway.batch.budget import Budget
+from gateway.batch.fence import Fence
 from gateway.batch.storage import Location
 
 STATE = "_batch"
@@ -61,20 +62,33 @@ def shard_marker(index: int) -> str:
 
 class Output:
     """The OUTPUT prefix and the runner's state in it; with a budget, every byte written is
-    reserved in it first (BudgetSpent: not written) and every byte deleted given back."""
+    reserved in it first (BudgetSpent: not written) and every byte deleted given back; with
+    a fence, every write and deletion is preceded by its check (LeaseLost: not made)."""
 
-    def __init__(self, location: Location, budget: Budget | None = None) -> None:
+    def __init__(
+        self, location: Location, budget: Budget | None = None, fence: Fence | None = None
+    ) -> None:
         self.location = location
         self.fs = location.fs
         self.budget = budget
+        self.fence = fence
+
+    def check_fence(self) -> None:
+        """Before a commit: LeaseLost when this run may not write any more."""
+        if self.fence is not None:
+            self.fence.check()
 
     def _reserve(self, size: int) -> None:
+        self.check_fence()
         if self.budget is not None:
             self.budget.reserve(size)
 
     def _delete(self, paths: list[str]) -> None:
         """Deletes files this runner wrote, giving their bytes back."""
-        if self.budget is not None and paths:
+        if not paths:
+            return
+        self.check_fence()
+        if self.budget is not None:
             self.budget.release(sum(size for _, size in self._sizes(paths)))
         storage.delete(self.fs, paths)
 
@@ -156,6 +170,7 @@ class Output:
                 self.path("_SUCCESS"),
                 self.path(f"{STATE}/job.json"),
             }
+        self.check_fence()  # the new holder's temporaries are not this run's to remove
         by_directory: dict[str, set[str]] = {}
         for target in targets:
             by_directory.setdefault(posixpath.dirname(target), set()).add(
@@ -168,6 +183,7 @@ class Output:
         """Parts left when a run was killed between writing the output and deleting them."""
         directory = self.parts_dir(unit)
         self._delete(storage.listing(self.fs, directory))
+        self.check_fence()
         storage.remove_empty_dir(self.fs, directory)
 
 

@@ -4,8 +4,9 @@ which runs them through its own pipeline (gateway.jobs.isolated) and sends the a
 
 A frame is `uint32 header length`, `uint32 data length`, the header (JSON), the data (an
 image, or nothing). The runner sends `work` (an image), `charge` (result bytes it is about to
-write) and `end` (how the run ended); the gateway sends `start` (the job), `answer`,
-`charged` and `stop`. Each side bounds what it reads from the other: the gateway takes no
+write), `fence` (may it commit now: does the gateway still hold the job's lease) and `end`
+(how the run ended); the gateway sends `start` (the job), `answer`, `charged`, `fenced` and
+`stop`. Each side bounds what it reads from the other: the gateway takes no
 image over the image limit and no header over MAX_HEADER, whatever the runner became.
 """
 
@@ -18,6 +19,7 @@ import struct
 from typing import Any
 
 from gateway.batch.budget import BudgetSpent
+from gateway.batch.fence import LeaseLost
 from gateway.batch.transport import Answer, CallTransport, Deliver, Work
 from gateway.errors import GatewayError, Kind
 
@@ -150,3 +152,21 @@ class PipeBudget:
     def release(self, size: int) -> None:
         credit = self._link.send({"t": "credit", "bytes": size})
         asyncio.run_coroutine_threadsafe(credit, self._loop)
+
+
+class PipeFence:
+    """The runner's side of the job's fence (gateway.batch.fence): before each commit it asks
+    the gateway, which holds the job's lease, and waits for its answer."""
+
+    def __init__(self, link: Link, loop: asyncio.AbstractEventLoop) -> None:
+        self._link = link
+        self._loop = loop
+
+    def check(self) -> None:
+        ask = self._link.ask({"t": "fence"})
+        try:
+            reply = asyncio.run_coroutine_threadsafe(ask, self._loop).result()
+        except ConnectionError:
+            raise LeaseLost("the gateway closed the runner's link") from None
+        if not reply.get("ok"):
+            raise LeaseLost(str(reply.get("message", "")))

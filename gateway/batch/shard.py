@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from gateway.batch import sources
 from gateway.batch.budget import Budget
+from gateway.batch.fence import Fence
 from gateway.batch.limits import ItemCount, Limits
 from gateway.batch.output import Counts, Output
 from gateway.batch.report import ProgressReport
@@ -49,6 +50,8 @@ class RunSettings:
     items: ItemCount | None = None
     # What the run's writes are charged to (gateway.batch.budget); None: nothing.
     budget: Budget | None = None
+    # What the run checks before each commit (gateway.batch.fence); None: nothing.
+    fence: Fence | None = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -25,6 +26,7 @@ from gateway.batch import sources
 from gateway.batch.access import Guard
 from gateway.batch.budget import Budget, BudgetSpent
 from gateway.batch.child import MEMORY_EXIT
+from gateway.batch.fence import LeaseLost
 from gateway.batch.in_process import InProcessTransport, Lane
 from gateway.batch.limits import ItemCount, LimitExceeded
 from gateway.batch.over_pipe import Link, ProtocolError, answer_header, receive
@@ -38,6 +40,9 @@ log = logging.getLogger("gateway.jobs")
 STOP_GRACE = 10.0  # seconds a stopped runner gets to commit its answered lines
 MAX_CHARGES = 8  # a runner's writes waiting for their reservation at once (a few threads)
 MEMORY_SETTING = "GATEWAY_BATCH_RUNNER_MEMORY_BYTES"
+# Whether the runner may commit now (the job's lease is still this process's).
+Holds = Callable[[], Awaitable[bool]]
+LOST = "another gateway process holds the job's lease now; this runner stopped without writing"
 
 
 class RunnerDied(Exception):
@@ -48,6 +53,15 @@ class RunnerDied(Exception):
         super().__init__(cause)
         self.cause = cause
         self.out_of_memory = out_of_memory
+
+    def poison(self, deaths: int, limit: int) -> GatewayError:
+        """The error of a job whose runner died `deaths` times, the limit: a poison job."""
+        return GatewayError(
+            Kind.OVERLOADED if self.out_of_memory else Kind.INTERNAL,
+            f"{self.cause} {deaths} times; the job is failed as a poison job instead of "
+            f"being retried forever (GATEWAY_BATCH_RUNNER_MAX_DEATHS={limit}): look for "
+            "inputs that need more memory than the limit, or raise it",
+        )
 
 
 def death(status: int, memory_bytes: int) -> RunnerDied:
@@ -81,9 +95,11 @@ class Runner:
         guard: Guard | None,
         items: ItemCount,
         budget: Budget | None = None,
+        holds: Holds | None = None,
     ) -> dict[str, Any]:
         """Runs one shard in a child process; its marker's contents, or what the runner
-        raised, or RunnerDied. The runner's writes are charged to `budget`."""
+        raised, or RunnerDied. The runner's writes are charged to `budget`, and each commit
+        waits for `holds` to say the job's lease is still this process's (else LeaseLost)."""
         ours, theirs = socket.socketpair()
         try:
             process = await asyncio.create_subprocess_exec(
@@ -103,7 +119,7 @@ class Runner:
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         link = Link(reader, writer)
         pipeline = InProcessTransport(spec, binding, lane, concurrency, lambda *_: None)
-        calls: dict[str, set[asyncio.Task[None]]] = {"work": set(), "charge": set()}
+        calls: dict[str, set[asyncio.Task[None]]] = {"work": set(), "charge": set(), "fence": set()}
         end: dict[str, Any] | None = None
         broken = ""
         max_image = items.limits.max_record_bytes  # a TFRecord image may be this large
@@ -119,6 +135,7 @@ class Runner:
                 "limits": asdict(items.limits),
                 "items_read": items.read,
                 "budget": budget is not None,
+                "fence": holds is not None,
             }
             await link.send(start)
             while end is None:
@@ -143,6 +160,8 @@ class Runner:
                     call = asyncio.create_task(_answer(link, pipeline, header, data))
                 elif kind == "charge" and budget is not None:
                     call = asyncio.create_task(_charge(link, budget, header))
+                elif kind == "fence" and holds is not None:
+                    call = asyncio.create_task(_fence(link, holds, header))
                 elif kind == "credit" and budget is not None:
                     budget.release(int(header.get("bytes", 0)))
                 elif kind == "end":
@@ -151,15 +170,15 @@ class Runner:
                     waiting.add(call)
                     call.add_done_callback(waiting.discard)
         except asyncio.CancelledError:
-            await _stop(link, process, budget, max_image)
+            await _stop(link, process, budget, holds, max_image)
             raise
         finally:
-            for call in (*calls["work"], *calls["charge"]):
+            for call in (*calls["work"], *calls["charge"], *calls["fence"]):
                 call.cancel()
             if broken and process.returncode is None:
                 process.kill()
             if process.returncode is None and end is None:
-                await _stop(link, process, budget, max_image)
+                await _stop(link, process, budget, holds, max_image)
             status = await process.wait()
             writer.close()
         if broken:
@@ -193,11 +212,25 @@ async def _charge(link: Link, budget: Budget, header: dict[str, Any]) -> None:
         await link.send(reply)
 
 
+async def _fence(link: Link, holds: Holds, header: dict[str, Any]) -> None:
+    ok = await holds()
+    reply: dict[str, Any] = {"t": "fenced", "n": header.get("n"), "ok": ok}
+    if not ok:
+        reply["message"] = LOST
+    with contextlib.suppress(ConnectionError):
+        await link.send(reply)
+
+
 async def _stop(
-    link: Link, process: asyncio.subprocess.Process, budget: Budget | None, max_data: int
+    link: Link,
+    process: asyncio.subprocess.Process,
+    budget: Budget | None,
+    holds: Holds | None,
+    max_data: int,
 ) -> None:
-    """Asks the runner to stop and answers what it still asks (the reservations of the lines
-    it commits as it stops; images are refused) until it exits; kills it past the grace."""
+    """Asks the runner to stop and answers what it still asks (the reservations and fence
+    checks of the lines it commits as it stops; images are refused) until it exits; kills
+    it past the grace."""
 
     async def wind_down() -> None:
         with contextlib.suppress(ConnectionError, RuntimeError):
@@ -207,6 +240,8 @@ async def _stop(
             kind = header.get("t")
             if kind == "charge" and budget is not None:
                 await _charge(link, budget, header)
+            elif kind == "fence" and holds is not None:
+                await _fence(link, holds, header)
             elif kind == "credit" and budget is not None:
                 budget.release(int(header.get("bytes", 0)))
             elif kind == "work":
@@ -235,6 +270,8 @@ def _ended(end: dict[str, Any]) -> dict[str, Any]:
         return dict(end["summary"])
     if how == "stopped":
         raise asyncio.CancelledError
+    if how == "lost":
+        raise LeaseLost(message)
     if how == "stop":
         raise StopJob(Kind(end["kind"]), message)
     if how == "read":

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from gateway.batch import job as batch_job
 from gateway.batch import sources, status, storage
+from gateway.batch.fence import LeaseLost
 from gateway.batch.in_process import Lane
 from gateway.batch.limits import ItemCount, LimitExceeded
 from gateway.batch.output import Output
@@ -35,8 +36,8 @@ from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.admission import input_guard, job_limits
 from gateway.jobs.budget import TallyBudget
+from gateway.jobs.held import Held
 from gateway.jobs.isolated import Runner, RunnerDied
-from gateway.jobs.leases import Lease
 from gateway.jobs.records import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job
 from gateway.jobs.views import end
 
@@ -65,7 +66,7 @@ class LocalExecutor:
         self._lane = lane
         self._leases = service.leases
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._held: dict[str, Lease] = {}
+        self._held = Held(self._leases)  # the leases of the jobs running here
         self._cancelling: set[str] = set()
         self._wake = asyncio.Event()
         self._scheduler: asyncio.Task[None] | None = None
@@ -162,7 +163,7 @@ class LocalExecutor:
                 await self._end(fresh, CANCELLED, CANCELLED_BY_CALLER)
                 await asyncio.to_thread(self._leases.release, lease)
                 continue
-            self._held[job.id] = lease
+            self._held.take(job.id, lease)
             task = asyncio.create_task(self._run(job.id))
             self._tasks[job.id] = task
             task.add_done_callback(functools.partial(self._finished, job.id))
@@ -176,15 +177,12 @@ class LocalExecutor:
         on with it)."""
         while True:
             await asyncio.sleep(self._settings.job_lease_seconds / 3)
-            renewed = await asyncio.to_thread(self._leases.renew, self._held[job_id])
-            if renewed is None:
+            if not await self._held.renew(job_id):
                 log.warning("batch job lease lost", extra={"fields": {"operation": job_id}})
-                self._held.pop(job_id, None)
                 task = self._tasks.get(job_id)
                 if task is not None:
                     task.cancel()
                 return
-            self._held[job_id] = renewed
 
     # --- one job -------------------------------------------------------------------------
 
@@ -223,7 +221,7 @@ class LocalExecutor:
             await self._let_go(job_id)
 
     async def _let_go(self, job_id: str) -> None:
-        lease = self._held.pop(job_id, None)
+        lease = self._held.pop(job_id)
         if lease is None:
             return
         store = self._service.store
@@ -257,12 +255,20 @@ class LocalExecutor:
                 await self._shard(job, shard, items)
             await self._check_missing(job)
             budget = self._budget(job)
-            out = Output(storage.resolve(job.spec.output), budget)
+            fence = self._held.fence(job.id, asyncio.get_running_loop())
+            out = Output(storage.resolve(job.spec.output), budget, fence)
             try:
                 await asyncio.to_thread(batch_job.finalize, out)
             finally:
                 if budget is not None:
                     await asyncio.to_thread(budget.close)
+        except LeaseLost:  # another process took the job: it goes on with it
+            log.warning(
+                "batch job lease lost; its runner stopped without writing",
+                extra={"fields": {"operation": job.name, "replica": self._leases.holder}},
+            )
+            self._held.pop(job.id)
+            return
         except GatewayError as e:
             await self._end_held(job, FAILED, e)
             return
@@ -278,8 +284,7 @@ class LocalExecutor:
     async def _end_held(self, job: Job, state: str, error: GatewayError | None) -> None:
         """Ends the job unless its lease was lost meanwhile (its new holder ends it): the
         lease is checked in the store (a fence), not only in this process's memory."""
-        lease = self._held.get(job.id)
-        if lease is not None and await asyncio.to_thread(self._leases.holds, lease):
+        if await self._held.holds(job.id):
             await self._end(job, state, error)
 
     async def _shard(self, job: Job, shard: int, items: ItemCount) -> None:
@@ -316,6 +321,7 @@ class LocalExecutor:
                     guard,
                     items,
                     budget,
+                    functools.partial(self._held.holds, job.id),
                 )
             )
             try:
@@ -365,13 +371,7 @@ class LocalExecutor:
             extra={"fields": {"operation": job.name, "cause": died.cause, "deaths": deaths}},
         )
         if deaths >= limit:
-            kind = Kind.OVERLOADED if died.out_of_memory else Kind.INTERNAL
-            raise GatewayError(
-                kind,
-                f"{died.cause} {deaths} times; the job is failed as a poison job instead of "
-                f"being retried forever (GATEWAY_BATCH_RUNNER_MAX_DEATHS={limit}): look for "
-                "inputs that need more memory than the limit, or raise it",
-            )
+            raise died.poison(deaths, limit)
 
     async def _check_cancelled(self, job: Job) -> None:
         """Cancel or Delete may arrive through another process sharing the job store (a
