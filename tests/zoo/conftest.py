@@ -98,6 +98,7 @@ DETECTORS = (
     "mg_retinanet_tf_example",
     "mg_retinanet_image_tensor_normalized",
     "yolo_v8_layout",
+    "keras_hub_retinanet_decoded",
 )
 REFUSED = "keras_hub_retinanet"
 MODEL_CONFIG = Path(__file__).with_name("models.toml")
@@ -114,7 +115,7 @@ def tfs(zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSe
     )
     config = directory / "models.config"
     config.write_text(f"model_config_list {{\n{entries}}}\n")
-    # Thirteen models load one after another: about a minute on 2 idle cores, far more on a
+    # Fourteen models load one after another: about a minute on 2 idle cores, far more on a
     # busy machine.
     args = [f"--model_config_file={config}"]
     with run_local_server(args, timeout=LOAD_TIMEOUT, log_dir=directory) as server:

@@ -1,6 +1,7 @@
 """The zoo's detectors (run by tests/zoo/build.py in `.venv-zoo`): TF Model Garden RetinaNet in
-four exports, keras-hub's RetinaNet (a raw head the gateway refuses) and a YOLOv8-layout head;
-their detections, in pixels of the image as a viewer shows it.
+four exports, keras-hub's RetinaNet (its raw head, which the gateway refuses, and an export
+with its decoding and NMS) and a YOLOv8-layout head; their detections, in pixels of the image
+as a viewer shows it.
 
 A model that takes pixels gets the shown image (as the gateway sends it); a model that takes
 the encoded file decodes the stored pixels itself (TensorFlow ignores EXIF), so its boxes are
@@ -29,6 +30,7 @@ from build import (
     Photo,
     scores,
 )
+from classifiers import IMAGENET_MEAN, IMAGENET_STD
 
 DETECTOR_PHOTOS = (
     "wide320x240",
@@ -140,8 +142,33 @@ def model_garden(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
     return expected
 
 
+def _spread(detector: Any, head: Any, inputs: Any, output: str, spread: float, bias: float) -> None:
+    """Sets the final conv of a random keras-hub head (its last kernel and bias) so that the
+    detector's `output` on `inputs` spreads by `spread` around `bias`, as a trained head's
+    does: Keras' initial weights give class scores all near the prior or all saturated, and
+    box deltas that throw boxes far out of the image."""
+    kernel, offset = head.weights[-2:]
+    kernel.assign(np.random.default_rng(SEED).normal(0, 1, kernel.shape).astype(np.float32))
+    offset.assign(np.zeros(offset.shape, np.float32))
+    # Each channel of the conv (anchor x class, or anchor x box coordinate) centred on
+    # `bias` (random kernels otherwise favour one class everywhere), spread by `spread`:
+    # with a zero bias the outputs scale with the kernel.
+    channels = np.asarray(detector(inputs)[output]).reshape(-1, offset.shape[0])
+    means = channels.mean(axis=0)
+    factor = spread / float((channels - means).std())
+    kernel.assign((kernel.numpy() * factor).astype(np.float32))
+    offset.assign((bias - means * factor).astype(np.float32))
+
+
 def keras_hub_detector(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
-    """keras-hub's RetinaNet `Model.export()`: the raw head, which the gateway refuses."""
+    """keras-hub's RetinaNet: `Model.export()` gives the raw head (anchor deltas and class
+    logits), which the gateway refuses; exported with the detector's own decoding
+    (`decode_predictions`: anchors, box deltas, its NonMaxSuppression layer) as the serving
+    function (keras.export.ExportArchive), the gateway serves it. keras-hub's
+    NonMaxSuppression needs a static batch (a `None` batch fails tracing with "Expected
+    int32, but got None"): that export takes one MG_SIZE x MG_SIZE image. Preprocessing: a
+    RetinaNetImageConverter stretching to MG_SIZE (tf.image.resize, bilinear) with the
+    ImageNet mean/std; boxes in pixels of its input, scaled back to the photo."""
     import keras
     import keras_hub
 
@@ -164,7 +191,42 @@ def keras_hub_detector(models: Path, photos: dict[str, Photo]) -> dict[str, Any]
         bounding_box_format="yxyx",
     )  # fmt: skip
     detector.export(str(models / "keras_hub_retinanet" / "1"))
-    return {}
+    converter = keras_hub.layers.RetinaNetImageConverter(
+        image_size=(MG_SIZE, MG_SIZE), scale=list(1 / (255 * IMAGENET_STD)),
+        offset=list(-IMAGENET_MEAN / IMAGENET_STD), crop_to_aspect_ratio=False,
+    )  # fmt: skip
+
+    def prepared(photo: Photo) -> Any:
+        return converter(photo.shown().astype(np.float32)[None])
+
+    first = prepared(photos[DETECTOR_PHOTOS[0]])
+    _spread(detector, detector.classification_head, first, "cls_logits", 1.0, -3.0)
+    _spread(detector, detector.box_head, first, "bbox_regression", 0.3, 0.0)
+
+    def serve(images: Any) -> Any:
+        return detector.decode_predictions(detector(images, training=False), images)
+
+    archive = keras.export.ExportArchive()
+    archive.track(detector)
+    spec = keras.InputSpec(shape=(1, MG_SIZE, MG_SIZE, 3), dtype="float32")
+    endpoint = archive.add_endpoint("serve", serve, input_signature=[spec])
+    archive.write_out(str(models / "keras_hub_retinanet_decoded" / "1"))
+    results = {}
+    for photo in (photos[p] for p in DETECTOR_PHOTOS):
+        # The endpoint as exported (a tf.function, as detector.predict runs it): run eagerly,
+        # keras-hub's NonMaxSuppression keeps other boxes near its end.
+        found = endpoint(prepared(photo))
+        count = int(found["num_detections"][0])
+        confidence = np.asarray(found["confidence"][0][:count])
+        keep = confidence >= MIN_SCORE
+        yxyx = np.asarray(found["boxes"][0][:count], dtype=np.float64)[keep]
+        scale = np.array([photo.width, photo.height] * 2) / MG_SIZE
+        results[photo.name] = {
+            "boxes": (yxyx[:, [1, 0, 3, 2]] * scale).tolist(),
+            "scores": scores(confidence[keep]),
+            "classes": [int(c) for c in np.asarray(found["labels"][0][:count])[keep]],
+        }
+    return {"keras_hub_retinanet_decoded": results}
 
 
 # ---- A YOLOv8-layout head -------------------------------------------------------------------
