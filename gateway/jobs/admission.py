@@ -21,7 +21,7 @@ from gateway.frontends.api import Binding, Bindings
 from gateway.jobs import owners
 from gateway.jobs.records import Job
 from gateway.jobs.store import JobStore
-from gateway.jobs.tally import store_full
+from gateway.jobs.tally import jobs_full, store_full
 from gateway.upstream.client import TFServingClient
 
 MAX_REQUEST_ID = 64
@@ -143,17 +143,15 @@ class Admission:
         if not self._outputs.allows(place(url)):
             raise output_refusal(url, self._outputs)
 
-    async def check_live(self, live: int) -> None:
-        """Room for one more unfinished job in the gateway, and in the store (the caller's
-        own limits are taken in its index: gateway.jobs.service)."""
-        s = self.settings
-        if live >= s.batch_max_jobs:
-            raise GatewayError(
-                Kind.OVERLOADED,
-                f"the gateway has its limit of {s.batch_max_jobs} unfinished batch jobs; wait "
-                "for some to finish or cancel them (GATEWAY_BATCH_MAX_JOBS)",
-            )
-        used = await asyncio.to_thread(self.store.tally.used)
+    async def check_live(self) -> None:
+        """Room for one more unfinished job, and in the store, as the tally says now: an
+        early refusal before the input is listed (the slot itself is taken with the record,
+        gateway.jobs.store.create; the caller's own limits in its index)."""
+        limit = self.settings.batch_max_jobs
+        tally = await asyncio.to_thread(self.store.tally.read)
+        if int(tally.get("jobs", 0)) >= limit:
+            raise jobs_full(limit)
+        used = int(tally["bytes"])
         if used >= self.store.tally.limit:
             raise store_full(used, self.store.tally.limit)
 

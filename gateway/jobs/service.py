@@ -159,7 +159,7 @@ class JobService:
             default_output=default_output,
         )
         async with self._create_lock:
-            await checks.check_live(len(await asyncio.to_thread(self.store.active)))
+            await checks.check_live()
             await checks.check_model(spec, binding)
             await checks.prepare(job)
             await asyncio.to_thread(self.store.entries, caller)  # corrected from the records
@@ -167,7 +167,9 @@ class JobService:
                       self.settings.batch_max_finished_per_caller)  # fmt: skip
             await asyncio.to_thread(self.store.index.change, caller, admit(job, *limits))
             try:
-                created = await asyncio.to_thread(self.store.create, job)
+                created = await asyncio.to_thread(
+                    self.store.create, job, self.settings.batch_max_jobs
+                )
             except GatewayError:  # the store is full
                 await asyncio.to_thread(self.store.index.drop, caller, job.id)
                 raise

@@ -97,15 +97,16 @@ class JobStore:
 
     # --- records -------------------------------------------------------------------------
 
-    def create(self, job: Job) -> bool:
+    def create(self, job: Job, max_jobs: int = 0) -> bool:
         """Writes a new record, its bytes (and room for its growth, index entry and lease)
-        reserved in the tally and counted in `charged`; False when one with this id exists
-        already. GatewayError OVERLOADED when the store is full."""
+        reserved in the tally and counted in `charged`, with its slot among the `max_jobs`
+        unfinished jobs (0: no limit) in the same write; False when one with this id exists
+        already. GatewayError OVERLOADED when the store is full or every slot taken."""
         cost = len(job.to_json()) + RECORD_BYTES
-        self.tally.reserve(cost)
+        self.tally.reserve(cost, jobs_limit=max_jobs)
         job.charged = cost
         if self.files.create(self.record_path(job.id), job.to_json()) is None:
-            self.tally.release(cost)
+            self.tally.release(cost, jobs=1 if max_jobs else 0)
             job.charged = 0
             return False
         storage.write_atomic(self.fs, self._active(job.id), b"")
@@ -127,9 +128,10 @@ class JobStore:
             job.generation += 1
             job.update_time = time.time()
             if self.files.replace(self.record_path(job_id), job.to_json(), found.version):
-                if job.done and not was_done:
+                if job.done and not was_done:  # this write ended it: its slot goes back
                     storage.delete(self.fs, [self._active(job.id)])
                     self.index.set_state(job.caller, job.id, job.state)
+                    self.tally.release(0, jobs=1)
                 return job
             time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))
         raise GatewayError(Kind.UNAVAILABLE, f"the record of operations/{job_id} is too busy")
@@ -198,8 +200,9 @@ class JobStore:
         storage.delete(self.fs, [self._active(job.id)])
         current = _parse(found.data)
         charged = current.charged if current is not None else job.charged
-        if charged > 0:
-            self.tally.release(charged)
+        unfinished = not (current if current is not None else job).done
+        if charged > 0 or unfinished:  # an unfinished job's slot goes back with its record
+            self.tally.release(charged, jobs=1 if unfinished else 0)
         self.index.drop(job.caller, job.id)
         return True
 
@@ -258,6 +261,9 @@ class JobStore:
                 measured = int(self.fs.du(self.location.path, total=True))
                 if measured > 0:
                     self.tally.change(lambda d: d.update(bytes=max(d["bytes"], measured)))
+        if "jobs" not in self.tally.read():  # a tally from before it counted jobs
+            unfinished = sum(1 for job in jobs if not job.done)
+            self.tally.change(lambda d: d.setdefault("jobs", unfinished))
 
     # --- uploads -------------------------------------------------------------------------
 

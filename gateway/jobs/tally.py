@@ -1,9 +1,11 @@
 """What the job store holds, as a tally kept beside it (`<store>/usage.json`), so the store's
 bound and the per-caller upload quotas are reservations, not scans of the store.
 
-The tally is `{"generation", "bytes", "callers": {caller: {"bytes", "open"}}}`: the bytes of
-uploaded images and of results written into the store, and per caller the bytes of their
-uploads and how many of their uploads no job uses yet. Every change is one conditional write
+The tally is `{"generation", "bytes", "jobs", "callers": {caller: {"bytes", "open"}}}`: the
+bytes of uploaded images and of results written into the store, the unfinished jobs
+(GATEWAY_BATCH_MAX_JOBS: a create takes a slot with its record's bytes, the write that ends
+the job or removes its record gives it back), and per caller the bytes of their uploads and
+how many of their uploads no job uses yet. Every change is one conditional write
 (gateway.jobs.cas) that checks the limits and adds in the same step, so concurrent calls in
 one process, and replicas sharing the store, can never reserve past a limit together: of two
 callers racing for the last byte one gets it, the other RESOURCE_EXHAUSTED. Bytes are
@@ -49,6 +51,14 @@ def store_full(used: int, limit: int, wanted: int = 0) -> GatewayError:
     )
 
 
+def jobs_full(limit: int) -> GatewayError:
+    return GatewayError(
+        Kind.OVERLOADED,
+        f"the gateway has its limit of {limit} unfinished batch jobs (all replicas sharing "
+        "its job store); wait for some to finish or cancel them (GATEWAY_BATCH_MAX_JOBS)",
+    )
+
+
 class Tally:
     def __init__(self, files: Files, root: str, limit: int) -> None:
         self._files = files
@@ -88,14 +98,21 @@ class Tally:
 
     # --- the operations ------------------------------------------------------------------
 
-    def reserve(self, size: int, caller: str = "", caller_limit: int = 0) -> None:
-        """Reserves `size` bytes in the store (and of `caller`'s upload share when given);
-        GatewayError OVERLOADED when a limit would be passed."""
+    def reserve(
+        self, size: int, caller: str = "", caller_limit: int = 0, jobs_limit: int = 0
+    ) -> None:
+        """Reserves `size` bytes in the store (and of `caller`'s upload share when given;
+        and one unfinished job's slot, with `jobs_limit`); GatewayError OVERLOADED when a
+        limit would be passed."""
 
         def change(data: dict[str, Any]) -> None:
             used = int(data["bytes"])
             if used + size > self.limit:
                 raise store_full(used, self.limit, size)
+            if jobs_limit:
+                if int(data.get("jobs", 0)) >= jobs_limit:
+                    raise jobs_full(jobs_limit)
+                data["jobs"] = int(data.get("jobs", 0)) + 1
             if caller:
                 mine = _caller(data, caller)
                 if mine["bytes"] + size > caller_limit:
@@ -105,12 +122,16 @@ class Tally:
 
         self.change(change)
 
-    def release(self, size: int, caller: str = "", opened: int = 0, records: int = 0) -> None:
-        """Gives back `size` bytes (of `caller`'s share too), `opened` open uploads, and
-        `records` bytes of the store only (an upload's record)."""
+    def release(
+        self, size: int, caller: str = "", opened: int = 0, records: int = 0, jobs: int = 0
+    ) -> None:
+        """Gives back `size` bytes (of `caller`'s share too), `opened` open uploads,
+        `records` bytes of the store only (an upload's record) and `jobs` job slots."""
 
         def change(data: dict[str, Any]) -> None:
             data["bytes"] = int(data["bytes"]) - size - records
+            if jobs:
+                data["jobs"] = max(0, int(data.get("jobs", 0)) - jobs)
             if caller:
                 mine = _caller(data, caller)
                 mine["bytes"] = max(0, mine["bytes"] - size)
@@ -195,7 +216,7 @@ class Budget:
 
 
 def _empty() -> dict[str, Any]:
-    return {"generation": 0, "bytes": 0, "callers": {}}
+    return {"generation": 0, "bytes": 0, "jobs": 0, "callers": {}}
 
 
 def _parse(raw: bytes) -> dict[str, Any]:

@@ -200,6 +200,7 @@ def test_a_delete_racing_the_running_holder_leaves_no_files(
         assert list(listed) == []
         tally = json.loads((store / "usage.json").read_text())
         assert tally["bytes"] == 0  # the record's reservation given back
+        assert tally["jobs"] == 0  # and its slot among the unfinished jobs
 
 
 def upload(url: str, files: list[Path]) -> tuple[int, dict[str, Any]]:
