@@ -36,6 +36,8 @@ from gateway.core.inputs import plan_input
 from gateway.core.pipeline import Pipeline
 from gateway.frontends import api
 from gateway.models import ModelRegistry
+from gateway.models.rollout import RolloutConfig
+from gateway.policy.rollout import ModelRollout
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.base import TaskRegistry
 from gateway.upstream.client import TFServingClient
@@ -58,6 +60,7 @@ class ModelReport:
     input: dict[str, object] | None = None
     outputs: dict[str, object] | None = None
     batching: dict[str, object] | None = None
+    rollout: dict[str, Any] | None = None  # its canary and shadow, and their versions
     trial: dict[str, Any] | None = None
     error: str | None = None
     kind: str | None = None  # the error's errors.Kind code
@@ -102,9 +105,36 @@ async def plan_model(
         describe = getattr(plan, "describe", None)
         report.outputs = describe() if callable(describe) else {"outputs": plan.output_filter}
         report.batching = plan_batching(signature, inputs, plan, config.batching).describe()
+        if config.rollout is not None:
+            await _plan_rollout(client, report, name, config.rollout, timeout)
     except errors.GatewayError as e:
         report.error, report.kind = e.message, e.kind.code
     return report
+
+
+async def _plan_rollout(
+    client: TFServingClient, report: ModelReport, name: str, rollout: RolloutConfig, timeout: float
+) -> None:
+    """The rollout's sides and the version TF Serving serves for each; GatewayError naming
+    the side whose version or label TF Serving cannot serve."""
+    described = ModelRollout(name, rollout).describe()
+    sides = (("current", rollout.current), ("canary", rollout.canary), ("shadow", rollout.shadow))
+    for side, target in sides:
+        if target is None:
+            continue
+        try:
+            signature = await client.signature(
+                ModelRef(name, target.version, target.label), timeout
+            )
+        except errors.GatewayError as e:
+            raise errors.GatewayError(
+                e.kind, f"rollout {side} ({target.describe()}) cannot be served: {e.message}"
+            ) from None
+        if side == "current":
+            described["current_version"] = signature.version
+        else:
+            described[side]["version"] = signature.version
+    report.rollout = described
 
 
 def trial_image() -> bytes:
@@ -201,6 +231,8 @@ def render(report: ModelReport) -> str:
     for title, plan in plans:
         if plan is not None:
             lines.append(f"  {title}: " + ", ".join(f"{k} = {v}" for k, v in plan.items()))
+    if report.rollout is not None:
+        lines.append(f"  rollout: {_rollout_line(report.rollout)}")
     if report.trial is not None:
         lines.append(
             f"  trial on a {report.trial['image']}: {json.dumps(report.trial['summary'])}; "
@@ -209,6 +241,22 @@ def render(report: ModelReport) -> str:
     if report.error is not None:
         lines.append(f"  reason: {report.error}")
     return "\n".join(lines)
+
+
+def _rollout_line(rollout: Mapping[str, Any]) -> str:
+    def served(side: Mapping[str, Any]) -> str:
+        return f"{side['candidate']} (version {side['version']})"
+
+    version = rollout.get("current_version")
+    parts = [f"current = {rollout['current']}" + (f" (version {version})" if version else "")]
+    if "canary" in rollout:
+        canary = rollout["canary"]
+        parts.append(f"canary = {served(canary)}, weight {canary['weight']:g} %, "
+                     f"sticky {canary['sticky']}")  # fmt: skip
+    if "shadow" in rollout:
+        shadow = rollout["shadow"]
+        parts.append(f"shadow = {served(shadow)}, share {shadow['share']:g}")
+    return "; ".join(parts)
 
 
 async def check(
@@ -224,6 +272,7 @@ async def check(
             if report.ok:
                 await trial(pipeline, api.BUILT_IN, report)
             reports.append(report)
+        await pipeline.shadows.drain()  # a trial's copy to a shadow candidate, if any
         return reports
     finally:
         await client.close()

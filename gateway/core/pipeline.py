@@ -1,11 +1,12 @@
 """One image end to end, the same for every task and every front door.
 
-limit -> model and options -> deadline budget -> signature (cached) -> input and batch plan
-(cached per model version and task) -> request built in a worker thread -> Predict on TF
-Serving, alone or batched with others waiting for the model (gateway.core.coalescer) ->
-outputs mapped by the task -> outcome. Each image is counted in the metrics and logged as
-one JSON line, whatever its outcome. Failures are raised as GatewayError (gateway.errors);
-the front doors turn them into their own status codes.
+limit -> model (a rollout may pick a canary version) and options -> deadline budget ->
+signature (cached) -> input and batch plan (cached per model version and task) -> request
+built in a worker thread -> Predict on TF Serving, alone or batched with others waiting for
+the model (gateway.core.coalescer) -> outputs mapped by the task -> outcome (a copy may go
+to a shadow candidate afterwards: gateway.policy.shadow). Each image is counted in the metrics
+and logged as one JSON line, whatever its outcome. Failures are raised as GatewayError
+(gateway.errors); the front doors turn them into their own status codes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from gateway import errors, logs, metrics, tracing
 from gateway.config import Settings
@@ -38,6 +39,8 @@ from gateway.imaging.header import ImageLimits
 from gateway.modelref import ModelRef
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.policy.fairshare import FairShare
+from gateway.policy.rollout import Rollouts
+from gateway.policy.shadow import Shadows
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import BAD_OUTPUTS, Frame, OutputError, OutputPlan, Task, TaskRegistry
 from gateway.upstream.client import (
@@ -100,6 +103,9 @@ class Pipeline:
         self._executor = executor
         # Callers' quotas and fair shares of the concurrency limit (gateway.policy).
         self._limit = FairShare.for_settings(settings)
+        # Canary and shadow versions per model (gateway.policy.rollout, .shadow).
+        self.rollouts = Rollouts(registry)
+        self.shadows = Shadows(settings.max_concurrent_requests, lambda: self._limit.in_flight)
         self._image_limits = ImageLimits(settings.max_image_bytes, settings.max_pixels)
         self._plans: dict[tuple[str, int, str], Plan] = {}
         # Per-model gauges (in flight, waiting for TF Serving): the models the config names.
@@ -128,10 +134,15 @@ class Pipeline:
             ticket = self._limit.acquire(request.caller)
             try:
                 model = self.model_ref(task.name, request.model)
+                model, shadowed = self.rollouts.route(model, request.caller, request_id)
                 with self._load.in_flight(model.name):
                     outcome = await self._run(task, model, request, request_id, timings, notes)
             finally:
                 self._limit.release(ticket, time.perf_counter() - started)
+            if shadowed is not None and shadowed.shadow is not None:
+                self.shadows.send(shadowed, outcome, partial(
+                    self._run, task, shadowed.shadow, request, request_id, timings.copy(), {}
+                ))  # fmt: skip
             return outcome
         except GatewayError as exc:
             code, failure = exc.code, exc

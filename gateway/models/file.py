@@ -31,7 +31,9 @@ base64url | tf_example, for string inputs) with `tf_example_key` (default image/
 nearest: the exporter's resizing, exactly; default: the fast path).
 `signature = "..."` in [models.NAME] picks a signature other than serving_default.
 `[models.NAME.batching]` (`enabled`, `max_batch`, `max_delay_ms`) says how requests waiting
-for the model are coalesced into one Predict (gateway/models/batching.py); `input.pad_to =
+for the model are coalesced into one Predict (gateway/models/batching.py);
+`[models.NAME.rollout]` (`current`, `canary`, `sticky`, `shadow`) serves a candidate version
+to a share of requests or copies them to it (gateway/models/rollout.py); `input.pad_to =
 [height, width]` with `input.pad_value` letterboxes variable-size images so they can be.
 
 `[models.NAME.outputs]` says what the signature does not (docs/models.md has one per exporter):
@@ -57,6 +59,7 @@ from gateway.labels import Labels, LabelsError
 from gateway.models.batching import read_batching
 from gateway.models.input_prep import read_input
 from gateway.models.output_mapping import read_outputs
+from gateway.models.rollout import read_rollout
 from gateway.models.registry import DEFAULT_SIGNATURE, ModelConfig, ModelRegistry
 from gateway.models.values import (
     CLASSIFICATION,
@@ -81,6 +84,7 @@ _MODEL_KEYS = {
     "max_detections",
     "top_k",
     "batching",
+    "rollout",
 }
 
 
@@ -187,6 +191,9 @@ def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[st
     batching = read_batching(
         as_table(table.get("batching", {}), path, where + ".batching"), path, where + ".batching"
     )
+    rollout = read_rollout(
+        as_table(table.get("rollout", {}), path, where + ".rollout"), path, where + ".rollout"
+    )
     signature = DEFAULT_SIGNATURE
     if "signature" in table:
         signature = table["signature"]
@@ -203,4 +210,5 @@ def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[st
         max_detections=max_detections,
         top_k=top_k,
         batching=batching,
+        rollout=rollout,
     )

@@ -11,6 +11,7 @@ from gateway.labels import Labels
 from gateway.models.batching import BatchingConfig
 from gateway.models.input_prep import InputPrep
 from gateway.models.output_mapping import OutputMapping
+from gateway.models.rollout import RolloutConfig
 from gateway.models.values import DETECTION
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -31,6 +32,7 @@ class ModelConfig:
     max_detections: int | None = None
     top_k: int | None = None
     batching: BatchingConfig = field(default_factory=BatchingConfig)
+    rollout: RolloutConfig | None = None  # a canary or shadow version (gateway.policy.rollout)
 
 
 _MAX_UNLISTED = 1024

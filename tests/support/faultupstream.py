@@ -7,6 +7,7 @@ forwards to a real (local) TF Serving and injects faults on demand.
         upstream.mutate = lambda response: ...    # broken answers (a tfs.PredictResponse)
         upstream.hold()                           # Predicts wait until release()
         upstream.hold(after=100)                  # ... all but the next 100
+        upstream.hold(only=lambda r: r.model_spec.version.value == 3)   # ... only these
         upstream.fail_next(grpc.StatusCode.UNAVAILABLE, "...", method="GetModelMetadata")
 
 It counts calls per method, Predicts in progress, and Predicts whose caller went away
@@ -60,6 +61,8 @@ class FaultyUpstream:
         self._released = threading.Event()
         self._released.set()
         self._passes = 0  # Predicts still let through while holding (hold(after=...))
+        # Which Predicts a hold holds (hold(only=...)); None: all.
+        self._only: Callable[[tfs.PredictRequest], bool] | None = None
         self._lock = threading.Lock()
         self._channel = grpc.insecure_channel(backend, options=UNLIMITED)
         self._server = grpc.server(ThreadPoolExecutor(THREADS), options=UNLIMITED)
@@ -121,11 +124,15 @@ class FaultyUpstream:
         with self._lock:
             return [metadata for name, metadata in self.received if name == method]
 
-    def hold(self, after: int = 0) -> None:
+    def hold(
+        self, after: int = 0, only: Callable[[tfs.PredictRequest], bool] | None = None
+    ) -> None:
         """Predicts from now on wait (after forwarding nothing) until release(), except the
-        next `after` of them, which pass: work that runs on can be stopped at a known point."""
+        next `after` of them, which pass: work that runs on can be stopped at a known point.
+        With `only`, just the Predicts whose request it accepts are held."""
         with self._lock:
             self._passes = after
+            self._only = only
             self._released.clear()
 
     def release(self) -> None:
@@ -178,6 +185,9 @@ class FaultyUpstream:
                 passes = self._passes > 0 and not self._released.is_set()
                 if passes:
                     self._passes -= 1
+                only = self._only
+            if only is not None and not only(tfs.PredictRequest.FromString(request)):
+                passes = True
             try:
                 if failure is not None:
                     self._fail(context, *failure)

@@ -259,6 +259,20 @@ class Handlers:
             body=json.dumps(body, separators=(",", ":")).encode(), content_type=bodies.JSON
         )
 
+    async def rollout(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["model"]
+        rollout = self._pipeline.rollouts.models.get(name)
+        if rollout is None:
+            message = (
+                f"model '{name}' has no rollout; give it one in the model config "
+                f"([models.{name}.rollout], GATEWAY_MODEL_CONFIG)"
+            )
+            return error_response(STATUS[Kind.NOT_FOUND], Kind.NOT_FOUND.code, message, "", False)
+        return web.Response(
+            body=json.dumps(rollout.summary(), separators=(",", ":")).encode(),
+            content_type=bodies.JSON,
+        )
+
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         document = openapi.document(self._pipeline.registry, self._bindings, self._jobs)
         return web.Response(body=json.dumps(document).encode(), content_type=bodies.JSON)

@@ -300,6 +300,23 @@ def document(registry: ModelRegistry, bindings: Bindings, jobs: bool = False) ->
     paths["/v1/models/{model}"] = _status(("model",))
     paths["/v1/models/{model}/versions/{version}"] = _status(("model", "version"))
     paths["/v1/models/{model}/labels/{label}"] = _status(("model", "label"))
+    paths["/v1/models/{model}/rollout"] = {
+        "get": {
+            "summary": "the model's rollout ([models.NAME.rollout]): its canary and shadow, "
+            "requests per side, shadow calls and how the shadow's answers compared (counts of "
+            "the gateway process that answers)",
+            "parameters": [
+                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
+            "responses": {
+                "200": {
+                    "description": "the rollout summary",
+                    "content": {bodies.JSON: {"schema": {"type": "object"}}},
+                },
+                "404": {**_ERROR, "description": "the model config gives the model no rollout"},
+            },
+        }
+    }
     paths["/openapi.json"] = {
         "get": {"summary": "this description", "responses": {"200": {"description": "OpenAPI 3.1"}}}
     }

@@ -5,6 +5,7 @@
     POST /invocations          the default model with its task (SageMaker-style hosting)
     GET  /ping                 200 {} while the default model is AVAILABLE, else 503
     GET  /v1/models/{model}[/versions/{n} | /labels/{label}]   TF Serving's model status
+    GET  /v1/models/{model}/rollout   the model's canary and shadow, and what they counted
     GET  /openapi.json, GET /  (the description, and a page to try the API in a browser)
 
     Batch jobs (gateway.frontends.http.jobs):
@@ -57,6 +58,7 @@ def register_routes(
     add("GET", "/ping", handlers.ping)
     for path in MODEL_PATHS:
         add("GET", path, handlers.model_status)
+    add("GET", f"{MODEL}/rollout", handlers.rollout)
     add("GET", "/openapi.json", handlers.openapi)
     add("GET", "/", handlers.page)
     if jobs is not None:

@@ -54,7 +54,8 @@ def test_openapi_describes_exactly_the_server_s_routes() -> None:
         (method.upper(), path) for path, item in document["paths"].items() for method in item
     }
     assert routes == described
-    assert len(routes) == 13  # 6 prediction routes, /invocations, /ping, 3 status, spec, page
+    # 6 prediction routes, /invocations, /ping, 3 status, rollout, spec, page
+    assert len(routes) == 14
 
 
 def test_openapi_parameters_match_the_path_templates() -> None:

@@ -1,0 +1,87 @@
+"""Shadow calls: a copy of an answered request sent to a rollout's shadow candidate in the
+background, its answer compared with the caller's (gateway.policy.compare), never the other
+way round: the caller's answer is out before the copy starts, and nothing the copy does
+reaches the caller.
+
+Bounded: at most MAX_PENDING copies at a time in a process. A copy is dropped (and counted)
+when that many are pending, or when the gateway's requests in flight are within a quarter of
+--max-concurrent-requests: shadow traffic is the first thing to go under load. Copies take no
+concurrency ticket and no caller's fair share (gateway.policy.fairshare).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from gateway.core.domain import Outcome
+from gateway.errors import GatewayError
+from gateway.policy.compare import compare
+from gateway.policy.rollout import ModelRollout
+
+log = logging.getLogger("gateway.shadow")
+
+# Copies pending at once per process: enough for a share of a busy model's traffic on the
+# calls TF Serving answers in tens of milliseconds, small enough that a stuck candidate holds
+# little memory (a copy keeps its image until the candidate answers or times out).
+MAX_PENDING = 8
+
+
+class Shadows:
+    def __init__(
+        self, limit: int, in_flight: Callable[[], int], max_pending: int = MAX_PENDING
+    ) -> None:
+        # Requests in flight from which copies are dropped: three quarters of the limit.
+        self._near_limit = max(1, limit - limit // 4)
+        self._in_flight = in_flight
+        self.max_pending = max_pending
+        self._pending: set[asyncio.Task[None]] = set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def send(
+        self, rollout: ModelRollout, current: Outcome, call: Callable[[], Awaitable[Outcome]]
+    ) -> None:
+        """Starts `call` (the request, on the shadow candidate) in the background and
+        compares its answer with `current`; or drops it, counted, when busy."""
+        if len(self._pending) >= self.max_pending or self._in_flight() >= self._near_limit:
+            rollout.shadow_call("dropped")
+            return
+        task = asyncio.get_running_loop().create_task(self._run(rollout, current, call))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _run(
+        self, rollout: ModelRollout, current: Outcome, call: Callable[[], Awaitable[Outcome]]
+    ) -> None:
+        # One turn of the loop first: the caller's answer goes out before the copy starts.
+        await asyncio.sleep(0)
+        rollout.shadow_call("sent")
+        try:
+            candidate = await call()
+        except GatewayError as exc:
+            rollout.shadow_call("failed")
+            log.info(
+                "shadow call failed",
+                extra={"fields": {"model": rollout.name, "request_id": current.request_id,
+                                  "code": exc.code, "message": exc.message}},
+            )  # fmt: skip
+            return
+        except Exception:
+            rollout.shadow_call("failed")
+            log.exception(
+                "shadow call failed unexpectedly",
+                extra={"fields": {"model": rollout.name, "request_id": current.request_id}},
+            )
+            return
+        comparison = compare(current.result, candidate.result)
+        if comparison is not None:
+            rollout.record(comparison)
+
+    async def drain(self) -> None:
+        """Waits for the pending copies (tests; shutdown cancels them instead)."""
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)

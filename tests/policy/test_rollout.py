@@ -1,0 +1,82 @@
+"""Routing of a model's requests by its rollout: canary weight, stickiness, explicit versions
+never rerouted, shadow share; and the summary's counts."""
+
+from __future__ import annotations
+
+from gateway.modelref import ModelRef
+from gateway.models import ModelConfig, ModelRegistry
+from gateway.models.rollout import RolloutConfig, Target
+from gateway.policy.compare import ClassificationComparison, DetectionComparison
+from gateway.policy.rollout import Rollouts
+
+
+def rollouts(name: str = "m", **rollout: object) -> Rollouts:
+    config = ModelConfig(name, rollout=RolloutConfig(**rollout))  # type: ignore[arg-type]
+    return Rollouts(ModelRegistry({name: config, "plain": ModelConfig("plain")}, name, {}))
+
+
+def test_explicit_versions_labels_and_other_models_are_never_rerouted():
+    routes = rollouts(canary=Target(version=2), weight=100.0, shadow=Target(version=3), share=1.0)
+    for model in (ModelRef("m", 1), ModelRef("m", None, "stable"), ModelRef("plain")):
+        assert routes.route(model, "caller", "id") == (model, None)
+    assert routes.models["m"].counts["canary"] == 0
+
+
+def test_sticky_request_id_sends_the_weight_to_the_canary_the_same_way_every_time():
+    routes = rollouts(canary=Target(version=2), weight=10.0, sticky="request_id")
+    ids = [f"{n:032x}" for n in range(5000)]
+    first = [routes.route(ModelRef("m"), "", i)[0] for i in ids]
+    again = [routes.route(ModelRef("m"), "someone else", i)[0] for i in ids]
+    assert first == again
+    canary = sum(model == ModelRef("m", 2) for model in first)
+    assert 400 <= canary <= 600  # 10 % of 5000, give or take a hash's spread
+    assert set(first) == {ModelRef("m", 2), ModelRef("m")}
+    counts = routes.models["m"].counts
+    assert (counts["canary"], counts["current"]) == (2 * canary, 2 * (5000 - canary))
+
+
+def test_sticky_caller_keeps_each_caller_on_one_side():
+    routes = rollouts(canary=Target(label="canary"), weight=50.0, sticky="caller",
+                      current=Target(label="stable"))  # fmt: skip
+    sides = {}
+    for caller in (f"spiffe://team/{n}" for n in range(40)):
+        seen = {routes.route(ModelRef("m"), caller, f"{r}")[0] for r in range(20)}
+        assert len(seen) == 1
+        sides[caller] = seen.pop()
+    assert set(sides.values()) == {ModelRef("m", None, "canary"), ModelRef("m", None, "stable")}
+
+
+def test_random_canary_weight_is_honoured_without_stickiness():
+    routes = rollouts(canary=Target(version=2), weight=100.0)
+    assert all(routes.route(ModelRef("m"), "", "x")[0] == ModelRef("m", 2) for _ in range(100))
+
+
+def test_shadow_share_copies_requests_served_by_current_only():
+    routes = rollouts(canary=Target(version=2), weight=50.0, sticky="request_id",
+                      shadow=Target(version=3), share=1.0)  # fmt: skip
+    rollout = routes.models["m"]
+    for n in range(200):
+        model, shadowed = routes.route(ModelRef("m"), "", str(n))
+        assert (shadowed is rollout) == (model == ModelRef("m"))
+    none = rollouts(shadow=Target(version=3), share=0.000001)
+    assert sum(none.route(ModelRef("m"), "", "x")[1] is not None for _ in range(1000)) <= 1
+
+
+def test_summary_counts_requests_calls_and_comparisons():
+    routes = rollouts(canary=Target(version=2), weight=100.0, shadow=Target(version=3), share=1.0)
+    rollout = routes.models["m"]
+    routes.route(ModelRef("m"), "", "a")
+    rollout.shadow_call("sent")
+    rollout.shadow_call("dropped")
+    rollout.record(DetectionComparison(0.5, 1.0, 1, 2, 1, [0.25]))
+    rollout.record(DetectionComparison(1.0, 0.5, 1, 1, 2, [-0.05]))
+    rollout.record(ClassificationComparison(True, 0.5))
+    summary = rollout.summary()
+    assert summary["current"] == "latest version"
+    assert summary["canary"] == {"candidate": "version 2", "weight": 100.0, "sticky": "random",
+                                 "served": {"canary": 1, "current": 0}}  # fmt: skip
+    shadow = summary["shadow"]
+    assert shadow["calls"] == {"sent": 1, "failed": 0, "dropped": 1}
+    assert shadow["detection"] == {"images": 2, "precision": 0.75, "recall": 0.75,
+                                   "matched_pairs": 2, "mean_score_delta": 0.1}  # fmt: skip
+    assert shadow["classification"] == {"images": 1, "top1_agreement": 1.0, "topk_overlap": 0.5}

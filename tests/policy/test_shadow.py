@@ -1,0 +1,94 @@
+"""Shadow calls run after the caller's answer, bounded: dropped and counted when too many are
+pending or the gateway is near its limit; a failing candidate is counted, never raised."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway import errors
+from gateway.core.domain import Outcome
+from gateway.modelref import ModelRef
+from gateway.models import ModelConfig, ModelRegistry
+from gateway.models.rollout import RolloutConfig, Target
+from gateway.policy.rollout import ModelRollout, Rollouts
+from gateway.policy.shadow import Shadows
+from gateway.tasks.types import Box, Detection, Detections, NormalizedBox
+
+
+def rollout() -> ModelRollout:
+    config = ModelConfig("m", rollout=RolloutConfig(shadow=Target(version=2), share=1.0))
+    return Rollouts(ModelRegistry({"m": config}, "m", {})).models["m"]
+
+
+def outcome(*scores: float) -> Outcome:
+    boxes = [
+        Detection(1, "cat", s, Box(0, 0, 10, 10), NormalizedBox(0, 0, 0.5, 0.5)) for s in scores
+    ]
+    return Outcome(Detections(boxes), 20, 20, "m", 1, "id", {})
+
+
+def test_a_copy_is_compared_after_the_caller_goes_on():
+    async def main() -> None:
+        shadows = Shadows(64, lambda: 0)
+        shadowed = rollout()
+        started = asyncio.Event()
+
+        async def call() -> Outcome:
+            started.set()
+            return outcome(0.5)
+
+        shadows.send(shadowed, outcome(0.9), call)
+        assert not started.is_set()  # nothing ran before the caller's turn ends
+        await shadows.drain()
+        assert shadowed.counts["sent"] == 1
+        assert shadowed.compared["detection"] == 1
+        assert shadowed.sums["score_delta"] == -0.4
+
+    asyncio.run(main())
+
+
+def test_copies_beyond_the_cap_or_near_the_limit_are_dropped_and_counted():
+    async def main() -> None:
+        in_flight = [0]
+        shadows = Shadows(8, lambda: in_flight[0], max_pending=2)
+        shadowed = rollout()
+        gate = asyncio.Event()
+
+        async def held() -> Outcome:
+            await gate.wait()
+            return outcome(0.9)
+
+        for _ in range(3):
+            shadows.send(shadowed, outcome(0.9), held)
+        assert (shadows.pending, shadowed.counts["dropped"]) == (2, 1)
+        gate.set()
+        await shadows.drain()
+        in_flight[0] = 6  # three quarters of 8
+        shadows.send(shadowed, outcome(0.9), held)
+        assert (shadows.pending, shadowed.counts["dropped"]) == (0, 2)
+        in_flight[0] = 5
+        shadows.send(shadowed, outcome(0.9), held)
+        await shadows.drain()
+        assert (shadowed.counts["sent"], shadowed.compared["detection"]) == (3, 3)
+
+    asyncio.run(main())
+
+
+def test_a_failing_candidate_is_counted_and_goes_no_further():
+    async def main() -> None:
+        shadows = Shadows(64, lambda: 0)
+        shadowed = rollout()
+
+        async def failing() -> Outcome:
+            raise errors.GatewayError(errors.Kind.UNAVAILABLE, "TF Serving is unavailable")
+
+        shadows.send(shadowed, outcome(0.9), failing)
+        await shadows.drain()
+        assert (shadowed.counts["sent"], shadowed.counts["failed"]) == (1, 1)
+        assert shadowed.compared["detection"] == 0
+
+    asyncio.run(main())
+
+
+def test_the_shadow_model_ref_is_the_candidate():
+    assert rollout().shadow == ModelRef("m", 2)
