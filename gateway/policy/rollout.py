@@ -27,8 +27,9 @@ from gateway.policy.compare import ClassificationComparison, Comparison, Detecti
 
 ROUTED = Counter(
     "detection_gateway_rollout_requests",
-    "Requests of a model with a rollout, by the side that served them: canary (the candidate "
-    "named by its canary) or current (the rest).",
+    "Requests of a model with a rollout, by the side they were routed to: canary (the "
+    "candidate named by its canary) or current (the rest); counted when routed, whatever "
+    "the answer.",
     ["model", "candidate", "side"],
 )
 SHADOW_CALLS = Counter(
