@@ -5,6 +5,7 @@ admit no more jobs together than the limit; a job that ends gives its slot back.
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -13,6 +14,7 @@ from pathlib import Path
 import grpc
 from google.longrunning import operations_pb2 as lro
 
+from tests.jobs.test_replicas import wait_for
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.jobs import Client, State, gateway, make_images, metadata
 
@@ -51,6 +53,9 @@ def test_two_replicas_racing_creates_admit_no_more_than_the_limit(
         cancel = lro.CancelOperationRequest(name=names[0])
         clients[1].ops.CancelOperation(cancel, timeout=30)
         assert metadata(clients[1].wait(names[0])).state == State.CANCELLED
+        # The slot goes back just after the record that ended the job is written.
+        usage = store / "usage.json"
+        wait_for(lambda: json.loads(usage.read_text())["jobs"] == LIMIT - 1, "the slot back")
         assert clients[0].create(input_uri=str(images)).name
         refused = refused_create(clients[1], images)
         assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
