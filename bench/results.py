@@ -33,6 +33,7 @@ SECTIONS = {
     "zoo": "python -m tests.zoo.deviation",
     "fairness": "python -m bench.fairness",
     "batching": "python -m bench.batching",
+    "rollout": "python -m bench.rollout",
 }
 _END = "<!-- end "
 
