@@ -1,6 +1,7 @@
 """The zoo's comparisons have teeth: a gateway whose model config makes one preprocessing
 mistake gives answers that tests/zoo/compare.py tells apart from the library's, for every
-model the mistake applies to.
+model the mistake applies to: the classifiers, and the detectors that take pixels (the
+gateway sends the others the encoded file, which their graph decodes).
 
 - the channel order swapped (RGB models sent BGR, the caffe-style ResNet50 sent RGB);
 - the mean subtraction dropped (models whose config sets `mean`; the others normalise in
@@ -22,7 +23,7 @@ import pytest
 
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import LocalServer
-from tests.zoo.compare import classifier_differences, to_toml
+from tests.zoo.compare import classifier_differences, detector_differences, to_toml
 from tests.zoo.conftest import CLASSIFIERS, DETECTORS, MODEL_CONFIG
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(5400)]
@@ -48,14 +49,23 @@ MISTAKES: dict[str, Callable[[dict[str, Any]], bool]] = {
 }
 # The photos the fast path decodes at a fraction of their size: where it must be caught.
 DCT_SCALED = {"photo640x480", "photo1200x900", "exif6_600x800", "exif3_800x600"}
+# The detectors the gateway sends pixels (their graphs take no encoded file).
+PIXEL_DETECTORS = (
+    "mg_retinanet_image_tensor",
+    "mg_retinanet_image_tensor_normalized",
+    "yolo_v8_layout",
+    "keras_hub_retinanet_decoded",
+)
 
 
-def wrong_config(mistake: str, directory: Path) -> tuple[Path, list[str]]:
-    """The zoo's model config with `mistake` made for every classifier it applies to."""
+def wrong_config(
+    mistake: str, directory: Path, models: tuple[str, ...] = CLASSIFIERS
+) -> tuple[Path, list[str]]:
+    """The zoo's model config with `mistake` made for every one of `models` it applies to."""
     config = tomllib.loads(MODEL_CONFIG.read_text())
     wrong = copy.deepcopy(config)
     changed = []
-    for model in CLASSIFIERS:
+    for model in models:
         table = wrong["models"][model]
         if MISTAKES[mistake](table.setdefault("input", {})):
             changed.append(model)
@@ -84,3 +94,24 @@ def test_a_wrong_preprocessing_fails_the_comparison(
             assert differences, f"{mistake}: {model} still matches the library"
             if mistake == "fast resize":
                 assert set(differences) >= DCT_SCALED, (model, differences)
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_a_wrong_preprocessing_fails_the_detectors_comparison(
+    mistake: str,
+    zoo: Path,
+    zoo_expected: dict[str, Any],
+    tfs: LocalServer,
+    tmp_path: Path,
+) -> None:
+    assert set(PIXEL_DETECTORS) <= set(DETECTORS)
+    config, changed = wrong_config(mistake, tmp_path, PIXEL_DETECTORS)
+    assert changed, f"{mistake} applies to no detector"
+    args = [f"--model-config={config}", f"--model={DETECTORS[0]}"]
+    with (
+        run_gateway(tfs.target, args, log_dir=tmp_path) as gateway,
+        grpc.insecure_channel(gateway.target, options=CHANNEL_OPTIONS) as channel,
+    ):
+        for model in changed:
+            differences = detector_differences(channel, model, zoo, zoo_expected)
+            assert differences, f"{mistake}: {model} still matches the library"
