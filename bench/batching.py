@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,21 +143,38 @@ def body(model: str) -> bytes:
     return request.SerializeToString()
 
 
-def measure(gw: Gateway, payload: bytes, concurrency: int, seconds: float) -> Run:
-    calls0, images0 = gw.batch_counts()
-    cpu0 = cpu_seconds([gw.process.pid])
-    latencies = load.closed_loop(gw.target, CLASSIFY, payload, concurrency, seconds, warmup=1.0)
-    cpu = cpu_seconds([gw.process.pid]) - cpu0
-    calls1, images1 = gw.batch_counts()
+def _measure(
+    target: str,
+    method: str,
+    payload: bytes,
+    concurrency: int,
+    seconds: float,
+    cpu: Callable[[], float],
+    counts: Callable[[], tuple[float, float]],
+) -> Run:
+    """One closed-loop run; `cpu` reads the server's CPU seconds, `counts` its (upstream
+    calls, images) so far."""
+    calls0, images0 = counts()
+    cpu0 = cpu()
+    latencies = load.closed_loop(target, method, payload, concurrency, seconds, warmup=1.0)
+    spent = cpu() - cpu0
+    calls1, images1 = counts()
     images, calls = images1 - images0, calls1 - calls0
     return Run(
         rate=latencies.rate,
         p50=latencies.p(50),
         p99=latencies.p(99),
-        cpu_us=cpu / images * 1e6 if images else float("nan"),
+        cpu_us=spent / images * 1e6 if images else float("nan"),
         calls=calls / images if images else float("nan"),
         errors=latencies.errors,
     )
+
+
+def measure(gw: Gateway, payload: bytes, concurrency: int, seconds: float) -> Run:
+    def cpu() -> float:
+        return cpu_seconds([gw.process.pid])
+
+    return _measure(gw.target, CLASSIFY, payload, concurrency, seconds, cpu, gw.batch_counts)
 
 
 @dataclass
@@ -201,22 +218,11 @@ def mlserver(upstream: str, workdir: Path) -> Iterator[MLServer]:
 
 
 def measure_mlserver(server: MLServer, upstream: str, concurrency: int, seconds: float) -> Run:
-    calls0, images0 = classified(upstream)
-    cpu0 = server.process.cpu_seconds()
-    latencies = load.closed_loop(
-        server.target, MODEL_INFER, server.body, concurrency, seconds, warmup=1.0
-    )
-    cpu = server.process.cpu_seconds() - cpu0
-    calls1, images1 = classified(upstream)
-    images, calls = images1 - images0, calls1 - calls0
-    return Run(
-        rate=latencies.rate,
-        p50=latencies.p(50),
-        p99=latencies.p(99),
-        cpu_us=cpu / images * 1e6 if images else float("nan"),
-        calls=calls / images if images else float("nan"),
-        errors=latencies.errors,
-    )
+    def counts() -> tuple[float, float]:
+        return classified(upstream)
+
+    return _measure(server.target, MODEL_INFER, server.body, concurrency, seconds,
+                    server.process.cpu_seconds, counts)  # fmt: skip
 
 
 def scenario(
