@@ -36,10 +36,10 @@ import numpy as np
 
 from bench import photos, upstream
 from gateway import logs, memory
+from gateway.api import bindings as api
 from gateway.app import built_in_tasks, load_models
 from gateway.core.pipeline import Pipeline
 from gateway.flags import parse_settings
-from gateway.frontends import api
 from gateway.frontends.grpc.servicers import Drain, TaskServicer
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs

@@ -2,7 +2,7 @@
 on SIGTERM.
 
 The tasks served are values given here: each a Task (gateway.tasks) with its binding
-(gateway.frontends.api). `start` takes others, which is how a test plugs in a task of its
+(gateway.api.bindings). `start` takes others, which is how a test plugs in a task of its
 own; `serve` is `start` until a signal, then `Gateway.stop`.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway import memory, metrics, modelcheck, tracing
+from gateway.api import bindings as api
 from gateway.batch.in_process import Lane
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends import api
 from gateway.frontends.grpc import server as grpc_door
 from gateway.imaging import resize
 from gateway.jobs.admission import Admission
@@ -45,7 +45,7 @@ log = logging.getLogger("gateway.server")
 
 
 def built_in_tasks() -> TaskRegistry:
-    """The tasks the gateway serves; each has its binding in gateway.frontends.api.BUILT_IN."""
+    """The tasks the gateway serves; each has its binding in gateway.api.bindings.BUILT_IN."""
     return TaskRegistry((DetectionTask(), ClassificationTask()))
 
 

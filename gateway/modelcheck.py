@@ -29,12 +29,12 @@ from google.protobuf import json_format
 from PIL import Image
 
 from gateway import errors
+from gateway.api import bindings as api
 from gateway.config import Settings
 from gateway.core.batching import plan_batching
 from gateway.core.domain import ModelRef
 from gateway.core.inputs import plan_input
 from gateway.core.pipeline import Pipeline
-from gateway.frontends import api
 from gateway.models import ModelRegistry
 from gateway.models.rollout import RolloutConfig
 from gateway.policy.rollout import ModelRollout

@@ -31,11 +31,14 @@ FORBIDDEN = {
     "gateway.core": ["gateway.frontends", "gateway.jobs", "gateway.batch", "gateway.client"],
     "gateway.frontends.grpc": ["gateway.frontends.http"],
     "gateway.frontends.http": ["gateway.frontends.grpc"],
-    # The client imports the bindings: they stay light (no pipeline, no doors).
-    "gateway.frontends.api": [
-        "gateway.frontends.grpc",
-        "gateway.frontends.http",
+    # The contract sits below the doors, batch, jobs and the client: they import it, it
+    # imports none of them (and the client imports it: it stays light, no pipeline).
+    "gateway.api.bindings": [
+        "gateway.frontends",
         "gateway.core.pipeline",
+        "gateway.batch",
+        "gateway.jobs",
+        "gateway.client",
     ],
     "gateway.client": [
         "gateway.core.pipeline",

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gateway.api.bindings import BUILT_IN, Bindings
 from gateway.batch import job, sources, storage
 from gateway.batch.access import Guard
 from gateway.batch.limits import LimitExceeded, Limits
@@ -23,7 +24,6 @@ from gateway.batch.spec import FORMATS, JobSpec
 from gateway.batch.transport import Deliver, StopJob
 from gateway.client.cli import add_option_arguments, add_tls_arguments, tls_from_args
 from gateway.errors import GatewayError
-from gateway.frontends.api import BUILT_IN, Bindings
 from gateway.modelref import ModelRef
 
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in Indexed Jobs

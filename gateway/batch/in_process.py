@@ -14,13 +14,13 @@ import logging
 
 from google.protobuf import json_format
 
+from gateway.api.bindings import Binding
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import Answer, CallTransport, Deliver, Work, failed
 from gateway.client.messages import model_spec
 from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.api import Binding
 
 log = logging.getLogger("gateway.jobs")
 

@@ -26,13 +26,13 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from gateway.api.bindings import Binding
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import CLOSE, RETRY, Answer, Deliver, Queue, Work, backoff, failed
 from gateway.client.channel import DEFAULT_MAX_MESSAGE_BYTES, open_aio_channel
 from gateway.client.messages import model_spec
 from gateway.client.stubs import AioTaskStub
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.api import Binding
 from gateway.frontends.grpc.status import STATUS
 from gateway.tls import TLS
 

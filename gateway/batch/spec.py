@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gateway import errors
-from gateway.frontends.api import Binding, Bindings
+from gateway.api.bindings import Binding, Bindings
 from gateway.modelref import ModelRef
 from gateway.models import DETECTION
 

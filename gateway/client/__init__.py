@@ -10,7 +10,7 @@
         result = client.classify(Path("cat.jpg").read_bytes(), top_k=3)
         print([(c.label, c.score) for c in result.classes])
 
-Any task: `TaskClient(target, binding)` with a binding of gateway.frontends.api; asyncio:
+Any task: `TaskClient(target, binding)` with a binding of gateway.api.bindings; asyncio:
 `AioTaskStub(open_aio_channel(target), binding)`.
 """
 

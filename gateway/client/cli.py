@@ -6,7 +6,7 @@
 
 Each line is the result (or the error) of one image; `--draw` also writes the image with the
 boxes and labels (or top classes) drawn on it. The tasks and their option flags come from
-the bindings (gateway.frontends.api).
+the bindings (gateway.api.bindings).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 import grpc
 from google.protobuf.descriptor import FieldDescriptor
 
+from gateway.api.bindings import BUILT_IN, Bindings
 from gateway.client.drawing import draw, draw_path
 from gateway.client.http import HttpCallError, HttpClient
 from gateway.client.messages import result_dict
 from gateway.client.stubs import TaskClient
-from gateway.frontends.api import BUILT_IN, Bindings
 from gateway.tls import TLS
 
 

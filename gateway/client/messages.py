@@ -8,7 +8,7 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from gateway.frontends.api import BUILT_IN, Binding
+from gateway.api.bindings import BUILT_IN, Binding
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 

@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import dataclass
 
 from gateway import errors
+from gateway.api.bindings import Binding, Bindings
 from gateway.batch import job as batch_job
 from gateway.batch import sources, storage
 from gateway.batch.access import Guard, check_prefixes, place
@@ -17,7 +18,6 @@ from gateway.client.messages import model_spec
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.api import Binding, Bindings
 from gateway.jobs import owners
 from gateway.jobs.records import Job
 from gateway.jobs.store import JobStore

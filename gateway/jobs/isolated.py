@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
+from gateway.api.bindings import Binding
 from gateway.batch import job as batch_job
 from gateway.batch import sources
 from gateway.batch.access import Guard
@@ -33,7 +34,6 @@ from gateway.batch.over_pipe import Link, ProtocolError, answer_header, receive
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import StopJob, Work
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.api import Binding
 
 log = logging.getLogger("gateway.jobs")
 

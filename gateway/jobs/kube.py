@@ -35,13 +35,13 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from gateway.api.bindings import Binding
 from gateway.batch import job as batch_job
 from gateway.batch import status, storage
 from gateway.batch.output import Output
 from gateway.batch.status import OutputStatus
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.api import Binding
 from gateway.jobs.admission import input_guard, job_limits
 from gateway.jobs.records import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
 from gateway.jobs.service import ExecutorError, JobService

@@ -9,8 +9,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gateway.api.bindings import BUILT_IN
 from gateway.batch.storage import StorageError
-from gateway.frontends.api import BUILT_IN
 from gateway.paylog.replay import DEFAULT_MAX_LINE, ReplayError, replay
 
 

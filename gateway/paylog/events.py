@@ -38,9 +38,9 @@ from typing import Any, NamedTuple
 
 from google.protobuf import json_format
 
+from gateway.api.bindings import Bindings
 from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import trace_id_of
-from gateway.frontends.api import Bindings
 from gateway.modelref import ModelRef
 
 SPECVERSION = "1.0"

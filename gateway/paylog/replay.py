@@ -38,8 +38,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.api.bindings import Bindings
 from gateway.batch import storage
-from gateway.frontends.api import Bindings
 from gateway.paylog.events import SPECVERSION, TYPE
 
 # A log line holds at most one image (32 MiB by default) as base64, plus the rest.

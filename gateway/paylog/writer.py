@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge
 
+from gateway.api.bindings import Bindings
 from gateway.config import Settings
 from gateway.core.domain import Outcome, Request
 from gateway.errors import GatewayError
-from gateway.frontends.api import Bindings
 from gateway.modelref import ModelRef
 from gateway.paylog import sinks
 from gateway.paylog.events import Record, event

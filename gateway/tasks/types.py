@@ -1,6 +1,6 @@
 """The built-in tasks' plain types: the options a caller gives and the results the tasks
 return (gateway.tasks.detection, gateway.tasks.classification); the bindings
-(gateway.frontends.api) convert them to and from the public API's messages.
+(gateway.api.bindings) convert them to and from the public API's messages.
 
 NamedTuples for the values made several times per image (a NamedTuple costs a fraction of
 a frozen dataclass to make).

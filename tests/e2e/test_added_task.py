@@ -29,11 +29,11 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from PIL import Image
 
 from gateway import app
+from gateway.api import bindings as api
 from gateway.client import TaskClient
 from gateway.client.cli import main as client_main
 from gateway.config import Settings
 from gateway.flags import parse_settings
-from gateway.frontends import api
 from gateway.tasks.base import TaskRegistry
 from serving.reference import CLASSIFIER_PALETTE, read_labels
 from tests.support.embedding.binding import compile_messages, embedding_binding

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from gateway.api import bindings as api
 from gateway.app import build_jobs, built_in_tasks
 from gateway.batch.spec import JobSpec
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
-from gateway.frontends import api
 from gateway.jobs import service as service_module
 from gateway.jobs.admission import Request
 from gateway.jobs.service import JobService

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.api.bindings import BUILT_IN
 from gateway.batch.spec import JobSpec
 from gateway.config import Settings
-from gateway.frontends.api import BUILT_IN
 from gateway.jobs import kube
 from gateway.jobs.records import Job
 from gateway.modelref import ModelRef

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.frontends.api import BUILT_IN
+from gateway.api.bindings import BUILT_IN
 from gateway.paylog import sinks
 from gateway.paylog.events import binary
 from gateway.paylog.sampling import FULL, Policy, Sampling

@@ -11,7 +11,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from gateway.frontends.api import BUILT_IN
+from gateway.api.bindings import BUILT_IN
 from gateway.paylog import sinks
 from gateway.paylog.__main__ import main
 from gateway.paylog.sampling import FULL, HASH, Policy, Sampling

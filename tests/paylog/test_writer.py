@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 import fsspec
 import pytest
 
+from gateway.api.bindings import BUILT_IN
 from gateway.config import Settings
-from gateway.frontends.api import BUILT_IN
 from gateway.paylog import sinks
 from gateway.paylog.sampling import FULL, PaylogError, Policy, Sampling
 from gateway.paylog.writer import PayloadLog, cost

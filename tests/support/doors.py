@@ -22,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
+from gateway.api import bindings as api
 from gateway.app import built_in_tasks, load_models
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends import api
 from gateway.frontends.grpc import server as grpc_door
 from gateway.frontends.http.server import HttpDoor
 from gateway.readiness import Readiness

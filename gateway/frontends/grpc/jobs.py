@@ -1,5 +1,5 @@
 """detection.v1.BatchService and google.longrunning.Operations over gRPC: the caller from
-the auth context, conversions from gateway.frontends.jobs_api, the work in
+the auth context, conversions from gateway.api.jobs, the work in
 gateway.jobs.service, failures through the door's status table."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from google.longrunning import operations_pb2_grpc as lro_grpc
 from google.protobuf import empty_pb2
 
 from gateway import identity
+from gateway.api.jobs import to_line, to_operation, to_request, upload_timeout
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.grpc.status import STATUS
-from gateway.frontends.jobs_api import to_line, to_operation, to_request, upload_timeout
 from gateway.jobs.service import JobService
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc

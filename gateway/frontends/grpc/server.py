@@ -16,9 +16,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from gateway.api.bindings import Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends.api import Bindings
 from gateway.frontends.grpc import jobs as jobs_door
 from gateway.frontends.grpc.health import HealthServicer, HealthStatuses
 from gateway.frontends.grpc.servicers import Drain, add_task_services

@@ -1,4 +1,4 @@
-"""The tasks' gRPC services, one per binding (gateway.frontends.api): convert, delegate to the
+"""The tasks' gRPC services, one per binding (gateway.api.bindings): convert, delegate to the
 pipeline, answer.
 
 No pipeline logic here, and no task: each service is its binding's RPCs over the same code.
@@ -22,10 +22,10 @@ import grpc
 from google.rpc import status_pb2
 
 from gateway import identity
+from gateway.api.bindings import TRACE_HEADERS, Binding, ToRequest, Trace
 from gateway.core.domain import Outcome
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.api import TRACE_HEADERS, Binding, ToRequest, Trace
 from gateway.frontends.grpc.status import STATUS, abort
 
 log = logging.getLogger("gateway.pipeline")

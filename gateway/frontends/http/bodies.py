@@ -50,7 +50,7 @@ ACCEPTED = (
 )
 
 # A binding's request message (image, model, request_id and scalar options; see
-# gateway.frontends.api): protobuf classes differ per task.
+# gateway.api.bindings): protobuf classes differ per task.
 ApiRequest = Any
 # A MessagePack body's metadata: each key's and value's own bytes, in the body's order.
 RawMetadata = list[tuple[bytes, bytes]]

@@ -23,10 +23,10 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from google.rpc import code_pb2
 
 from gateway import errors, identity, logs, metrics
+from gateway.api.bindings import TRACE_HEADERS, Binding, Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.api import TRACE_HEADERS, Binding, Bindings
 from gateway.frontends.http import bodies, openapi, page
 from gateway.frontends.http.limits import BodyLimits
 from gateway.frontends.http.responses import (

@@ -1,6 +1,6 @@
 """GET /openapi.json: an OpenAPI 3.1 description of the HTTP door's routes.
 
-The prediction routes come from the bindings (gateway.frontends.api); their schemas are the
+The prediction routes come from the bindings (gateway.api.bindings); their schemas are the
 proto3 JSON of the bindings' messages, read from the messages' descriptors (field names as in
 the .proto files). A test checks that the paths and methods here are exactly the server's
 routes.
@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from gateway.frontends.api import Binding, Bindings
+from gateway.api.bindings import Binding, Bindings
 from gateway.frontends.http import bodies, jobs_openapi
 from gateway.models import ModelRegistry
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.frontends.api import Bindings
+from gateway.api.bindings import Bindings
 from gateway.frontends.http import jobs_page
 from gateway.models import ModelRegistry
 

@@ -21,7 +21,7 @@ from functools import partial
 
 from aiohttp import web
 
-from gateway.frontends.api import Bindings
+from gateway.api.bindings import Bindings
 from gateway.frontends.http.handlers import Handlers
 from gateway.frontends.http.jobs import JobHandlers
 

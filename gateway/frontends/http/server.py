@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.api.bindings import Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends.api import Bindings
 from gateway.frontends.http.handlers import Handlers
 from gateway.frontends.http.jobs import JobHandlers
 from gateway.frontends.http.routes import register_routes

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from gateway.api import bindings as api
 from gateway.app import built_in_tasks
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends import api
 from gateway.frontends.http import openapi
 from gateway.frontends.http.server import HttpDoor
 from gateway.models import default_registry

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from openapi_spec_validator import validate
 
+from gateway.api import bindings as api
 from gateway.app import build_jobs, built_in_tasks
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends import api
 from gateway.frontends.http import openapi, page
 from gateway.frontends.http.server import HttpDoor
 from gateway.models import default_registry

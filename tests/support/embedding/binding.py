@@ -19,8 +19,8 @@ from types import ModuleType
 import google.rpc.status_pb2
 import grpc_tools
 
+from gateway.api.bindings import Binding, Trace, served_model, to_model_ref
 from gateway.core.domain import Outcome, Request
-from gateway.frontends.api import Binding, Trace, served_model, to_model_ref
 from tests.support.embedding.task import EMBEDDING, Embedding, EmbedOptions
 
 HERE = Path(__file__).resolve().parent

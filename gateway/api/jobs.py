@@ -11,8 +11,8 @@ from google.longrunning import operations_pb2 as lro
 from google.protobuf import json_format, timestamp_pb2
 from google.rpc import code_pb2, status_pb2
 
+from gateway.api.bindings import Bindings, to_model_ref
 from gateway.batch.spec import JobSpec
-from gateway.frontends.api import Bindings, to_model_ref
 from gateway.jobs.admission import Request
 from gateway.jobs.views import JobView
 from gateway.proto.detection.v1 import batch_pb2 as bpb
