@@ -1,0 +1,5 @@
+"""The classification task: a classifier's outputs -> classes ranked by score (`task`)."""
+
+from gateway.tasks.classification.task import ClassificationSettings, ClassificationTask
+
+__all__ = ["ClassificationSettings", "ClassificationTask"]
