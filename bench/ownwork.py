@@ -36,13 +36,13 @@ import numpy as np
 
 from bench import photos, upstream
 from gateway import logs, memory
-from gateway.api import bindings as api
 from gateway.app import built_in_tasks, load_models
 from gateway.core.pipeline import Pipeline
 from gateway.flags import parse_settings
 from gateway.frontends.grpc.servicers import Drain, TaskServicer
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
 
 
@@ -89,8 +89,8 @@ async def measure(requests: int, batches: int = 5, cold_mib: float = 0.0) -> flo
     with open(os.devnull, "w", buffering=1) as sink, ThreadPoolExecutor(2) as executor:
         handler.setStream(sink)
         tasks = built_in_tasks()
-        pipeline = Pipeline(settings, client, load_models(settings, tasks.names), executor, tasks)
-        servicer = TaskServicer(api.DETECT, pipeline, Drain())
+        pipeline = Pipeline(settings, client, load_models(settings, tasks), executor, tasks)
+        servicer = TaskServicer(BUILT_IN.for_verb("detect"), pipeline, Drain())
         body = pb.DetectRequest(
             image=photos.load()["JPEG 640x480"], model=pb.ModelSpec(name="encoded")
         ).SerializeToString()

@@ -35,9 +35,9 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from bench.load import CHANNEL_OPTIONS
-from gateway.api.bindings import DETECT
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tasks.detection.binding import BINDING as DETECT
 from gateway.upstream.client import PREDICT
 
 

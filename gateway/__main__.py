@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from gateway import logs, modelcheck
-from gateway.app import built_in_tasks, load_models, serve
+from gateway.app import load_models, serve
 from gateway.batch.access import PlacesError
 from gateway.flags import parse_settings
 from gateway.identity import AdminsError
@@ -18,6 +18,7 @@ from gateway.labels import LabelsError
 from gateway.models import ModelConfigError
 from gateway.paylog.sampling import PaylogError
 from gateway.policy.quotas import QuotaError
+from gateway.tasks.builtin import built_in_tasks
 from gateway.workers import supervise
 
 
@@ -45,7 +46,7 @@ def check_models(args: Sequence[str]) -> int:
     logs.setup("WARNING")
     tasks = built_in_tasks()
     try:
-        registry = load_models(settings, tasks.names)
+        registry = load_models(settings, tasks)
     except (LabelsError, ModelConfigError) as exc:
         print(f"gateway check-models: {exc}", file=sys.stderr)
         return 1

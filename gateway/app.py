@@ -1,9 +1,9 @@
 """Composition root: builds the task registry, the core and the front doors, runs them, drains
 on SIGTERM.
 
-The tasks served are values given here: each a Task (gateway.tasks) with its binding
-(gateway.api.bindings). `start` takes others, which is how a test plugs in a task of its
-own; `serve` is `start` until a signal, then `Gateway.stop`.
+The tasks served are values given here: each a Task (gateway.tasks, registered in
+gateway.tasks.builtin) with its binding. `start` takes others, which is how a test plugs in a
+task of its own; `serve` is `start` until a signal, then `Gateway.stop`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -34,8 +33,7 @@ from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.paylog.writer import PayloadLog
 from gateway.readiness import Readiness, WorkerGroup
 from gateway.tasks.base import TaskRegistry
-from gateway.tasks.classification import ClassificationTask
-from gateway.tasks.detection import DetectionTask
+from gateway.tasks.builtin import built_in_tasks
 from gateway.upstream.client import TFServingClient
 
 if TYPE_CHECKING:
@@ -44,29 +42,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.server")
 
 
-def built_in_tasks() -> TaskRegistry:
-    """The tasks the gateway serves; each has its binding in gateway.api.bindings.BUILT_IN."""
-    return TaskRegistry((DetectionTask(), ClassificationTask()))
-
-
-def check_bindings(tasks: TaskRegistry, bindings: api.Bindings) -> None:
-    """ValueError unless each task served has exactly one binding."""
-    bound = {binding.task for binding in bindings}
-    if bound != set(tasks.names):
-        raise ValueError(
-            f"the tasks served ({', '.join(tasks.names)}) and the tasks of the bindings "
-            f"({', '.join(sorted(bound))}) differ: each task needs its binding"
-        )
-
-
-def load_models(settings: Settings, tasks: Collection[str]) -> ModelRegistry:
+def load_models(settings: Settings, tasks: TaskRegistry) -> ModelRegistry:
     """The model registry from --model-config and --label-maps, for models of the `tasks`
-    named (LabelsError, ModelConfigError on bad files)."""
+    (each reads its own keys; LabelsError, ModelConfigError on bad files)."""
     label_maps = {
         name: Labels.load_label_map(Path(path)) for name, path in settings.label_maps.items()
     }
     if settings.model_config:
-        return load_registry(Path(settings.model_config), settings.model, label_maps, tasks=tasks)
+        return load_registry(
+            Path(settings.model_config), settings.model, label_maps, tasks=tasks.config_readers
+        )
     return default_registry(settings.model, label_maps)
 
 
@@ -142,14 +127,13 @@ async def start(
     settings: Settings,
     *,
     tasks: TaskRegistry | None = None,
-    bindings: api.Bindings = api.BUILT_IN,
 ) -> Gateway:
-    """Builds the gateway and starts serving; `tasks` (default: built_in_tasks()) and
-    `bindings` are the tasks served and their APIs."""
+    """Builds the gateway and starts serving; `tasks` (default: built_in_tasks()) are the
+    tasks served, each with its binding (its API)."""
     tasks = built_in_tasks() if tasks is None else tasks
-    check_bindings(tasks, bindings)
+    bindings = tasks.bindings
     memory.tune_malloc()  # before the decode threads exist
-    registry = load_models(settings, tasks.names)
+    registry = load_models(settings, tasks)
     tracing.setup()
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     resize.use_threads(settings.decode_threads)

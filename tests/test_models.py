@@ -8,8 +8,6 @@ import pytest
 
 from gateway.app import built_in_tasks
 from gateway.models import (
-    CLASSIFICATION,
-    DETECTION,
     InputPrep,
     ModelConfigError,
     default_registry,
@@ -17,7 +15,8 @@ from gateway.models import (
 )
 
 # The task names a model config may use: those of the gateway's task registry.
-TASKS = built_in_tasks().names
+TASKS = built_in_tasks().config_readers
+DETECTION, CLASSIFICATION = "detection", "classification"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -75,12 +74,20 @@ max_side = 1024
         tasks=TASKS,
     )
     resnet = registry.get("resnet", CLASSIFICATION)
-    assert (resnet.top_k, resnet.min_score, resnet.input.resize) == (2, 0.1, (224, 224))
+    assert (resnet.task_config.top_k, resnet.task_config.min_score, resnet.input.resize) == (
+        2,
+        0.1,
+        (224, 224),
+    )
     assert resnet.labels.label(1) == "dog"
     assert registry.default_for(CLASSIFICATION) == "resnet"
     assert registry.default_for(DETECTION) is None  # --model is overridden by the file
     ssd = registry.get("ssd", DETECTION)
-    assert (ssd.max_detections, ssd.input.max_side, ssd.labels.label(1)) == (20, 1024, "person")
+    assert (ssd.task_config.max_detections, ssd.input.max_side, ssd.labels.label(1)) == (
+        20,
+        1024,
+        "person",
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,7 +104,7 @@ max_side = 1024
             '[models.a]\ntask = "classification"\nlabel_map = "label_map.pbtxt"\n',
             "models.a.label_map is an OD API (detection) label map",
         ),
-        ('[models.a]\ntask = "detection"\ntop_k = 3\n', "models.a.top_k does not apply"),
+        ('[models.a]\ntask = "detection"\ntop_k = 3\n', "unknown key 'models.a.top_k'"),
         (
             '[models.a]\ntask = "classification"\n[models.a.input]\n'
             "resize = [224, 224]\nmax_side = 512\n",
@@ -132,7 +139,7 @@ max_side = 1024
         ("[models.a\n", "not valid TOML"),
         (
             '[models.a]\ntask = "classification"\n[models.a.outputs]\nboxes = "b"\n',
-            "models.a.outputs.boxes does not apply to task 'classification'",
+            "unknown key 'models.a.outputs.boxes'",
         ),
         (
             '[models.a]\ntask = "classification"\n[models.a.outputs]\n'
@@ -240,13 +247,19 @@ logits_activation = "sigmoid"
     mg = registry.get("mg", DETECTION)
     assert mg.signature == "serving_example"
     assert (mg.input.string_encoding, mg.input.tf_example_key) == ("tf_example", "image/bytes")
-    assert (mg.outputs.box_coordinates, mg.outputs.class_offset) == ("image_info", -1)
-    assert mg.outputs.declared == {"box_coordinates", "class_offset"}
-    yolo = registry.get("yolo", DETECTION).outputs
+    assert (mg.task_config.outputs.box_coordinates, mg.task_config.outputs.class_offset) == (
+        "image_info",
+        -1,
+    )
+    assert mg.task_config.outputs.declared == {"box_coordinates", "class_offset"}
+    yolo = registry.get("yolo", DETECTION).task_config.outputs
     assert (yolo.decoder, yolo.nms_iou, yolo.max_candidates) == ("yolo", 0.6, 1000)
     resnet = registry.get("resnet", CLASSIFICATION)
     assert (resnet.input.channel_order, resnet.input.name) == ("BGR", "inputs")
-    assert (resnet.outputs.logits, resnet.outputs.logits_activation) == ("output_0", "sigmoid")
+    assert (resnet.task_config.outputs.logits, resnet.task_config.outputs.logits_activation) == (
+        "output_0",
+        "sigmoid",
+    )
     assert registry.signature_names() == {"mg": "serving_example"}
 
 

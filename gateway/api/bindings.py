@@ -1,4 +1,5 @@
-"""One binding per task: the only place where a front door, or the client, learns about a task.
+"""What a binding is: the only place where a front door, or the client, learns about a task.
+Each task's binding lives in its folder (gateway/tasks/<task>/binding.py).
 
 A binding names the task (as the task registry and the model config do), its gRPC service with
 its unary and streaming RPCs, its request and result messages, the HTTP route's verb
@@ -23,10 +24,7 @@ from google.protobuf.message import Message
 
 from gateway.core.domain import Outcome, Request
 from gateway.modelref import ModelRef
-from gateway.models import CLASSIFICATION, DETECTION
-from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from gateway.tasks.types import Classes, ClassifyOptions, Detections, DetectOptions
 
 # Caller headers (gRPC metadata, HTTP headers) passed on to TF Serving, so traces connect
 # through the gateway.
@@ -66,6 +64,7 @@ class Binding:
     summary: str  # what a call does, for OpenAPI ("Detect objects")
     # The request's options (scalar fields besides request_id), each with its description.
     options: Mapping[str, str]
+    page: str = ""  # JavaScript rendering a result on the page (gateway.frontends.http.page)
 
     @property
     def service_name(self) -> str:
@@ -119,100 +118,3 @@ def to_model_ref(spec: pb.ModelSpec) -> ModelRef:
 
 def served_model(outcome: Outcome) -> pb.ServedModel:
     return pb.ServedModel(name=outcome.model_name, version=outcome.model_version)
-
-
-# --- detection.v1 -----------------------------------------------------------------------
-
-
-def to_detect(
-    request: pb.DetectRequest, request_id: str, method: str, timeout: float | None, trace: Trace
-) -> Request:
-    options = DetectOptions(request.min_score, request.max_detections)
-    return Request(
-        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
-    )
-
-
-def to_detection_result(outcome: Outcome) -> pb.DetectionResult:
-    assert isinstance(outcome.result, Detections)
-    result = pb.DetectionResult(
-        image_width=outcome.image_width,
-        image_height=outcome.image_height,
-        model=served_model(outcome),
-        request_id=outcome.request_id,
-    )
-    # Fields set in place on messages added to the list: cheaper than building each message
-    # from keyword arguments and copying it in.
-    add = result.detections.add
-    for found in outcome.result.detections:
-        message = add(class_id=found.class_id, label=found.label, score=found.score)
-        box = message.box
-        box.x_min, box.y_min, box.x_max, box.y_max = found.box
-        normalized = message.normalized_box
-        normalized.x_min, normalized.y_min, normalized.x_max, normalized.y_max = found.normalized
-    return result
-
-
-DETECT = Binding(
-    task=DETECTION,
-    verb="detect",
-    service=pb.DESCRIPTOR.services_by_name["DetectionService"],
-    unary="Detect",
-    stream="DetectStream",
-    request_type=pb.DetectRequest,
-    result_type=pb.DetectionResult,
-    to_request=to_detect,
-    to_result=to_detection_result,
-    summary="Detect objects",
-    options={
-        "min_score": "minimum score, 0..1 (0: the model's default)",
-        "max_detections": "most detections returned (0: the model's default)",
-    },
-)
-
-
-# --- classification.v1 ------------------------------------------------------------------
-
-
-def to_classify(
-    request: cpb.ClassifyRequest, request_id: str, method: str, timeout: float | None, trace: Trace
-) -> Request:
-    options = ClassifyOptions(request.top_k, request.min_score)
-    return Request(
-        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
-    )
-
-
-def to_classification_result(outcome: Outcome) -> cpb.ClassificationResult:
-    assert isinstance(outcome.result, Classes)
-    return cpb.ClassificationResult(
-        classes=[
-            cpb.ScoredClass(class_id=scored.class_id, label=scored.label, score=scored.score)
-            for scored in outcome.result.classes
-        ],
-        image_width=outcome.image_width,
-        image_height=outcome.image_height,
-        model=served_model(outcome),
-        request_id=outcome.request_id,
-    )
-
-
-CLASSIFY = Binding(
-    task=CLASSIFICATION,
-    verb="classify",
-    service=cpb.DESCRIPTOR.services_by_name["ClassificationService"],
-    unary="Classify",
-    stream="ClassifyStream",
-    request_type=cpb.ClassifyRequest,
-    result_type=cpb.ClassificationResult,
-    to_request=to_classify,
-    to_result=to_classification_result,
-    summary="Classify",
-    options={
-        "top_k": "classes returned (0: the model's default)",
-        "min_score": "minimum score, 0..1 (0: the model's default)",
-    },
-)
-
-# The public API's tasks, as the gateway serves them and the client calls them.
-BUILT_IN = Bindings((DETECT, CLASSIFY))

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gateway.api.bindings import BUILT_IN, Bindings
+from gateway.api.bindings import Bindings
 from gateway.batch import job, sources, storage
 from gateway.batch.access import Guard
 from gateway.batch.limits import LimitExceeded, Limits
@@ -25,6 +25,7 @@ from gateway.batch.transport import Deliver, StopJob
 from gateway.client.cli import add_option_arguments, add_tls_arguments, tls_from_args
 from gateway.errors import GatewayError
 from gateway.modelref import ModelRef
+from gateway.tasks.builtin import BUILT_IN
 
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in Indexed Jobs
 SHARD_COUNT_ENV = "BATCH_SHARD_COUNT"  # set it to the Job's completions

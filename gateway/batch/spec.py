@@ -18,7 +18,7 @@ from typing import Any
 from gateway import errors
 from gateway.api.bindings import Binding, Bindings
 from gateway.modelref import ModelRef
-from gateway.models import DETECTION
+from gateway.models import DEFAULT_TASK
 
 FORMATS = ("auto", "images", "manifest", "tfrecord")
 MAX_SHARDS = 1000
@@ -33,7 +33,7 @@ def _frozen(values: Mapping[str, Number]) -> Mapping[str, Number]:
 class JobSpec:
     input: str  # a local path or fsspec URL: directory, prefix, glob, manifest or TFRecord
     output: str  # the output prefix
-    task: str = DETECTION
+    task: str = DEFAULT_TASK
     model: ModelRef = field(default_factory=lambda: ModelRef(""))
     options: Mapping[str, Number] = field(default_factory=lambda: _frozen({}))
     format: str = "auto"

@@ -21,11 +21,12 @@ from typing import Any
 import grpc
 from google.protobuf.descriptor import FieldDescriptor
 
-from gateway.api.bindings import BUILT_IN, Bindings
+from gateway.api.bindings import Bindings
 from gateway.client.drawing import draw, draw_path
 from gateway.client.http import HttpCallError, HttpClient
 from gateway.client.messages import result_dict
 from gateway.client.stubs import TaskClient
+from gateway.tasks.builtin import BUILT_IN
 from gateway.tls import TLS
 
 

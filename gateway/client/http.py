@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from gateway.api.bindings import BUILT_IN
+from gateway.tasks.builtin import BUILT_IN
 
 
 class HttpClient:

@@ -8,9 +8,10 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from gateway.api.bindings import BUILT_IN, Binding
+from gateway.api.bindings import Binding
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.tasks.builtin import BUILT_IN
 
 # Fields a result's dict starts with, in this order; the task's own fields follow.
 _LEADING = ("request_id", "model", "image_width", "image_height")

@@ -9,11 +9,12 @@ from typing import Any
 
 import grpc
 
-from gateway.api.bindings import BUILT_IN, Binding
+from gateway.api.bindings import Binding
 from gateway.client.channel import DEFAULT_MAX_MESSAGE_BYTES, open_channel
 from gateway.client.messages import task_request
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.tasks.builtin import BUILT_IN
 from gateway.tls import TLS
 
 

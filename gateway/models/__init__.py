@@ -4,32 +4,29 @@
   there) read into a registry, unknown keys and impossible combinations refused naming the key;
 - `registry`: each model's config and the default model of each task (ModelRegistry);
 - `input_prep`: `[models.NAME.input]`, the preparation of images the graph does not do;
-- `output_mapping`: `[models.NAME.outputs]`, which signature output is what;
-- `values`: ModelConfigError, the built-in task names, reading one value of the file.
+- `values`: ModelConfigError, the keys every model shares, reading one value of the file.
+
+A task's own keys (its request defaults, `[models.NAME.outputs]`) are read by the task
+(gateway/tasks/<task>/config.py), given to `load_registry` as `tasks`.
 """
 
 from gateway.models.file import load_registry, parse_registry
 from gateway.models.input_prep import InputPrep
-from gateway.models.output_mapping import OutputMapping
 from gateway.models.registry import (
     DEFAULT_SIGNATURE,
-    DEFAULT_TOP_K,
     ModelConfig,
     ModelRegistry,
     default_registry,
 )
-from gateway.models.values import CLASSIFICATION, DETECTION, ModelConfigError
+from gateway.models.values import DEFAULT_TASK, ModelConfigError
 
 __all__ = [
-    "CLASSIFICATION",
     "DEFAULT_SIGNATURE",
-    "DEFAULT_TOP_K",
-    "DETECTION",
+    "DEFAULT_TASK",
     "InputPrep",
     "ModelConfig",
     "ModelConfigError",
     "ModelRegistry",
-    "OutputMapping",
     "default_registry",
     "load_registry",
     "parse_registry",

@@ -36,12 +36,9 @@ for the model are coalesced into one Predict (gateway/models/batching.py);
 to a share of requests or copies them to it (gateway/models/rollout.py); `input.pad_to =
 [height, width]` with `input.pad_value` letterboxes variable-size images so they can be.
 
-`[models.NAME.outputs]` says what the signature does not (docs/models.md has one per exporter):
-classification `probabilities`, or `logits` (+ `logits_activation` softmax | sigmoid), or
-`label` + `confidence`; detection `boxes`, `scores`, `classes`, `num_detections`,
-`box_format` (yxyx | xyxy | xywh | cxcywh), `box_coordinates` (normalized | pixels |
-image_info), `image_info`, `class_offset`; raw heads `decoder = "yolo"` with `nms_iou` and
-`max_candidates`.
+A task's own keys (its request defaults such as `min_score`, and `[models.NAME.outputs]`,
+which says what the signature does not; docs/models.md has one per exporter) are read by the
+task (gateway/tasks/<task>/config.py), given here as `tasks`: name -> reader.
 
 Without the file every model is a detection model with the flags' defaults.
 Unknown keys and impossible combinations are refused at startup, naming the key.
@@ -51,41 +48,26 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gateway.labels import Labels, LabelsError
 from gateway.models.batching import read_batching
 from gateway.models.input_prep import read_input
-from gateway.models.output_mapping import read_outputs
 from gateway.models.rollout import read_rollout
 from gateway.models.registry import DEFAULT_SIGNATURE, ModelConfig, ModelRegistry
 from gateway.models.values import (
-    CLASSIFICATION,
-    DETECTION,
+    DEFAULT_TASK,
     ModelConfigError,
     as_table,
     read_file_name,
-    read_integer,
-    read_number,
     refuse_unknown,
 )
 
 _TOP_KEYS = {"default_model", "defaults", "models"}
-_MODEL_KEYS = {
-    "task",
-    "label_map",
-    "labels",
-    "input",
-    "outputs",
-    "signature",
-    "min_score",
-    "max_detections",
-    "top_k",
-    "batching",
-    "rollout",
-}
+# A task's reader of its own keys: ([models.NAME], file, "models.NAME") -> the task's config.
+ConfigReader = Callable[[Mapping[str, Any], Path, str], Any]
 
 
 def load_registry(
@@ -93,10 +75,10 @@ def load_registry(
     default_model: str,
     label_maps: Mapping[str, Labels] | None = None,
     *,
-    tasks: Collection[str],
+    tasks: Mapping[str, ConfigReader],
 ) -> ModelRegistry:
-    """Reads a model config file whose models may have the `tasks` named; raises
-    ModelConfigError naming the file and the key."""
+    """Reads a model config file whose models may have the `tasks` named (each read by
+    its reader); raises ModelConfigError naming the file and the key."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -112,7 +94,7 @@ def parse_registry(
     default_model: str,
     label_maps: Mapping[str, Labels] | None = None,
     *,
-    tasks: Collection[str],
+    tasks: Mapping[str, ConfigReader],
 ) -> ModelRegistry:
     refuse_unknown(data, _TOP_KEYS, str(path), "")
     models_table = as_table(data.get("models", {}), path, "models")
@@ -123,7 +105,7 @@ def parse_registry(
     for name, labels in (label_maps or {}).items():
         config = models.get(name)
         if config is None:
-            models[name] = ModelConfig(name, DETECTION, labels)
+            models[name] = ModelConfig(name, DEFAULT_TASK, labels)
         elif not config.labels.names:
             models[name] = dataclasses.replace(config, labels=labels)
 
@@ -137,7 +119,7 @@ def parse_registry(
         chosen = defaults.get(task)
         if chosen is None:
             # The default model serves as its own task's default.
-            own_task = models[default].task if default in models else DETECTION
+            own_task = models[default].task if default in models else DEFAULT_TASK
             if own_task == task:
                 task_defaults[task] = default
             continue
@@ -152,9 +134,10 @@ def parse_registry(
     return ModelRegistry(models, default, task_defaults)
 
 
-def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[str]) -> ModelConfig:
+def _model(
+    name: str, table: Mapping[str, Any], path: Path, tasks: Mapping[str, ConfigReader]
+) -> ModelConfig:
     where = f"models.{name}"
-    refuse_unknown(table, _MODEL_KEYS, str(path), where + ".")
     task = table.get("task")
     if not isinstance(task, str) or task not in tasks:
         raise ModelConfigError(
@@ -162,14 +145,9 @@ def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[st
         )
     if "label_map" in table and "labels" in table:
         raise ModelConfigError(f"{path}: {where} has both label_map and labels; keep one")
-    if task == CLASSIFICATION and "label_map" in table:
-        raise ModelConfigError(
-            f"{path}: {where}.label_map is an OD API (detection) label map; classification "
-            "models take labels = 'labels.txt' (one label per line, line k is class id k)"
-        )
-    for key, wrong_task in (("max_detections", CLASSIFICATION), ("top_k", DETECTION)):
-        if key in table and task == wrong_task:
-            raise ModelConfigError(f"{path}: {where}.{key} does not apply to task '{task}'")
+    # The task reads its own keys and refuses any it does not know (and the common ones
+    # that do not apply to it).
+    task_config = tasks[task](table, path, where)
     base = path.parent
     labels = Labels()
     try:
@@ -179,14 +157,8 @@ def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[st
             labels = Labels.load_lines(base / read_file_name(table, "labels", path, where))
     except LabelsError as e:
         raise ModelConfigError(f"{path}: {where}: {e}") from None
-    min_score = read_number(table, "min_score", path, where, 0.0, 1.0)
-    max_detections = read_integer(table, "max_detections", path, where)
-    top_k = read_integer(table, "top_k", path, where)
     prep = read_input(
         as_table(table.get("input", {}), path, where + ".input"), path, where + ".input"
-    )
-    outputs = read_outputs(
-        as_table(table.get("outputs", {}), path, where + ".outputs"), task, path, where + ".outputs"
     )
     batching = read_batching(
         as_table(table.get("batching", {}), path, where + ".batching"), path, where + ".batching"
@@ -204,11 +176,8 @@ def _model(name: str, table: Mapping[str, Any], path: Path, tasks: Collection[st
         task,
         labels,
         prep,
-        outputs,
         signature,
-        min_score=min_score,
-        max_detections=max_detections,
-        top_k=top_k,
         batching=batching,
         rollout=rollout,
+        task_config=task_config,
     )

@@ -1,38 +1,34 @@
 """The configured models: each one's config (ModelConfig: task, labels, input preparation,
-output mapping, signature, request defaults), the default model and the default model of
-each task; ModelRegistry gives a request's model its config."""
+signature, batching, rollout, and the task's own config), the default model and the default
+model of each task; ModelRegistry gives a request's model its config."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.labels import Labels
 from gateway.models.batching import BatchingConfig
 from gateway.models.input_prep import InputPrep
-from gateway.models.output_mapping import OutputMapping
 from gateway.models.rollout import RolloutConfig
-from gateway.models.values import DETECTION
+from gateway.models.values import DEFAULT_TASK
 
 DEFAULT_SIGNATURE = "serving_default"
-# Classification's top_k when neither the request nor the model config gives one.
-DEFAULT_TOP_K = 5
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
-    task: str = DETECTION
+    task: str = DEFAULT_TASK
     labels: Labels = field(default_factory=Labels)
     input: InputPrep = field(default_factory=InputPrep)
-    outputs: OutputMapping = field(default_factory=OutputMapping)
     signature: str = DEFAULT_SIGNATURE  # the signature to call (model_spec.signature_name)
-    # Request defaults; None means the gateway-wide default.
-    min_score: float | None = None
-    max_detections: int | None = None
-    top_k: int | None = None
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     rollout: RolloutConfig | None = None  # a canary or shadow version (gateway.policy.rollout)
+    # The task's own config (its request defaults, its [outputs]), as the task's read_config
+    # made it; None: the task's defaults (a model the config file does not list).
+    task_config: Any = None
 
 
 _MAX_UNLISTED = 1024
@@ -63,10 +59,10 @@ class ModelRegistry:
         return config
 
     def task_of(self, name: str) -> str:
-        """The task of model `name`: its config's; detection for a model the config does not
+        """The task of model `name`: its config's; DEFAULT_TASK for a model the config does not
         list (as without a config file)."""
         config = self.models.get(name)
-        return config.task if config is not None else DETECTION
+        return config.task if config is not None else DEFAULT_TASK
 
     def default_for(self, task: str) -> str | None:
         return self.task_defaults.get(task)
@@ -83,9 +79,9 @@ class ModelRegistry:
 def default_registry(
     default_model: str, label_maps: Mapping[str, Labels] | None = None
 ) -> ModelRegistry:
-    """Today's behaviour without a file: every model is a detection model."""
+    """Without a file every model has DEFAULT_TASK (detection)."""
     models = {
-        name: ModelConfig(name=name, task=DETECTION, labels=labels)
+        name: ModelConfig(name=name, task=DEFAULT_TASK, labels=labels)
         for name, labels in (label_maps or {}).items()
     }
-    return ModelRegistry(models, default_model, {DETECTION: default_model})
+    return ModelRegistry(models, default_model, {DEFAULT_TASK: default_model})

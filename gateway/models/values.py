@@ -1,5 +1,5 @@
-"""What every table of the model config file shares: ModelConfigError, the names of the
-built-in tasks whose own rules the tables apply, and reading one value with an error that
+"""What every table of the model config file shares: ModelConfigError, the keys every
+model has, and reading one value with an error that
 names the file and the key."""
 
 from __future__ import annotations
@@ -8,10 +8,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# The built-in tasks' names, for their own config rules; which tasks exist is the app's task
-# registry's business (its names are passed in as `tasks`).
-DETECTION = "detection"
-CLASSIFICATION = "classification"
+# The task of a model no config file lists (without the file every model is a detector, as
+# the gateway began); which tasks exist is the app's task registry's business.
+DEFAULT_TASK = "detection"
+# The keys of [models.NAME] every task shares, read here (gateway.models.file); a task reads
+# the others (its request defaults, its [outputs]) and refuses what it does not know.
+COMMON_KEYS = frozenset(
+    {"task", "label_map", "labels", "input", "signature", "batching", "rollout", "outputs"}
+)
 
 
 class ModelConfigError(ValueError):

@@ -9,9 +9,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.api.bindings import BUILT_IN
 from gateway.batch.storage import StorageError
 from gateway.paylog.replay import DEFAULT_MAX_LINE, ReplayError, replay
+from gateway.tasks.builtin import BUILT_IN
 
 
 def main(argv: Sequence[str] | None = None) -> int:

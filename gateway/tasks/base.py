@@ -1,6 +1,11 @@
-"""What a task declares, so the pipeline can run it without knowing it.
+"""What a task declares, so the pipeline, the doors and the model config can run it
+without knowing it.
 
-A task (detection, classification, ...) says:
+A task (detection, classification, ...) is a folder, gateway/tasks/<task>/ (registered by
+one line in gateway.tasks.builtin); it says:
+- its public API (`binding`: gRPC service, messages <-> its plain types, HTTP verb, page);
+- its own model-config keys (`read_config`: request defaults, `[models.NAME.outputs]`),
+  refusing unknown ones by name; the result is the model's `ModelConfig.task_config`;
 - which outputs it needs from a signature and which it asks TF Serving for (`output_plan`),
   refusing signatures it cannot use with a message that shows the signature;
 - how request options are checked and completed with the model's defaults (`resolve`);
@@ -18,8 +23,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from gateway.api.bindings import Binding, Bindings
 from gateway.config import Settings
 from gateway.models import ModelConfig
 from gateway.upstream.signatures import Signature
@@ -59,6 +66,14 @@ class Frame(NamedTuple):
 
 class Task(Protocol):
     name: str  # as in the model config: "detection", "classification"
+    binding: Binding  # its public API
+
+    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> Any:
+        """[models.NAME] of the model config file at `path` (`where` is "models.NAME"): the
+        task's own keys read into its config (defaults filled in); the keys every model
+        shares (gateway.models.values.COMMON_KEYS) are read by gateway.models; any other key
+        is refused with ModelConfigError naming it. {} gives the task's defaults."""
+        ...
 
     def resolve(
         self, options: Any, config: ModelConfig, settings: Settings
@@ -110,6 +125,16 @@ class TaskRegistry(Mapping[str, Task]):
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._tasks)
+
+    @property
+    def config_readers(self) -> dict[str, Callable[[Mapping[str, Any], Path, str], Any]]:
+        """Each task's reader of its model-config keys, by name (for gateway.models)."""
+        return {name: task.read_config for name, task in self._tasks.items()}
+
+    @property
+    def bindings(self) -> Bindings:
+        """The tasks' public APIs, for the doors, the client and batch."""
+        return Bindings(task.binding for task in self._tasks.values())
 
 
 class BadOutputLog:

@@ -94,8 +94,10 @@ def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     gateway_config = root / "gateway-models.toml"
     gateway_config.write_text(MODEL_CONFIG)
-    bindings = api.Bindings([*api.BUILT_IN, embedding_binding(compile_messages(root))])
-    tasks = TaskRegistry([*app.built_in_tasks().values(), EmbeddingTask()])
+    tasks = TaskRegistry(
+        [*app.built_in_tasks().values(), EmbeddingTask(embedding_binding(compile_messages(root)))]
+    )
+    bindings = tasks.bindings
     # The HTTP door's port 0 turns it off: a port held for it (it binds with SO_REUSEPORT).
     with run_local_server([f"--model_config_file={serving_config}"]) as tfs, reserve_port() as http:
         settings = parse_settings(
@@ -111,7 +113,7 @@ def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             ],
             environ={},
         )
-        with _gateway_thread(settings, tasks, bindings) as gateway:
+        with _gateway_thread(settings, tasks) as gateway:
             yield Served(
                 f"127.0.0.1:{gateway.grpc_port}",
                 f"http://127.0.0.1:{gateway.http_port}",
@@ -122,18 +124,18 @@ def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 class _gateway_thread:
     """The app started in its own event loop on a thread; stopped (drained) on exit."""
 
-    def __init__(self, settings: Settings, tasks: TaskRegistry, bindings: api.Bindings) -> None:
-        self._args = (settings, tasks, bindings)
+    def __init__(self, settings: Settings, tasks: TaskRegistry) -> None:
+        self._args = (settings, tasks)
         self._started: Future[app.Gateway] = Future()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
 
     async def _run(self) -> None:
-        settings, tasks, bindings = self._args
+        settings, tasks = self._args
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         try:
-            gateway = await app.start(settings, tasks=tasks, bindings=bindings)
+            gateway = await app.start(settings, tasks=tasks)
         except BaseException as exc:
             self._started.set_exception(exc)
             raise

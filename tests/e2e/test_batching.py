@@ -123,7 +123,9 @@ def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 def registry(tmp: Path) -> ModelRegistry:
     (tmp / "models.toml").write_text(GATEWAY_CONFIG)
-    return load_registry(tmp / "models.toml", "free_detector", tasks=built_in_tasks().names)
+    return load_registry(
+        tmp / "models.toml", "free_detector", tasks=built_in_tasks().config_readers
+    )
 
 
 @asynccontextmanager

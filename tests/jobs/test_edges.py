@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from gateway.api import bindings as api
 from gateway.app import build_jobs, built_in_tasks
 from gateway.batch.spec import JobSpec
 from gateway.config import Settings
@@ -26,6 +25,7 @@ from gateway.jobs import service as service_module
 from gateway.jobs.admission import Request
 from gateway.jobs.service import JobService
 from gateway.models import default_registry
+from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
 from tests.support.jobs import make_images
 from tests.support.localserver import LocalServer
@@ -53,7 +53,7 @@ async def jobs_service(
         pipeline = Pipeline(
             config, client, default_registry("detector"), executor, built_in_tasks()
         )
-        jobs = build_jobs(config, pipeline, client, api.BUILT_IN)
+        jobs = build_jobs(config, pipeline, client, BUILT_IN)
         await jobs.start()
         try:
             yield jobs

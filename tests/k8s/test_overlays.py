@@ -232,7 +232,9 @@ def test_gateway_model_config_and_its_labels_come_from_a_configmap(
         if Path(path).parent == directory:
             (tmp_path / Path(path).name).write_text(text)
     registry = load_registry(
-        tmp_path / Path(settings.model_config).name, settings.model, tasks=built_in_tasks().names
+        tmp_path / Path(settings.model_config).name,
+        settings.model,
+        tasks=built_in_tasks().config_readers,
     )
     for model, task in REFERENCE_MODELS.items():
         config = registry.get(model, task)

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.api.bindings import BUILT_IN
 from gateway.batch.spec import JobSpec
 from gateway.config import Settings
 from gateway.jobs import kube
 from gateway.jobs.records import Job
 from gateway.modelref import ModelRef
+from gateway.tasks.builtin import BUILT_IN
 from tests.k8s.test_apiserver import render
 from tests.support.apiserver import ApiServer
 

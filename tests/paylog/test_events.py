@@ -12,11 +12,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.api.bindings import BUILT_IN
 from gateway.paylog import sinks
 from gateway.paylog.events import binary
 from gateway.paylog.sampling import FULL, Policy, Sampling
 from gateway.paylog.writer import PayloadLog
+from gateway.tasks.builtin import BUILT_IN
 from tests.support.payloads import TRACEPARENT, offer, refused
 
 # CloudEvents 1.0: extension attribute names are lower-case ASCII letters and digits, 20

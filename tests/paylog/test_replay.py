@@ -11,11 +11,11 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from gateway.api.bindings import BUILT_IN
 from gateway.paylog import sinks
 from gateway.paylog.__main__ import main
 from gateway.paylog.sampling import FULL, HASH, Policy, Sampling
 from gateway.paylog.writer import PayloadLog
+from gateway.tasks.builtin import BUILT_IN
 from tests.support.payloads import offer, refused
 
 FULL_CALLER, HASH_CALLER = "cn:full", "cn:hash"

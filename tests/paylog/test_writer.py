@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 import fsspec
 import pytest
 
-from gateway.api.bindings import BUILT_IN
 from gateway.config import Settings
 from gateway.paylog import sinks
 from gateway.paylog.sampling import FULL, PaylogError, Policy, Sampling
 from gateway.paylog.writer import PayloadLog, cost
+from gateway.tasks.builtin import BUILT_IN
 from tests.support.payloads import count, offer
 
 A, B, C = "uri:spiffe://test/sa/a", "uri:spiffe://test/sa/b", "cn:c"

@@ -30,6 +30,7 @@ from gateway.frontends.grpc import server as grpc_door
 from gateway.frontends.http.server import HttpDoor
 from gateway.readiness import Readiness
 from gateway.tasks.base import TaskRegistry
+from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
 from tests.support.fakeserving import FakeModel, FakeServing
 
@@ -50,7 +51,7 @@ class InProcessDoors:
         models: list[FakeModel],
         *,
         tasks: TaskRegistry | None = None,
-        bindings: api.Bindings = api.BUILT_IN,
+        bindings: api.Bindings = BUILT_IN,
         **settings: Any,
     ) -> None:
         self.serving = FakeServing({m.name: m for m in models})
@@ -118,7 +119,7 @@ class InProcessDoors:
         )
         self._executor = ThreadPoolExecutor(2, thread_name_prefix="decode")
         self._client = TFServingClient(self.settings)
-        registry = load_models(self.settings, self._tasks.names)
+        registry = load_models(self.settings, self._tasks)
         self.pipeline = Pipeline(self.settings, self._client, registry, self._executor, self._tasks)
         self._grpc = grpc_door.build(self.settings, self.pipeline, self._bindings)
         await self._grpc.statuses.start()

@@ -83,7 +83,7 @@ async def pipeline_for(
     s = Settings(upstream=target, upstream_retry_backoff=0.001, **settings)
     tasks = built_in_tasks()
     registry: ModelRegistry = (
-        load_registry(config, s.model, tasks=tasks.names)
+        load_registry(config, s.model, tasks=tasks.config_readers)
         if config is not None
         else default_registry(s.model)
     )

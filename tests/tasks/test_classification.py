@@ -12,6 +12,7 @@ from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.classification import ClassificationSettings, ClassificationTask
+from gateway.tasks.classification.config import ClassificationConfig
 from gateway.tasks.types import ClassifyOptions
 from gateway.upstream.signatures import Signature, TensorSpec
 
@@ -110,7 +111,8 @@ def test_a_signature_without_classifier_outputs_is_a_bad_model_naming_the_keys()
 
 
 def test_options_take_the_model_default_and_refuse_out_of_range_values():
-    config = ModelConfig("m", "classification", LABELS, top_k=2, min_score=0.1)
+    own = ClassificationConfig(top_k=2, min_score=0.1)
+    config = ModelConfig("m", "classification", LABELS, task_config=own)
     resolved = TASK.resolve(ClassifyOptions(), config, Settings())
     assert (resolved.top_k, resolved.min_score) == (2, 0.1)
     assert TASK.resolve(ClassifyOptions(top_k=7), config, Settings()).top_k == 7

@@ -9,11 +9,13 @@ import pytest
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.labels import Labels
-from gateway.models import CLASSIFICATION, DETECTION, ModelConfig, OutputMapping
+from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import Frame
 from gateway.tasks.classification import ClassificationTask
+from gateway.tasks.classification.config import ClassificationConfig, ClassificationOutputs
 from gateway.tasks.detection import DetectionTask
+from gateway.tasks.detection.config import DetectionConfig, DetectionOutputs
 from gateway.tasks.types import ClassifyOptions, DetectOptions
 from gateway.upstream.signatures import Signature, TensorSpec
 
@@ -34,6 +36,7 @@ MODEL_GARDEN = {
 }
 DETECT = DetectionTask()
 CLASSIFY = ClassificationTask()
+DETECTION, CLASSIFICATION = DETECT.name, CLASSIFY.name
 
 
 def signature(outputs: dict[str, TensorSpec]) -> Signature:
@@ -41,8 +44,8 @@ def signature(outputs: dict[str, TensorSpec]) -> Signature:
 
 
 def detector(**outputs: object) -> ModelConfig:
-    mapping = OutputMapping(**outputs, declared=frozenset(outputs))  # type: ignore[arg-type]
-    return ModelConfig("m", DETECTION, outputs=mapping)
+    mapping = DetectionOutputs(**outputs, declared=frozenset(outputs))  # type: ignore[arg-type]
+    return ModelConfig("m", DETECTION, task_config=DetectionConfig(outputs=mapping))
 
 
 def refusal(task: object, outputs: dict[str, TensorSpec], config: ModelConfig) -> str:
@@ -131,10 +134,8 @@ def test_classification_reads_a_single_output_as_probabilities_and_declared_logi
     sigmoid = ModelConfig(
         "m",
         CLASSIFICATION,
-        outputs=OutputMapping(
-            logits="output_0",
-            logits_activation="sigmoid",
-            declared=frozenset({"logits", "logits_activation"}),
+        task_config=ClassificationConfig(
+            outputs=ClassificationOutputs(logits="output_0", logits_activation="sigmoid")
         ),
     )
     plan = CLASSIFY.output_plan(signature(single), sigmoid)

@@ -2,4 +2,6 @@
 
 from gateway.tasks.classification.task import ClassificationSettings, ClassificationTask
 
-__all__ = ["ClassificationSettings", "ClassificationTask"]
+__all__ = ["TASK", "ClassificationSettings", "ClassificationTask"]
+
+TASK = ClassificationTask()

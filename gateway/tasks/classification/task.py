@@ -18,15 +18,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.models import CLASSIFICATION, DEFAULT_TOP_K, ModelConfig
+from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import Frame, OutputError, OutputPlan
+from gateway.tasks.classification import config as classification_config
+from gateway.tasks.classification.binding import BINDING, CLASSIFICATION
+from gateway.tasks.classification.config import ClassificationConfig
 from gateway.tasks.decoders import scores as score_forms
 from gateway.tasks.types import Classes, ClassifyOptions, ScoredClass
 from gateway.upstream.signatures import Signature
@@ -47,14 +51,24 @@ class ClassificationSettings(NamedTuple):
     min_score: float
 
 
+def own_config(config: ModelConfig) -> ClassificationConfig:
+    """The classification config of a model (defaults for one no config file lists)."""
+    own = config.task_config
+    return own if isinstance(own, ClassificationConfig) else classification_config.DEFAULT
+
+
 class ClassificationTask:
     name = CLASSIFICATION
+    binding = BINDING
+
+    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> ClassificationConfig:
+        return classification_config.read_config(table, path, where)
 
     def resolve(
         self, options: ClassifyOptions, config: ModelConfig, settings: Settings
     ) -> ClassificationSettings:
-        top_k = config.top_k or DEFAULT_TOP_K
-        min_score = config.min_score or 0.0
+        own = own_config(config)
+        top_k, min_score = own.top_k, own.min_score
         if options.top_k < 0 or options.top_k > MAX_TOP_K:
             raise errors.invalid_input(
                 f"top_k must be in [0, {MAX_TOP_K}] (0 means the model's default {top_k}), "
@@ -196,7 +210,7 @@ class ClassificationPlan(OutputPlan):
 def plan_outputs(signature: Signature, config: ModelConfig) -> ClassificationPlan:
     """The classification plan for `signature` with the model config's `[outputs]`."""
     outputs = signature.outputs
-    mapping = config.outputs
+    mapping = own_config(config).outputs
     what = f"model '{signature.model}' version {signature.version}"
     shown = f"its '{signature.name}' signature has {signature.describe()}"
     declared = [

@@ -32,6 +32,7 @@ __all__ = [
     "NUM_DETECTIONS",
     "REQUIRED_OUTPUTS",
     "SCORES",
+    "TASK",
     "DetectionPlan",
     "DetectionSettings",
     "DetectionTask",
@@ -39,3 +40,5 @@ __all__ = [
     "map_detections",
     "plan_outputs",
 ]
+
+TASK = DetectionTask()

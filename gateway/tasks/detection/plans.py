@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway import errors
-from gateway.models import OutputMapping
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import OutputPlan
+from gateway.tasks.detection.config import DetectionOutputs
 from gateway.tasks.detection.od_api import BOXES, CLASSES, NUM_DETECTIONS, SCORES
 from gateway.upstream.signatures import Signature, TensorSpec
 
@@ -66,7 +66,7 @@ class DetectionPlan(OutputPlan):
         return plan
 
 
-def plan_outputs(signature: Signature, mapping: OutputMapping) -> DetectionPlan:
+def plan_outputs(signature: Signature, mapping: DetectionOutputs) -> DetectionPlan:
     """The detection plan for `signature` with the model config's `[outputs]`; BAD_MODEL
     naming the config key to set when the signature leaves more than one reading."""
     outputs = signature.outputs
@@ -153,7 +153,7 @@ def plan_outputs(signature: Signature, mapping: OutputMapping) -> DetectionPlan:
 
 
 def _yolo_plan(
-    signature: Signature, mapping: OutputMapping, what: str, shown: str
+    signature: Signature, mapping: DetectionOutputs, what: str, shown: str
 ) -> DetectionPlan:
     if len(signature.outputs) != 1:
         raise errors.bad_model(

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.models import DETECTION, ModelConfig
+from gateway.models import ModelConfig
 from gateway.tasks.base import Frame, OutputPlan
+from gateway.tasks.detection import config as detection_config
+from gateway.tasks.detection.binding import BINDING, DETECTION
+from gateway.tasks.detection.config import DetectionConfig
 from gateway.tasks.detection.forms import map_decoded
 from gateway.tasks.detection.od_api import map_detections
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
@@ -27,31 +31,50 @@ class DetectionSettings(NamedTuple):
     max_detections: int
 
 
+def own_config(config: ModelConfig) -> DetectionConfig:
+    """The detection config of a model (its defaults for a model no config file lists)."""
+    own = config.task_config
+    return own if isinstance(own, DetectionConfig) else detection_config.DEFAULT
+
+
+def resolve_options(
+    options: DetectOptions, own: DetectionConfig, settings: Settings
+) -> DetectionSettings:
+    """A request's min_score and max_detections checked and completed with the model's
+    defaults, else the gateway's (--min-score, --max-detections); for tasks built on
+    detection too."""
+    min_score = own.min_score if own.min_score is not None else settings.min_score
+    max_detections = own.max_detections or settings.max_detections
+    if math.isnan(options.min_score) or not 0.0 <= options.min_score <= 1.0:
+        raise errors.invalid_input(
+            f"min_score must be in [0, 1] (0 means the server default {min_score}), "
+            f"got {options.min_score}"
+        )
+    if options.max_detections < 0:
+        raise errors.invalid_input(
+            f"max_detections must be >= 0 (0 means the server default "
+            f"{max_detections}), got {options.max_detections}"
+        )
+    return DetectionSettings(
+        min_score=options.min_score or min_score,
+        max_detections=options.max_detections or max_detections,
+    )
+
+
 class DetectionTask:
     name = DETECTION
+    binding = BINDING
+
+    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> DetectionConfig:
+        return detection_config.read_config(table, path, where)
 
     def resolve(
         self, options: DetectOptions, config: ModelConfig, settings: Settings
     ) -> DetectionSettings:
-        min_score = config.min_score if config.min_score is not None else settings.min_score
-        max_detections = config.max_detections or settings.max_detections
-        if math.isnan(options.min_score) or not 0.0 <= options.min_score <= 1.0:
-            raise errors.invalid_input(
-                f"min_score must be in [0, 1] (0 means the server default {min_score}), "
-                f"got {options.min_score}"
-            )
-        if options.max_detections < 0:
-            raise errors.invalid_input(
-                f"max_detections must be >= 0 (0 means the server default "
-                f"{max_detections}), got {options.max_detections}"
-            )
-        return DetectionSettings(
-            min_score=options.min_score or min_score,
-            max_detections=options.max_detections or max_detections,
-        )
+        return resolve_options(options, own_config(config), settings)
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> DetectionPlan:
-        return plan_outputs(signature, config.outputs)
+        return plan_outputs(signature, own_config(config).outputs)
 
     def map(
         self,

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.api import bindings as api
 from gateway.app import built_in_tasks
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
@@ -19,6 +18,7 @@ from gateway.frontends.http import openapi
 from gateway.frontends.http.server import HttpDoor
 from gateway.models import default_registry
 from gateway.readiness import Readiness
+from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,7 +33,7 @@ def _routes_and_document() -> tuple[set[tuple[str, str]], dict]:
             door = HttpDoor(
                 settings,
                 Pipeline(settings, client, registry, executor, built_in_tasks()),
-                api.BUILT_IN,
+                BUILT_IN,
                 Readiness(client, registry.default_model, 1.0),
             )
             routes = {
@@ -41,7 +41,7 @@ def _routes_and_document() -> tuple[set[tuple[str, str]], dict]:
                 for route in door.app.router.routes()
                 if route.method != "HEAD" and route.resource is not None
             }
-            document = openapi.document(registry, api.BUILT_IN)
+            document = openapi.document(registry, BUILT_IN)
         await client.close()
         return routes, document
 

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from openapi_spec_validator import validate
 
-from gateway.api import bindings as api
 from gateway.app import build_jobs, built_in_tasks
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
@@ -22,6 +21,7 @@ from gateway.frontends.http import openapi, page
 from gateway.frontends.http.server import HttpDoor
 from gateway.models import default_registry
 from gateway.readiness import Readiness
+from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
 from tests.support.browser import Page, with_page
 from tests.support.gatewayproc import GatewayProcess
@@ -38,16 +38,16 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
         client = TFServingClient(settings)
         with ThreadPoolExecutor(1) as executor:
             pipeline = Pipeline(settings, client, registry, executor, built_in_tasks())
-            jobs = build_jobs(settings, pipeline, client, api.BUILT_IN)
+            jobs = build_jobs(settings, pipeline, client, BUILT_IN)
             readiness = Readiness(client, registry.default_model, 1.0)
-            door = HttpDoor(settings, pipeline, api.BUILT_IN, readiness, jobs)
+            door = HttpDoor(settings, pipeline, BUILT_IN, readiness, jobs)
             routes = {
                 (route.method, route.resource.canonical)
                 for route in door.app.router.routes()
                 if route.method != "HEAD" and route.resource is not None
             }
-            document = openapi.document(registry, api.BUILT_IN, jobs=True)
-            html = page.render(registry, api.BUILT_IN, jobs=True)
+            document = openapi.document(registry, BUILT_IN, jobs=True)
+            html = page.render(registry, BUILT_IN, jobs=True)
         await client.close()
         return routes, document, html
 
@@ -72,7 +72,7 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
     assert "upload_id" in schemas["CreateBatchJobRequest"]["properties"]
     # The page has the jobs view only when the routes are there.
     assert 'id="jobs"' in html
-    assert 'id="jobs"' not in page.render(default_registry("detector"), api.BUILT_IN)
+    assert 'id="jobs"' not in page.render(default_registry("detector"), BUILT_IN)
 
 
 # --- the page's jobs view in a real browser -------------------------------------------------

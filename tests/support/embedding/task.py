@@ -8,13 +8,16 @@ allow); 0 keeps all of them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from gateway import errors
+from gateway.api.bindings import Binding
 from gateway.config import Settings
-from gateway.models import ModelConfig
+from gateway.models import ModelConfig, ModelConfigError
+from gateway.models.values import COMMON_KEYS, refuse_unknown
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import Frame, OutputError, OutputPlan
 from gateway.upstream.signatures import Signature
@@ -36,6 +39,15 @@ class Embedding(NamedTuple):
 
 class EmbeddingTask:
     name = EMBEDDING
+
+    def __init__(self, binding: Binding) -> None:
+        self.binding = binding
+
+    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> None:
+        """No keys of its own: the common ones only."""
+        refuse_unknown(table, set(COMMON_KEYS), str(path), where + ".")
+        if table.get("outputs"):
+            raise ModelConfigError(f"{path}: {where}.outputs: the embedding task has no keys")
 
     def resolve(self, options: EmbedOptions, config: ModelConfig, settings: Settings) -> int:
         if options.dimensions < 0:
