@@ -31,10 +31,8 @@ from PIL import Image
 from gateway import errors
 from gateway.api import bindings as api
 from gateway.config import Settings
-from gateway.core.batching import plan_batching
 from gateway.core.domain import ModelRef
-from gateway.core.inputs import plan_input
-from gateway.core.pipeline import Pipeline
+from gateway.core.pipeline import Pipeline, plan
 from gateway.models import ModelRegistry
 from gateway.models.rollout import RolloutConfig
 from gateway.policy.rollout import ModelRollout
@@ -100,12 +98,13 @@ async def plan_model(
         signature = await client.signature(ModelRef(name), timeout)
         report.version = signature.version
         report.signature = _signature(signature)
-        inputs = plan_input(signature, config.input)
-        report.input = inputs.describe()
-        plan = tasks[task_name].output_plan(signature, config)
-        describe = getattr(plan, "describe", None)
-        report.outputs = describe() if callable(describe) else {"outputs": plan.output_filter}
-        report.batching = plan_batching(signature, inputs, plan, config.batching).describe()
+        planned = plan(tasks[task_name], signature, config)
+        report.input = planned.input.describe()
+        describe = getattr(planned.outputs, "describe", None)
+        report.outputs = (
+            describe() if callable(describe) else {"outputs": planned.outputs.output_filter}
+        )
+        report.batching = planned.batch.describe()
         if config.rollout is not None:
             await _plan_rollout(client, report, name, config.rollout, timeout)
     except errors.GatewayError as e:
@@ -229,9 +228,9 @@ def render(report: ModelReport) -> str:
         ("output plan", report.outputs),
         ("batch plan", report.batching),
     )
-    for title, plan in plans:
-        if plan is not None:
-            lines.append(f"  {title}: " + ", ".join(f"{k} = {v}" for k, v in plan.items()))
+    for title, shown in plans:
+        if shown is not None:
+            lines.append(f"  {title}: " + ", ".join(f"{k} = {v}" for k, v in shown.items()))
     if report.rollout is not None:
         lines.append(f"  rollout: {_rollout_line(report.rollout)}")
     if report.trial is not None:

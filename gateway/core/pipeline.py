@@ -80,6 +80,16 @@ class Plan:
     batch: BatchPlan
 
 
+def plan(task: Task, signature: Signature, config: ModelConfig) -> Plan:
+    """How `signature`'s model version is called for `task` with the model's config: its
+    input, the outputs the task reads, how requests are batched; GatewayError BAD_MODEL
+    naming what cannot be served. The one planner: the pipeline (cached per version), job
+    admission and check-models use it."""
+    inputs = plan_input(signature, config.input)
+    outputs = task.output_plan(signature, config)
+    return Plan(inputs, outputs, plan_batching(signature, inputs, outputs, config.batching))
+
+
 @lru_cache(maxsize=1024)
 def _envelope(model: ModelRef, output_filter: tuple[str, ...], signature: str) -> bytes:
     return request_envelope(model, output_filter, signature)
@@ -225,16 +235,13 @@ class Pipeline:
 
     def _plan(self, task: Task, signature: Signature, config: ModelConfig) -> Plan:
         key = (signature.model, signature.version, task.name)
-        plan = self._plans.get(key)
-        if plan is None:
-            inputs = plan_input(signature, config.input)
-            outputs = task.output_plan(signature, config)
-            batch = plan_batching(signature, inputs, outputs, config.batching)
-            plan = Plan(inputs, outputs, batch)
+        found = self._plans.get(key)
+        if found is None:
+            found = plan(task, signature, config)
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()
-            self._plans[key] = plan
-        return plan
+            self._plans[key] = found
+        return found
 
     async def _build_input(
         self, image: bytes, plan: InputPlan, envelope: bytes, timings: dict[str, float]

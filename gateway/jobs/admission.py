@@ -16,7 +16,7 @@ from gateway.batch.limits import LimitExceeded, Limits
 from gateway.batch.spec import JobSpec
 from gateway.client.messages import model_spec
 from gateway.config import Settings
-from gateway.core.pipeline import Pipeline
+from gateway.core.pipeline import Pipeline, plan
 from gateway.errors import GatewayError, Kind
 from gateway.jobs import owners
 from gateway.jobs.records import Job
@@ -172,7 +172,7 @@ class Admission:
             raise errors.invalid_input(f"options {dict(spec.options)}: {e}") from None
         task.resolve(binding.to_request(message, "", "", None, ()).options, config, self.settings)
         signature = await self._client.signature(model, self.settings.upstream_timeout)
-        task.output_plan(signature, config)
+        plan(task, signature, config)
 
     async def prepare(self, job: Job) -> Job:
         """Claims a named output for the caller, lists the input and writes OUTPUT's
