@@ -16,14 +16,14 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from gateway.tasks.builtin import BUILT_IN
 from tests.support import tools
 from tests.support.gatewayproc import SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import HOST, closed_port
 
-SERVICES = {
-    "classification.v1.ClassificationService",
+# Every task's service (one per built-in task) and the gateway's own.
+SERVICES = {binding.service_name for binding in BUILT_IN} | {
     "detection.v1.BatchService",
-    "detection.v1.DetectionService",
     "google.longrunning.Operations",
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",

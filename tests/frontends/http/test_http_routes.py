@@ -54,8 +54,9 @@ def test_openapi_describes_exactly_the_server_s_routes() -> None:
         (method.upper(), path) for path, item in document["paths"].items() for method in item
     }
     assert routes == described
-    # 6 prediction routes, /invocations, /ping, 3 status, rollout, spec, page
-    assert len(routes) == 14
+    # 3 prediction routes per task (latest, version, label), /invocations, /ping, 3 status,
+    # rollout, spec, page
+    assert len(routes) == 3 * len(BUILT_IN) + 8
 
 
 def test_openapi_parameters_match_the_path_templates() -> None:
