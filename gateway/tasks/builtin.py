@@ -12,6 +12,7 @@ from gateway.tasks.base import Task, TaskRegistry
 FOLDERS = (
     "detection",
     "classification",
+    "embedding",
 )
 
 

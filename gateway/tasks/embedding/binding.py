@@ -1,0 +1,51 @@
+"""embedding.v1 (EmbeddingService: Embed, EmbedStream) <-> the embedding task's plain types."""
+
+from __future__ import annotations
+
+from gateway.api.bindings import Binding, Trace, served_model, to_model_ref
+from gateway.core.domain import Outcome, Request
+from gateway.proto.embedding.v1 import embedding_pb2 as epb
+from gateway.tasks.embedding.types import Embedding, EmbedOptions
+
+EMBEDDING = "embedding"
+
+
+def to_embed(
+    request: epb.EmbedRequest, request_id: str, method: str, timeout: float | None, trace: Trace
+) -> Request:
+    options = EmbedOptions(request.dimensions)
+    return Request(
+        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
+    )
+
+
+def to_embedding_result(outcome: Outcome) -> epb.EmbeddingResult:
+    result = outcome.result
+    assert isinstance(result, Embedding)
+    return epb.EmbeddingResult(
+        embedding=result.vector,
+        dimension=len(result.vector),
+        normalized=result.normalized,
+        image_width=outcome.image_width,
+        image_height=outcome.image_height,
+        model=served_model(outcome),
+        request_id=outcome.request_id,
+    )
+
+
+BINDING = Binding(
+    task=EMBEDDING,
+    verb="embed",
+    service=epb.DESCRIPTOR.services_by_name["EmbeddingService"],
+    unary="Embed",
+    stream="EmbedStream",
+    request_type=epb.EmbedRequest,
+    result_type=epb.EmbeddingResult,
+    to_request=to_embed,
+    to_result=to_embedding_result,
+    summary="Embed an image (a feature vector for similarity search)",
+    options={
+        "dimensions": "leading values kept before normalising, for Matryoshka-trained "
+        "models (0: all)",
+    },
+)
