@@ -9,7 +9,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -213,3 +217,33 @@ def test_runs_the_gateway_as_non_root_on_its_ports() -> None:
     }
     defaults = Settings()
     assert exposed == {defaults.port, defaults.http_port, defaults.metrics_port}
+
+
+def test_the_built_gateway_has_the_page_s_scripts(tmp_path: Path) -> None:
+    """The build stage's copies, built as its `pip install .` builds them: the wheel holds every
+    .js file under gateway/ (the page's and each task's renderer, read at import)."""
+    steps = instructions()
+    build_from, runtime_from = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"][:2]
+    stage = steps[build_from:runtime_from]
+    source = tmp_path / "src"
+    for keyword, rest in stage:
+        if keyword == "COPY":
+            *paths, target = rest.split()
+            for path in paths:
+                into = source / target
+                if (ROOT / path).is_dir():
+                    shutil.copytree(ROOT / path, into, dirs_exist_ok=True)
+                else:
+                    into.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(ROOT / path, into)
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "-q", "-w", str(tmp_path / "wheel"), str(source)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    built = set(zipfile.ZipFile(wheel).namelist())
+    scripts = {str(p.relative_to(ROOT)) for p in (ROOT / "gateway").rglob("*.js")}
+    assert "gateway/frontends/http/page.js" in scripts
+    assert scripts <= built, scripts - built

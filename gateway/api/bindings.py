@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.descriptor import ServiceDescriptor
@@ -64,7 +65,10 @@ class Binding:
     summary: str  # what a call does, for OpenAPI ("Detect objects")
     # The request's options (scalar fields besides request_id), each with its description.
     options: Mapping[str, str]
-    page: str = ""  # JavaScript rendering a result on the page (gateway.frontends.http.page)
+    # JavaScript drawing a result on the page: its task folder's page.js (page_script), the
+    # body of an async (result, view) function (gateway/frontends/http/page.py: the contract).
+    # "" for none: the page then shows the JSON only.
+    page: str = ""
 
     @property
     def service_name(self) -> str:
@@ -102,6 +106,12 @@ class Bindings:
     @property
     def verbs(self) -> tuple[str, ...]:
         return tuple(self._by_verb)
+
+
+def page_script(binding_module: str) -> str:
+    """The page renderer beside a binding module (`page_script(__file__)`): the page.js of its
+    task folder."""
+    return (Path(binding_module).parent / "page.js").read_text(encoding="utf-8")
 
 
 # --- conversions shared by the bindings -------------------------------------------------

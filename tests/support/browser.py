@@ -1,20 +1,27 @@
 """A headless Debian chromium driven over the DevTools protocol, for tests of the HTTP door's
 page: the `browser` fixture (module scope; skipped, saying why, when chromium is not
-installed: `make pytest` installs it as root), one tab per `with_page` call, and the `Page`
-calls the tests need.
+installed: `make pytest` installs it as root), one tab per `with_page` call, the `Page`
+calls the tests need, and `show_result`: the page drawing a given result over a given image,
+its canvas read back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
+import json
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
+from PIL import Image
 
 from tests.support import tools
 
@@ -75,16 +82,25 @@ class Page:
                 return dict(message["result"])
 
     async def evaluate(self, expression: str) -> Any:
-        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        """The value of `expression`, awaited when it is a promise; AssertionError with the
+        message when it throws."""
+        result = await self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
         return result["result"].get("value")
 
-    async def pick_file(self, url: str, path: Path) -> str:
-        """Opens the page and picks `path` in its file input, as a person would."""
+    async def open(self, url: str) -> None:
+        """Navigates and waits for the page to be ready (its state `idle`)."""
         await self.send("Page.navigate", url=url)
         deadline = time.monotonic() + 30
         while await self.evaluate("document.body ? document.body.dataset.state : ''") != "idle":
             assert time.monotonic() < deadline, "the page did not load"
             await asyncio.sleep(0.05)
+
+    async def pick_file(self, url: str, path: Path) -> str:
+        """Opens the page and picks `path` in its file input, as a person would."""
+        await self.open(url)
         document = await self.send("DOM.getDocument")
         node = await self.send(
             "DOM.querySelector", nodeId=document["root"]["nodeId"], selector="#file"
@@ -107,6 +123,41 @@ class Page:
                 where = await self.evaluate("document.URL.slice(0, 200) + ' ' + document.title")
                 raise AssertionError(f"page state stayed {state!r} at {where}")
             await asyncio.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """The page after drawing one result: its state (`done`, `error`), status line, text rows,
+    raw JSON, and the canvas read back as (height, width, 3) ints."""
+
+    state: str
+    status: str
+    rows: list[str]
+    raw: str
+    pixels: np.ndarray
+
+
+_SHOW = """(async () => {
+  const blob = await (await fetch(%s)).blob();
+  let state = "done";
+  try { await show(%s, %s, blob); }
+  catch (error) { status(String(error.message || error), true); state = "error"; }
+  return {state: state, status: $("status").textContent, raw: $("raw").textContent,
+          rows: [...document.querySelectorAll("#rows li")].map((li) => li.textContent),
+          png: $("canvas").toDataURL("image/png")};
+})()"""
+
+
+async def show_result(page: Page, url: str, verb: str, result: Any, png: bytes) -> Shown:
+    """Opens the page at `url` and has it draw `result` of the task route `verb` over the PNG
+    image `png`, as it does with an answer of the gateway (the page's `show`), then reads the
+    canvas back."""
+    await page.open(url)
+    image = json.dumps("data:image/png;base64," + base64.b64encode(png).decode())
+    shown = await page.evaluate(_SHOW % (image, json.dumps(verb), json.dumps(result)))
+    data = base64.b64decode(shown["png"].partition(",")[2])
+    pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
+    return Shown(shown["state"], shown["status"], shown["rows"], shown["raw"], pixels)
 
 
 async def with_page(address: str, work: Any) -> Any:

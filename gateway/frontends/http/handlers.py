@@ -67,6 +67,7 @@ class Handlers:
         self._jobs = jobs  # the batch jobs routes are there (described, and on the page)
         self._pipeline = pipeline
         self._bindings = bindings
+        page.renderers(bindings)  # a page script the page cannot inline is refused at startup
         self._readiness = readiness
         self._body_limits = BodyLimits(
             settings.http_max_metadata_bytes, settings.http_max_metadata_keys

@@ -1,24 +1,65 @@
 """GET /: one self-contained page to try the API in a browser.
 
-Pick an image and a model: the page posts the image to the model's `:detect` or `:classify`
-route and draws the boxes with labels and scores over the image (or lists the top classes),
-with the raw JSON below. No external scripts, styles or fonts (clusters may have no
-internet). `/?image=<url>&model=<name>` runs at once on that image (a small data: URL works), and
-`document.body.dataset.state` ends as `done` or `error`: how the browser test drives it.
+Pick an image and a model: the page posts the image to the model's task route
+(`/v1/models/{model}:{verb}`), draws the image, then hands the JSON result to the renderer of
+that task, which draws over the image and lists what it found; the raw JSON is shown below. No
+external scripts, styles or fonts (clusters may have no internet). `/?image=<url>&model=<name>`
+runs at once on that image (a small data: URL works), and `document.body.dataset.state` ends
+as `done` or `error`: how the browser tests drive it.
+
+The page knows no task. Each task's binding carries its renderer (`Binding.page`), read from
+the task folder's page.js (gateway/tasks/<task>/page.js, `page=page_script(__file__)` in its
+binding.py). The contract of a page.js:
+
+- It is the BODY of an async function registered for the binding's verb:
+      RENDERERS["<verb>"] = async (result, view) => { <page.js> };
+  called once per result with `result`, the parsed JSON of the HTTP door's answer (proto
+  field names: `result.model.name`, `result.image_width`, ...), after the image is drawn.
+  Functions and constants it declares stay local to it; it may `await` (e.g. to decode a
+  PNG). What it throws is shown as the status line in red and ends the run as `error`.
+- `view` offers (gateway/frontends/http/page.js, makeView):
+    ctx            the canvas 2D context, scaled so that (x, y) are pixels of the image as the
+                   result names them (0..image_width, 0..image_height; EXIF orientation applied)
+    width, height  the image's size in those pixels
+    line, size     a stroke width and a font size suited to the image
+    list           an empty <ol> below the canvas for text rows; row(text) appends one
+    status(text)   sets the status line (the run ends `done` once the renderer returns)
+    served(result) "NAME version V", the model that answered
+    colour(i)      the i-th colour of a palette of distinct colours (BOX for i = 0)
+    drawBox(box, text, colour)    box = {x_min, y_min, x_max, y_max}: its outline inside the
+                                  box, and `text` on a label at its top-left corner if given
+    drawLabel(text, x, y, colour) a label (white text on `colour`) above (x, y), or below it
+                                  at the image's top edge
+    drawPoint(x, y, colour)       a filled dot with a white rim
+    drawLine(x0, y0, x1, y1, colour)
+    paintMask(bits, width, height, colour)  a translucent overlay where bits[y * width + x]
+                                  is non-zero: a row-major mask of the whole image (a mask of
+                                  another size is stretched over the image)
+- It must not contain `</script` (refused at startup: the page inlines it).
+
+A binding without a page.js gets the generic renderer: the status line names the model and the
+JSON, pretty-printed, is all there is to see.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
 
-from gateway.api.bindings import Bindings
+from gateway.api.bindings import Binding
 from gateway.frontends.http import jobs_page
 from gateway.models import ModelRegistry
 
-# Boxes are drawn in this colour; the browser test looks for it in the screenshot.
+# Boxes are drawn in this colour (the first colour of the palette); the browser tests look for
+# it in screenshots.
 BOX_COLOUR = "#ff00ff"
+# The page's own script (after the constants below and the renderers): the model picker, the
+# call, the view the renderers draw with.
+SCRIPT = (Path(__file__).parent / "page.js").read_text(encoding="utf-8")
 
-_PAGE = """<!doctype html>
+_HEAD = """<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -44,113 +85,11 @@ _PAGE = """<!doctype html>
 </form>
 <div id="status">Pick an image.</div>
 <canvas id="canvas" width="0" height="0"></canvas>
-<ol id="classes"></ol>
+<ol id="rows"></ol>
 <pre id="raw"></pre>
-__JOBS_HTML__<script>
-"use strict";
-const MODELS = __MODELS__;
-const VERBS = __VERBS__;
-const DEFAULT_MODEL = __DEFAULT__;
-const BOX = "__BOX__";
-const $ = (id) => document.getElementById(id);
-const select = $("model");
-for (const [name, task] of Object.entries(MODELS)) {
-  const option = document.createElement("option");
-  option.value = name;
-  option.textContent = name + " (" + task + ")";
-  option.selected = name === DEFAULT_MODEL;
-  select.appendChild(option);
-}
-function status(text, error) {
-  $("status").textContent = text;
-  $("status").className = error ? "error" : "";
-}
-function drawLabel(ctx, text, x, y, size) {
-  ctx.font = size + "px sans-serif";
-  const width = ctx.measureText(text).width + 6;
-  const top = y - size - 4 >= 0 ? y - size - 4 : y;
-  ctx.fillStyle = BOX;
-  ctx.fillRect(x, top, width, size + 4);
-  ctx.fillStyle = "#ffffff";
-  ctx.textBaseline = "top";
-  ctx.fillText(text, x + 3, top + 2);
-}
-async function run(blob) {
-  document.body.dataset.state = "running";
-  const model = select.value;
-  const verb = VERBS[MODELS[model]];
-  const params = new URLSearchParams();
-  if ($("min_score").value) params.set("min_score", $("min_score").value);
-  status("Running " + model + " ...");
-  $("classes").textContent = "";
-  try {
-    const response = await fetch(
-      "/v1/models/" + encodeURIComponent(model) + ":" + verb + "?" + params,
-      {method: "POST", body: blob, headers: {
-        "Content-Type": blob.type || "application/octet-stream", "Accept": "application/json"}});
-    const text = await response.text();
-    let result;
-    try { result = JSON.parse(text); $("raw").textContent = JSON.stringify(result, null, 2); }
-    catch (e) { $("raw").textContent = text; throw new Error("HTTP " + response.status); }
-    if (!response.ok) throw new Error(result.error.code + ": " + result.error.message);
-    // The gateway's pixels are those of the image as a viewer shows it (EXIF applied).
-    const image = await createImageBitmap(blob, {imageOrientation: "from-image"});
-    const canvas = $("canvas");
-    canvas.width = image.width;
-    canvas.height = image.height;
-    const ctx = canvas.getContext("2d");
-    ctx.drawImage(image, 0, 0);
-    const line = Math.max(2, Math.round(image.width / 320));
-    const size = Math.max(12, Math.round(image.width / 50));
-    if (result.detections) {
-      ctx.strokeStyle = BOX;
-      ctx.lineWidth = line;
-      for (const d of result.detections) {
-        const b = d.box;
-        ctx.strokeRect(b.x_min + line / 2, b.y_min + line / 2,
-                       b.x_max - b.x_min - line, b.y_max - b.y_min - line);
-      }
-      for (const d of result.detections) {
-        drawLabel(ctx, d.label + " " + d.score.toFixed(2), d.box.x_min, d.box.y_min, size);
-      }
-      status(result.detections.length + " detections by " + result.model.name +
-             " version " + result.model.version);
-    } else if (result.classes) {
-      for (const c of result.classes) {
-        const item = document.createElement("li");
-        item.textContent = c.label + " " + c.score.toFixed(3);
-        $("classes").appendChild(item);
-      }
-      if (result.classes.length) {
-        const top = result.classes[0];
-        drawLabel(ctx, top.label + " " + top.score.toFixed(2), 0, 0, size);
-      }
-      status("Top classes by " + result.model.name + " version " + result.model.version);
-    } else {
-      status("Result by " + result.model.name + " version " + result.model.version);
-    }
-    document.body.dataset.state = "done";
-  } catch (error) {
-    status(String(error.message || error), true);
-    document.body.dataset.state = "error";
-  }
-}
-$("file").addEventListener("change", () => { if ($("file").files[0]) run($("file").files[0]); });
-select.addEventListener("change", () => { if ($("file").files[0]) run($("file").files[0]); });
-const query = new URLSearchParams(location.search);
-if (query.get("model")) select.value = query.get("model");
-if (query.get("min_score")) $("min_score").value = query.get("min_score");
-if (query.get("image")) {
-  fetch(query.get("image")).then((r) => r.blob()).then(run).catch((error) => {
-    status("cannot load " + query.get("image") + ": " + error, true);
-    document.body.dataset.state = "error";
-  });
-}
-__JOBS_SCRIPT__
-</script>
-</body>
-</html>
 """
+
+_SCRIPT_END = re.compile(r"</script", re.IGNORECASE)
 
 
 def _script_json(value: object) -> str:
@@ -158,16 +97,46 @@ def _script_json(value: object) -> str:
     return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render(registry: ModelRegistry, bindings: Bindings, jobs: bool = False) -> str:
-    """The page, with each model's task and each task's route verb (`detect`, ...); `jobs`:
-    with the batch jobs view (gateway.frontends.http.jobs_page)."""
+def renderers(bindings: Iterable[Binding]) -> str:
+    """`RENDERERS[verb] = async (result, view) => {...};` for each binding with a page script.
+    ValueError when a script would end the page's <script> element."""
+    parts = ["const RENDERERS = {};"]
+    for binding in bindings:
+        if not binding.page.strip():
+            continue
+        if _SCRIPT_END.search(binding.page):
+            raise ValueError(
+                f"the page script of the {binding.task} binding contains '</script': "
+                "the page inlines it; write '<\\/script' in a string instead"
+            )
+        parts.append(
+            f"// {binding.task}\nRENDERERS[{_script_json(binding.verb)}] = "
+            f"async (result, view) => {{\n{binding.page.rstrip()}\n}};"
+        )
+    return "\n".join(parts)
+
+
+def render(registry: ModelRegistry, bindings: Iterable[Binding], jobs: bool = False) -> str:
+    """The page, with each model's task, each task's route verb (`detect`, ...) and renderer;
+    `jobs`: with the batch jobs view (gateway.frontends.http.jobs_page)."""
+    bindings = tuple(bindings)
     models = {name: registry.task_of(name) for name in {registry.default_model, *registry.models}}
-    verbs = {binding.task: binding.verb for binding in bindings}
-    return (
-        _PAGE.replace("__MODELS__", _script_json(dict(sorted(models.items()))))
-        .replace("__VERBS__", _script_json(verbs))
-        .replace("__DEFAULT__", _script_json(registry.default_model))
-        .replace("__BOX__", BOX_COLOUR)
-        .replace("__JOBS_HTML__", jobs_page.HTML if jobs else "")
-        .replace("__JOBS_SCRIPT__", jobs_page.SCRIPT if jobs else "")
+    constants = (
+        f"const MODELS = {_script_json(dict(sorted(models.items())))};\n"
+        f"const VERBS = {_script_json({b.task: b.verb for b in bindings})};\n"
+        f"const DEFAULT_MODEL = {_script_json(registry.default_model)};\n"
+        f"const BOX = {_script_json(BOX_COLOUR)};\n"
+    )
+    return "".join(
+        (
+            _HEAD,
+            jobs_page.HTML if jobs else "",
+            '<script>\n"use strict";\n',
+            constants,
+            renderers(bindings),
+            "\n",
+            SCRIPT,
+            jobs_page.SCRIPT if jobs else "",
+            "</script>\n</body>\n</html>\n",
+        )
     )

@@ -3,7 +3,7 @@ task's plain types."""
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, Trace, served_model, to_model_ref
+from gateway.api.bindings import Binding, Trace, page_script, served_model, to_model_ref
 from gateway.core.domain import Outcome, Request
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.tasks.types import Classes, ClassifyOptions
@@ -49,4 +49,5 @@ BINDING = Binding(
         "top_k": "classes returned (0: the model's default)",
         "min_score": "minimum score, 0..1 (0: the model's default)",
     },
+    page=page_script(__file__),
 )

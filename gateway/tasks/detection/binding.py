@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, Trace, served_model, to_model_ref
+from gateway.api.bindings import Binding, Trace, page_script, served_model, to_model_ref
 from gateway.core.domain import Outcome, Request
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.types import Detections, DetectOptions
@@ -54,4 +54,5 @@ BINDING = Binding(
         "min_score": "minimum score, 0..1 (0: the model's default)",
         "max_detections": "most detections returned (0: the model's default)",
     },
+    page=page_script(__file__),
 )

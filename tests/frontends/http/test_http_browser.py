@@ -37,7 +37,7 @@ async def _canvas_screenshot(page: Page) -> tuple[np.ndarray, dict[str, Any]]:
         " return {x: r.left + c.clientLeft, y: r.top + c.clientTop, width: c.width,"
         " height: c.height, cssWidth: c.clientWidth,"
         " raw: document.getElementById('raw').textContent,"
-        " classes: [...document.querySelectorAll('#classes li')].map(li => li.textContent),"
+        " rows: [...document.querySelectorAll('#rows li')].map(li => li.textContent),"
         " status: document.getElementById('status').textContent}; })()"
     )
     assert info["cssWidth"] == info["width"], "the canvas is scaled; the test needs 1:1"
@@ -123,7 +123,7 @@ def test_page_lists_the_top_classes_of_a_classifier(http_gateway, browser) -> No
 
     state, shot, info = asyncio.run(with_page(browser, work))
     assert state == "done", info["status"]
-    assert info["classes"][:2] == ["blue 0.800", "red 0.200"]
+    assert info["rows"][:2] == ["blue 0.800", "red 0.200"]
     assert json.loads(info["raw"])["classes"][0]["label"] == "blue"
     assert is_box(shot[:10, :10]).any()  # the top class's label drawn in the corner
 

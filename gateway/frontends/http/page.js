@@ -1,0 +1,155 @@
+// The page's own script (gateway/frontends/http/page.py says what it is and the renderers'
+// contract). Before it: MODELS {model: task}, VERBS {task: verb}, DEFAULT_MODEL, BOX (the first
+// colour) and RENDERERS {verb: async (result, view) => ...}, one per task with a page.js.
+const $ = (id) => document.getElementById(id);
+const select = $("model");
+for (const [name, task] of Object.entries(MODELS)) {
+  const option = document.createElement("option");
+  option.value = name;
+  option.textContent = name + " (" + task + ")";
+  option.selected = name === DEFAULT_MODEL;
+  select.appendChild(option);
+}
+function status(text, error) {
+  $("status").textContent = text;
+  $("status").className = error ? "error" : "";
+}
+// Distinct colours for instances (BOX first), each far from grey and from the others.
+const PALETTE = [BOX, "#00c853", "#2962ff", "#ff6d00", "#00b8d4", "#ffd600", "#aa00ff",
+                 "#d50000", "#64dd17", "#c51162"];
+const MASK_ALPHA = 0.45;
+function rgb(colour) {
+  return [1, 3, 5].map((i) => parseInt(colour.slice(i, i + 2), 16));
+}
+// What a renderer draws with (the contract is in page.py's docstring).
+function makeView(ctx, width, height) {
+  const line = Math.max(2, Math.round(width / 320));
+  const size = Math.max(12, Math.round(width / 50));
+  const view = {
+    ctx: ctx, width: width, height: height, line: line, size: size, list: $("rows"),
+    status: (text) => status(text, false),
+    served: (result) => {
+      const model = result.model || {};
+      return (model.name || "?") + " version " + (model.version ?? "?");
+    },
+    colour: (i) => PALETTE[((i % PALETTE.length) + PALETTE.length) % PALETTE.length],
+    row: (text) => {
+      const item = document.createElement("li");
+      item.textContent = text;
+      view.list.appendChild(item);
+      return item;
+    },
+    drawLabel: (text, x, y, colour = BOX) => {
+      ctx.font = size + "px sans-serif";
+      const wide = ctx.measureText(text).width + 6;
+      const top = y - size - 4 >= 0 ? y - size - 4 : y;
+      ctx.fillStyle = colour;
+      ctx.fillRect(x, top, wide, size + 4);
+      ctx.fillStyle = "#ffffff";
+      ctx.textBaseline = "top";
+      ctx.fillText(text, x + 3, top + 2);
+    },
+    drawBox: (box, text, colour = BOX) => {
+      // The stroke runs just inside the box, so that its edges are the box's own.
+      ctx.strokeStyle = colour;
+      ctx.lineWidth = line;
+      ctx.strokeRect(box.x_min + line / 2, box.y_min + line / 2,
+                     box.x_max - box.x_min - line, box.y_max - box.y_min - line);
+      if (text) view.drawLabel(text, box.x_min, box.y_min, colour);
+    },
+    drawPoint: (x, y, colour = BOX) => {
+      ctx.beginPath();
+      ctx.arc(x, y, line * 1.5 + 1, 0, 2 * Math.PI);
+      ctx.fillStyle = colour;
+      ctx.fill();
+      ctx.lineWidth = 1;
+      ctx.strokeStyle = "#ffffff";
+      ctx.stroke();
+    },
+    drawLine: (x0, y0, x1, y1, colour = BOX) => {
+      ctx.beginPath();
+      ctx.moveTo(x0, y0);
+      ctx.lineTo(x1, y1);
+      ctx.strokeStyle = colour;
+      ctx.lineWidth = line;
+      ctx.stroke();
+    },
+    paintMask: (bits, maskWidth, maskHeight, colour = BOX) => {
+      const layer = document.createElement("canvas");
+      layer.width = maskWidth;
+      layer.height = maskHeight;
+      const pixels = new ImageData(maskWidth, maskHeight);
+      const [r, g, b] = rgb(colour);
+      for (let i = 0; i < maskWidth * maskHeight; i++) {
+        if (bits[i]) pixels.data.set([r, g, b, 255], 4 * i);
+      }
+      layer.getContext("2d").putImageData(pixels, 0, 0);
+      ctx.save();
+      ctx.globalAlpha = MASK_ALPHA;
+      ctx.imageSmoothingEnabled = false;
+      ctx.drawImage(layer, 0, 0, width, height);
+      ctx.restore();
+    },
+  };
+  return view;
+}
+// A task without a renderer: the JSON below is all there is to see.
+async function generic(result, view) {
+  view.status("Result by " + view.served(result) + " (the JSON is below)");
+}
+// Draws `blob` (the image as a viewer shows it: EXIF applied, as the gateway sees it), then
+// `result` over it with the renderer of `verb`.
+async function show(verb, result, blob) {
+  $("raw").textContent = JSON.stringify(result, null, 2);
+  $("rows").textContent = "";
+  const image = await createImageBitmap(blob, {imageOrientation: "from-image"});
+  const canvas = $("canvas");
+  canvas.width = image.width;
+  canvas.height = image.height;
+  const ctx = canvas.getContext("2d");
+  ctx.drawImage(image, 0, 0);
+  // The result's pixels: those of the image, unless it says otherwise.
+  const width = result.image_width || image.width, height = result.image_height || image.height;
+  ctx.scale(image.width / width, image.height / height);
+  await (RENDERERS[verb] || generic)(result, makeView(ctx, width, height));
+}
+async function run(blob) {
+  document.body.dataset.state = "running";
+  const model = select.value;
+  const verb = VERBS[MODELS[model]];
+  const params = new URLSearchParams();
+  if ($("min_score").value) params.set("min_score", $("min_score").value);
+  status("Running " + model + " ...");
+  $("rows").textContent = "";
+  try {
+    const response = await fetch(
+      "/v1/models/" + encodeURIComponent(model) + ":" + verb + "?" + params,
+      {method: "POST", body: blob, headers: {
+        "Content-Type": blob.type || "application/octet-stream", "Accept": "application/json"}});
+    const text = await response.text();
+    let result;
+    try { result = JSON.parse(text); }
+    catch (e) { $("raw").textContent = text; throw new Error("HTTP " + response.status); }
+    if (!response.ok) {
+      $("raw").textContent = JSON.stringify(result, null, 2);
+      const error = result.error || {};
+      throw new Error((error.code || "HTTP " + response.status) + ": " + error.message);
+    }
+    await show(verb, result, blob);
+    document.body.dataset.state = "done";
+  } catch (error) {
+    status(String(error.message || error), true);
+    document.body.dataset.state = "error";
+  }
+}
+$("file").addEventListener("change", () => { if ($("file").files[0]) run($("file").files[0]); });
+select.addEventListener("change", () => { if ($("file").files[0]) run($("file").files[0]); });
+const query = new URLSearchParams(location.search);
+if (query.get("model")) select.value = query.get("model");
+if (query.get("min_score")) $("min_score").value = query.get("min_score");
+if (query.get("image")) {
+  fetch(query.get("image")).then((r) => r.blob()).then(run).catch((error) => {
+    status("cannot load " + query.get("image") + ": " + error, true);
+    document.body.dataset.state = "error";
+  });
+}
