@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, Trace, served_model, to_model_ref
+from gateway.api.bindings import Binding, Trace, page_script, served_model, to_model_ref
 from gateway.core.domain import Outcome, Request
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.tasks.embedding.types import Embedding, EmbedOptions
@@ -48,4 +48,5 @@ BINDING = Binding(
         "dimensions": "leading values kept before normalising, for Matryoshka-trained "
         "models (0: all)",
     },
+    page=page_script(__file__),
 )
