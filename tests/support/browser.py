@@ -2,7 +2,7 @@
 page: the `browser` fixture (module scope; skipped, saying why, when chromium is not
 installed: `make pytest` installs it as root), one tab per `with_page` call, the `Page`
 calls the tests need, and `show_result`: the page drawing a given result over a given image,
-its canvas read back.
+its canvas read back; `run_page`: the gateway's page run on an image, read back the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import io
 import json
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,15 +138,26 @@ class Shown:
     pixels: np.ndarray
 
 
+_READ = """({state: document.body.dataset.state, status: $("status").textContent,
+  raw: $("raw").textContent,
+  rows: [...document.querySelectorAll("#rows li")].map((li) => li.textContent),
+  png: $("canvas").toDataURL("image/png")})"""
 _SHOW = """(async () => {
   const blob = await (await fetch(%s)).blob();
-  let state = "done";
+  document.body.dataset.state = "done";
   try { await show(%s, %s, blob); }
-  catch (error) { status(String(error.message || error), true); state = "error"; }
-  return {state: state, status: $("status").textContent, raw: $("raw").textContent,
-          rows: [...document.querySelectorAll("#rows li")].map((li) => li.textContent),
-          png: $("canvas").toDataURL("image/png")};
+  catch (error) {
+    status(String(error.message || error), true);
+    document.body.dataset.state = "error";
+  }
+  return %s;
 })()"""
+
+
+def _shown(read: dict[str, Any]) -> Shown:
+    data = base64.b64decode(read["png"].partition(",")[2])
+    pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
+    return Shown(read["state"], read["status"], read["rows"], read["raw"], pixels)
 
 
 async def show_result(page: Page, url: str, verb: str, result: Any, png: bytes) -> Shown:
@@ -154,10 +166,15 @@ async def show_result(page: Page, url: str, verb: str, result: Any, png: bytes) 
     canvas back."""
     await page.open(url)
     image = json.dumps("data:image/png;base64," + base64.b64encode(png).decode())
-    shown = await page.evaluate(_SHOW % (image, json.dumps(verb), json.dumps(result)))
-    data = base64.b64decode(shown["png"].partition(",")[2])
-    pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
-    return Shown(shown["state"], shown["status"], shown["rows"], shown["raw"], pixels)
+    return _shown(await page.evaluate(_SHOW % (image, json.dumps(verb), json.dumps(result), _READ)))
+
+
+async def run_page(page: Page, gateway_url: str, model: str, image: bytes, mime: str) -> Shown:
+    """The gateway's page run on `image` with `model` (`/?model=...&image=data:...`), as a
+    person would see it once it is done (or failed)."""
+    data = f"data:{mime};base64,{base64.b64encode(image).decode()}"
+    await page.run(f"{gateway_url}/?" + urllib.parse.urlencode({"model": model, "image": data}))
+    return _shown(await page.evaluate(_READ))
 
 
 async def with_page(address: str, work: Any) -> Any:

@@ -2,8 +2,9 @@
 
 The page loads a sample image (a data: URL in `?image=`), posts it to the gateway, and draws
 the detections; the test screenshots the canvas and finds the box colour along every edge
-the JSON names, and nowhere far from the boxes. Skipped, saying why, only when chromium is
-not installed (`make pytest` installs it when run as root).
+the JSON names, and nowhere far from the boxes. A classifier's top classes and an embedding's
+figures are listed (each task's renderer alone: test_page_renderers.py). Skipped, saying why,
+only when chromium is not installed (`make pytest` installs it when run as root).
 """
 
 from __future__ import annotations
@@ -13,15 +14,19 @@ import base64
 import io
 import json
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from gateway.frontends.http.page import BOX_COLOUR
 from serving import scenes
-from tests.support.browser import Page, with_page
-from tests.support.gatewayproc import GatewayProcess
+from serving.reference import CLASSIFIER_PALETTE, read_labels
+from tests.support.browser import Page, Shown, run_page, with_page
+from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer
 
 BOX_RGB = np.array([int(BOX_COLOUR[i : i + 2], 16) for i in (1, 3, 5)])
 
@@ -136,3 +141,57 @@ def test_page_shows_the_gateway_s_error(http_gateway, browser) -> None:
     state, status = asyncio.run(with_page(browser, work))
     assert state == "error"
     assert status.startswith("INVALID_ARGUMENT: image data could not be decoded"), status
+
+
+# --- an embedding model's page ----------------------------------------------------------------
+# The reference `classifier_scores` served as an embedding model: its float [1, 8] output is the
+# share of the image's pixels nearest to each palette colour, so for an image of palette colours
+# the vector is known (the shares over their L2 norm).
+EMBEDDING_CONFIG = """
+default_model = "classifier_scores"
+[models.classifier_scores]
+task = "embedding"
+[models.classifier_scores.input]
+scale = 0.00392156862745098
+"""
+
+
+@pytest.fixture(scope="module")
+def embedding_gateway(
+    http_tfs: LocalServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    root = tmp_path_factory.mktemp("page-embedding")
+    (root / "gateway-models.toml").write_text(EMBEDDING_CONFIG)
+    args = [f"--model-config={root / 'gateway-models.toml'}"]
+    with run_gateway(http_tfs.target, args, log_dir=root, http=True) as gateway:
+        yield gateway
+
+
+def test_page_shows_an_embedding_s_dimension_norm_and_first_values(
+    embedding_gateway: GatewayProcess, browser
+) -> None:
+    labels = read_labels()
+    pixels = np.zeros((224, 224, 3), np.uint8)  # the model's size: the shares stay exact
+    pixels[:, :168] = CLASSIFIER_PALETTE[labels[0]]
+    pixels[:, 168:] = CLASSIFIER_PALETTE[labels[1]]
+    png = scenes.encode(pixels, "PNG")
+    vector = np.zeros(len(labels))
+    vector[:2] = 0.75, 0.25
+    vector /= np.linalg.norm(vector)
+
+    async def work(page: Page) -> Shown:
+        return await run_page(
+            page, embedding_gateway.http_url, "classifier_scores", png, "image/png"
+        )
+
+    shown = asyncio.run(with_page(browser, work))
+    assert shown.state == "done", shown.status
+    assert shown.status == "Embedding of dimension 8 by classifier_scores version 1"
+    assert shown.rows == [
+        "dimension 8",
+        "L2 norm 1.0000 (normalized)",
+        "first values " + ", ".join(f"{v:.4f}" for v in vector),
+    ]
+    np.testing.assert_allclose(json.loads(shown.raw)["embedding"], vector, atol=1e-6)
+    # Nothing drawn over the image.
+    assert (shown.pixels == pixels).all()
