@@ -14,14 +14,18 @@ from gateway.tasks.decoders import boxes, nms
 
 
 class Decoded:
-    """Detections of one image: yxyx boxes in pixels of the image sent, best first."""
+    """Detections of one image: yxyx boxes in pixels of the image sent, best first, and the
+    candidates (columns of the head) they are."""
 
-    __slots__ = ("boxes", "classes", "scores")
+    __slots__ = ("boxes", "classes", "rows", "scores")
 
-    def __init__(self, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> None:
+    def __init__(
+        self, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, rows: np.ndarray
+    ) -> None:
         self.boxes = boxes
         self.scores = scores
         self.classes = classes
+        self.rows = rows
 
 
 def decode(
@@ -47,4 +51,4 @@ def decode(
         yxyx, scores[candidates], classes[candidates], nms_iou, max_detections
     )
     chosen = candidates[kept]
-    return Decoded(yxyx[kept], scores[chosen], classes[chosen])
+    return Decoded(yxyx[kept], scores[chosen], classes[chosen], chosen)

@@ -39,8 +39,22 @@ def map_decoded(
     """Detections of the first batch item, best first, in pixels of the image, for a plan of
     form `boxes` or `yolo`; class values plus the plan's `class_offset` checked as class
     ids."""
+    return map_decoded_rows(outputs, plan, frame, labels, min_score, max_detections)[0]
+
+
+def map_decoded_rows(
+    outputs: Mapping[str, Tensor],
+    plan: DetectionPlan,
+    frame: Frame,
+    labels: Labels,
+    min_score: float,
+    max_detections: int,
+) -> tuple[list[Detection], np.ndarray]:
+    """map_decoded's detections and the rows of the outputs they came from (the index along
+    the N of [1, N, ...] outputs, or the candidate of a YOLO head), for tasks that read more
+    per detection (keypoints, masks). An `od_api` plan is read as the `boxes` form."""
     decode = _yolo if plan.form == "yolo" else _boxes
-    normalized, scores, classes, classes_key = decode(
+    normalized, scores, classes, classes_key, rows = decode(
         outputs, plan, frame.sent, min_score, max_detections
     )
     class_ids = classes.astype(np.float64) + plan.class_offset
@@ -53,7 +67,7 @@ def map_decoded(
             f"numbers from 0 to {MAX_CLASS_ID} (set outputs.class_offset if the model counts "
             "from another base)"
         )
-    return to_detections(
+    found = to_detections(
         normalized.tolist(),
         scores.tolist(),
         class_ids.tolist(),
@@ -63,11 +77,12 @@ def map_decoded(
         labels,
         frame.transform,
     )
+    return found, rows
 
 
 # The kept rows of a decoded form: normalized yxyx boxes of the image sent, their scores and
-# class values, and the output that gave the classes (for messages).
-_Decoded = tuple[np.ndarray, np.ndarray, np.ndarray, str]
+# class values, the output that gave the classes (for messages), and the rows they came from.
+_Decoded = tuple[np.ndarray, np.ndarray, np.ndarray, str, np.ndarray]
 
 
 def _boxes(
@@ -123,7 +138,7 @@ def _boxes(
                 "model config if the boxes are not normalized "
                 f"[{', '.join(plan.box_format)}]"
             )
-    return normalized, score[kept], classes[0, kept], plan.classes
+    return normalized, score[kept], classes[0, kept], plan.classes, kept
 
 
 def _yolo(
@@ -153,4 +168,4 @@ def _yolo(
         normalized = box_forms.normalize(decoded.boxes, "pixels", sent)
     except box_forms.BoxError as e:
         raise OutputError(str(e)) from None
-    return normalized, decoded.scores, decoded.classes, plan.head
+    return normalized, decoded.scores, decoded.classes, plan.head, decoded.rows
