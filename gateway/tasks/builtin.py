@@ -13,6 +13,7 @@ FOLDERS = (
     "detection",
     "classification",
     "embedding",
+    "keypoints",
 )
 
 

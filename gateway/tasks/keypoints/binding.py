@@ -1,0 +1,65 @@
+"""keypoints.v1 (KeypointService: DetectKeypoints, DetectKeypointsStream) <-> the keypoints
+task's plain types."""
+
+from __future__ import annotations
+
+from gateway.api.bindings import Binding, Trace, served_model, to_model_ref
+from gateway.core.domain import Outcome, Request
+from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
+from gateway.tasks.keypoints.types import Keypoints
+from gateway.tasks.types import DetectOptions
+
+KEYPOINTS = "keypoints"
+
+
+def to_detect_keypoints(
+    request: pb.DetectKeypointsRequest,
+    request_id: str,
+    method: str,
+    timeout: float | None,
+    trace: Trace,
+) -> Request:
+    options = DetectOptions(request.min_score, request.max_detections)
+    return Request(
+        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
+    )
+
+
+def to_keypoints_result(outcome: Outcome) -> pb.KeypointsResult:
+    assert isinstance(outcome.result, Keypoints)
+    result = pb.KeypointsResult(
+        image_width=outcome.image_width,
+        image_height=outcome.image_height,
+        model=served_model(outcome),
+        request_id=outcome.request_id,
+    )
+    add = result.instances.add
+    for found in outcome.result.instances:
+        message = add(class_id=found.class_id, label=found.label, score=found.score)
+        box = message.box
+        box.x_min, box.y_min, box.x_max, box.y_max = found.box
+        add_point = message.keypoints.add
+        for point in found.keypoints:
+            add_point(name=point.name, x=point.x, y=point.y, score=point.score)
+    add_edge = result.skeleton.add
+    for start, end in outcome.result.skeleton:
+        add_edge(start=start, end=end)
+    return result
+
+
+BINDING = Binding(
+    task=KEYPOINTS,
+    verb="keypoints",
+    service=pb.DESCRIPTOR.services_by_name["KeypointService"],
+    unary="DetectKeypoints",
+    stream="DetectKeypointsStream",
+    request_type=pb.DetectKeypointsRequest,
+    result_type=pb.KeypointsResult,
+    to_request=to_detect_keypoints,
+    to_result=to_keypoints_result,
+    summary="Detect keypoints",
+    options={
+        "min_score": "minimum instance score, 0..1 (0: the model's default)",
+        "max_detections": "most instances returned (0: the model's default)",
+    },
+)

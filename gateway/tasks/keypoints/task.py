@@ -1,0 +1,61 @@
+"""The keypoints task: instances (box, class, score) with named keypoints in pixels of the
+image as a viewer shows it, from a YOLOv8/11-pose raw head or OD API-style keypoint outputs
+(gateway.tasks.keypoints.plans); its options and their checks are detection's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Settings
+from gateway.models import ModelConfig
+from gateway.tasks.base import Frame, OutputPlan
+from gateway.tasks.detection.task import DetectionSettings, resolve_options
+from gateway.tasks.keypoints import config as keypoint_config
+from gateway.tasks.keypoints.binding import BINDING, KEYPOINTS
+from gateway.tasks.keypoints.config import KeypointConfig
+from gateway.tasks.keypoints.mapping import map_keypoints
+from gateway.tasks.keypoints.plans import KeypointPlan, plan_keypoints
+from gateway.tasks.keypoints.types import Keypoints
+from gateway.tasks.types import DetectOptions
+from gateway.upstream.signatures import Signature
+from gateway.upstream.tensors import Tensor
+
+
+def own_config(config: ModelConfig) -> KeypointConfig:
+    """The keypoint config of a model (the defaults for a model no config file lists)."""
+    own = config.task_config
+    return own if isinstance(own, KeypointConfig) else keypoint_config.DEFAULT
+
+
+class KeypointTask:
+    name = KEYPOINTS
+    binding = BINDING
+
+    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> KeypointConfig:
+        return keypoint_config.read_config(table, path, where)
+
+    def resolve(
+        self, options: DetectOptions, config: ModelConfig, settings: Settings
+    ) -> DetectionSettings:
+        return resolve_options(options, own_config(config).detection, settings)
+
+    def output_plan(self, signature: Signature, config: ModelConfig) -> KeypointPlan:
+        return plan_keypoints(signature, own_config(config))
+
+    def map(
+        self,
+        outputs: Mapping[str, Tensor],
+        plan: OutputPlan,
+        frame: Frame,
+        options: DetectionSettings,
+        config: ModelConfig,
+    ) -> Keypoints:
+        assert isinstance(plan, KeypointPlan)
+        return map_keypoints(
+            outputs, plan, frame, config.labels, options.min_score, options.max_detections
+        )
+
+    def summary(self, result: Keypoints) -> dict[str, object]:
+        return {"instances": len(result.instances)}

@@ -1,0 +1,348 @@
+"""Keypoints end to end: client -> gateway process -> local TF Serving -> keypoint models
+exported here with TensorFlow, over gRPC (unary, stream, reflection), HTTP (JSON,
+MessagePack, multipart, raw image, /invocations, OpenAPI), the client's command line and
+check-models.
+
+The models find the image's red rectangle and put COCO-17's keypoints on its diagonal: point
+k at (x_min + k/16 (x_max - x_min), y_min + k/16 (y_max - y_min)) in pixels of what they
+received, with score 0.5 + k/40; so the truth for a drawn rectangle is known in the caller's
+pixels, through EXIF orientation and letterboxing. `pose_yolo` gives a YOLOv8-pose raw head
+[b, 56, 2] (the rectangle, and a copy 1 px aside that NMS removes), `pose_od` OD API-style
+detection_keypoints (normalized y, x) with its boxes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgpack
+import numpy as np
+import pytest
+from PIL import Image
+
+from gateway.proto.detection.v1 import detection_pb2 as dpb
+from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
+from gateway.proto.keypoints.v1 import keypoints_pb2_grpc as pb_grpc
+from gateway.tasks.keypoints.names import COCO17_NAMES, COCO17_SKELETON
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
+from tests.support.httpcalls import call, multipart, ok_status
+from tests.support.localserver import LocalServer, run_local_server
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+RED = (220, 20, 30)
+MODEL_CONFIG = """\
+[models.pose_yolo]
+task = "keypoints"
+[models.pose_yolo.outputs]
+decoder = "yolo-pose"
+
+[models.pose_letterboxed]
+task = "keypoints"
+[models.pose_letterboxed.input]
+pad_to = [128, 128]
+[models.pose_letterboxed.outputs]
+decoder = "yolo-pose"
+
+[models.pose_od]
+task = "keypoints"
+"""
+
+
+def _red_rectangle(images: Any) -> tuple[Any, ...]:
+    """Edges (x_min, y_min, x_max, y_max; max exclusive) of the red pixels, and whether any."""
+    import tensorflow as tf
+
+    x = tf.cast(images, tf.float32)
+    red = (x[..., 0] > 150) & (x[..., 1] < 100) & (x[..., 2] < 100)
+    height, width = tf.shape(x)[1], tf.shape(x)[2]
+    ys = tf.cast(tf.range(height), tf.float32)[None, :, None] + tf.zeros_like(x[..., 0])
+    xs = tf.cast(tf.range(width), tf.float32)[None, None, :] + tf.zeros_like(x[..., 0])
+    big = 1e9
+    x_min = tf.reduce_min(tf.where(red, xs, big), axis=[1, 2])
+    x_max = tf.reduce_max(tf.where(red, xs, -big), axis=[1, 2]) + 1
+    y_min = tf.reduce_min(tf.where(red, ys, big), axis=[1, 2])
+    y_max = tf.reduce_max(tf.where(red, ys, -big), axis=[1, 2]) + 1
+    return x_min, y_min, x_max, y_max, tf.reduce_any(red, axis=[1, 2])
+
+
+def export_models(root: Path) -> None:
+    import tensorflow as tf
+
+    steps = tf.range(17, dtype=tf.float32) / 16
+    point_scores = 0.5 + tf.range(17, dtype=tf.float32) / 40
+
+    def diagonal(x_min: Any, y_min: Any, x_max: Any, y_max: Any) -> tuple[Any, Any]:
+        kx = x_min[:, None] + (x_max - x_min)[:, None] * steps
+        ky = y_min[:, None] + (y_max - y_min)[:, None] * steps
+        return kx, ky
+
+    class Yolo(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8)])
+        def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
+            x_min, y_min, x_max, y_max, found = _red_rectangle(images)
+            kx, ky = diagonal(x_min, y_min, x_max, y_max)
+            visibility = tf.zeros_like(kx) + point_scores
+            points = tf.reshape(tf.stack([kx, ky, visibility], axis=-1), (-1, 51))
+            score = tf.where(found, 0.9, 0.0)[:, None]
+            box = tf.stack([(x_min + x_max) / 2, (y_min + y_max) / 2, x_max - x_min,
+                            y_max - y_min], axis=1)  # fmt: skip
+            first = tf.concat([box, score, points], axis=1)
+            aside = tf.concat([box + tf.constant([1.0, 0.0, 0.0, 0.0]), score - 0.1, points], 1)
+            return {"output0": tf.stack([first, aside], axis=2)}
+
+    class OdApi(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, None, None, 3], tf.uint8)])
+        def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
+            x_min, y_min, x_max, y_max, found = _red_rectangle(images)
+            height = tf.cast(tf.shape(images)[1], tf.float32)
+            width = tf.cast(tf.shape(images)[2], tf.float32)
+            kx, ky = diagonal(x_min, y_min, x_max, y_max)
+            box = tf.stack([y_min / height, x_min / width, y_max / height, x_max / width], 1)
+            points = tf.stack([ky / height, kx / width], axis=-1)  # [1, 17, 2]
+            return {
+                "detection_boxes": tf.stack([box, tf.zeros_like(box)], axis=1),
+                "detection_scores": tf.stack([tf.where(found, 0.9, 0.0), [0.0]], axis=1),
+                "detection_classes": tf.constant([[1.0, 0.0]]),
+                "num_detections": tf.constant([1.0]),
+                "detection_keypoints": tf.stack([points, tf.zeros_like(points)], axis=1),
+                "detection_keypoint_scores": tf.stack(
+                    [tf.zeros_like(kx) + point_scores, tf.zeros_like(kx)], axis=1
+                ),
+            }
+
+    for name, module in (("pose_yolo", Yolo()), ("pose_od", OdApi())):
+        tf.saved_model.save(
+            module, str(root / name / "1"), signatures={"serving_default": module.serve}
+        )
+
+
+@pytest.fixture(scope="module")
+def tfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    root = tmp_path_factory.mktemp("keypoint-models")
+    export_models(root)
+    names = {"pose_yolo": "pose_yolo", "pose_letterboxed": "pose_yolo", "pose_od": "pose_od"}
+    entries = "".join(
+        f"config {{ name: '{n}' base_path: '{root / path}' model_platform: 'tensorflow' }}\n"
+        for n, path in names.items()
+    )
+    config = root / "models.config"
+    config.write_text(f"model_config_list {{\n{entries}}}\n")
+    (root / "gateway-models.toml").write_text(MODEL_CONFIG)
+    with run_local_server([f"--model_config_file={config}"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway_config(tfs: LocalServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("keypoint-config") / "models.toml"
+    path.write_text(MODEL_CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    tfs: LocalServer, gateway_config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    args = [f"--model-config={gateway_config}", "--model=pose_yolo"]
+    log_dir = tmp_path_factory.mktemp("keypoint-logs")
+    with run_gateway(tfs.target, args, log_dir=log_dir, http=True) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def stub(gateway: GatewayProcess) -> Iterator[pb_grpc.KeypointServiceStub]:
+    with grpc.insecure_channel(gateway.target, options=CHANNEL_OPTIONS) as channel:
+        yield pb_grpc.KeypointServiceStub(channel)
+
+
+def picture(width: int, height: int, box: tuple[int, int, int, int], fmt: str = "PNG",
+            orientation: int = 1) -> bytes:  # fmt: skip
+    """A grey-green picture with a red rectangle at `box` (x_min, y_min, x_max, y_max) as a
+    viewer shows it; an EXIF orientation stores the pixels turned so a viewer shows that."""
+    pixels = np.zeros((height, width, 3), np.uint8)
+    pixels[...] = (90, 140, 100)
+    x0, y0, x1, y1 = box
+    pixels[y0:y1, x0:x1] = RED
+    image = Image.fromarray(pixels)
+    if orientation == 6:  # shown rotated 90° clockwise: stored turned the other way
+        image = image.transpose(Image.Transpose.ROTATE_90)
+    out = io.BytesIO()
+    exif = Image.Exif()
+    if orientation != 1:
+        exif[0x0112] = orientation
+    if fmt == "JPEG":
+        image.save(out, format="JPEG", quality=95, exif=exif)
+    else:
+        image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def expected(box: tuple[int, int, int, int]) -> list[tuple[str, float, float, float]]:
+    x0, y0, x1, y1 = box
+    return [
+        (name, x0 + (x1 - x0) * k / 16, y0 + (y1 - y0) * k / 16, 0.5 + k / 40)
+        for k, name in enumerate(COCO17_NAMES)
+    ]
+
+
+def assert_keypoints(
+    instance: dict[str, Any], box: tuple[int, int, int, int], tolerance: float
+) -> None:
+    got = instance["keypoints"]
+    assert [p["name"] for p in got] == list(COCO17_NAMES)
+    for point, (_, x, y, score) in zip(got, expected(box), strict=True):
+        assert abs(point["x"] - x) <= tolerance and abs(point["y"] - y) <= tolerance, point
+        assert point["score"] == pytest.approx(score, abs=1e-6)
+    edges = instance["box"]
+    shown = (edges["x_min"], edges["y_min"], edges["x_max"], edges["y_max"])
+    assert max(abs(a - b) for a, b in zip(shown, box, strict=True)) <= max(tolerance, 1)
+
+
+def as_dict(result: pb.KeypointsResult) -> dict[str, Any]:
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(
+        result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+BOX = (100, 60, 200, 180)
+
+
+@pytest.mark.parametrize("model", ["pose_yolo", "pose_od"])
+def test_keypoints_come_back_in_the_callers_pixels_over_grpc(
+    stub: pb_grpc.KeypointServiceStub, model: str
+) -> None:
+    request = pb.DetectKeypointsRequest(
+        image=picture(400, 300, BOX), model=dpb.ModelSpec(name=model), request_id="kp-1"
+    )
+    result = stub.DetectKeypoints(request, timeout=60)
+    assert (result.image_width, result.image_height, result.request_id) == (400, 300, "kp-1")
+    assert result.model.name == model and result.model.version == 1
+    assert len(result.instances) == 1  # the YOLO head's copy is suppressed by NMS
+    instance = as_dict(result)["instances"][0]
+    assert instance["score"] == pytest.approx(0.9)
+    assert_keypoints(instance, BOX, 1e-3)
+    assert [(e.start, e.end) for e in result.skeleton] == list(COCO17_SKELETON)
+
+
+def test_an_exif_rotated_jpeg_and_a_letterboxed_model(stub: pb_grpc.KeypointServiceStub) -> None:
+    # Shown 300x400 (stored 400x300, orientation 6).
+    shown = (40, 200, 160, 330)
+    data = picture(300, 400, shown, fmt="JPEG", orientation=6)
+    for model, tolerance in (("pose_yolo", 1.0), ("pose_od", 1.0), ("pose_letterboxed", 4.0)):
+        request = pb.DetectKeypointsRequest(image=data, model=dpb.ModelSpec(name=model))
+        result = stub.DetectKeypoints(request, timeout=60)
+        assert (result.image_width, result.image_height) == (300, 400)
+        assert len(result.instances) == 1, model
+        assert_keypoints(as_dict(result)["instances"][0], shown, tolerance)
+
+
+def test_options_are_checked_and_applied(stub: pb_grpc.KeypointServiceStub) -> None:
+    image = picture(400, 300, BOX)
+    high = stub.DetectKeypoints(pb.DetectKeypointsRequest(image=image, min_score=0.95))
+    assert list(high.instances) == []
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.DetectKeypoints(pb.DetectKeypointsRequest(image=image, min_score=2))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "min_score must be in [0, 1]" in (refused.value.details() or "")
+
+
+def test_the_stream_answers_in_order_with_per_image_errors(
+    stub: pb_grpc.KeypointServiceStub,
+) -> None:
+    other = (10, 20, 60, 90)
+    requests = [
+        pb.DetectKeypointsRequest(image=picture(400, 300, BOX), request_id="a"),
+        pb.DetectKeypointsRequest(image=b"not an image", request_id="b"),
+        pb.DetectKeypointsRequest(image=picture(320, 240, other), request_id="c"),
+    ]
+    results = list(stub.DetectKeypointsStream(iter(requests), timeout=60))
+    assert [r.request_id for r in results] == ["a", "b", "c"]
+    assert results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert_keypoints(as_dict(results[0])["instances"][0], BOX, 1e-3)
+    assert_keypoints(as_dict(results[2])["instances"][0], other, 1e-3)
+
+
+def test_the_http_door_answers_in_every_body_form(gateway: GatewayProcess) -> None:
+    image = picture(400, 300, BOX)
+    raw = ok_status(call(gateway, "/v1/models/pose_od:keypoints?min_score=0.5", image,
+                         "image/png"))  # fmt: skip
+    assert set(raw) >= {"instances", "skeleton", "image_width", "image_height", "model"}
+    assert raw["skeleton"][0] == {"start": 15, "end": 13}
+    assert_keypoints(raw["instances"][0], BOX, 1e-3)
+    assert set(raw["instances"][0]) == {"box", "class_id", "label", "score", "keypoints"}
+    body = json.dumps({"image": {"b64": base64.b64encode(image).decode()},
+                       "max_detections": 1})  # fmt: skip
+    as_json = ok_status(
+        call(gateway, "/v1/models/pose_yolo/versions/1:keypoints", body.encode(),
+             "application/json")
+    )  # fmt: skip
+    assert_keypoints(as_json["instances"][0], BOX, 1e-3)
+    packed = msgpack.packb({"image": image, "min_score": 0.5})
+    status, headers, answer = call(
+        gateway, "/v1/models/pose_yolo:keypoints", packed, "application/msgpack"
+    )
+    assert status == 200, answer
+    decoded = (
+        msgpack.unpackb(answer) if "msgpack" in headers["content-type"] else json.loads(answer)
+    )
+    assert_keypoints(decoded["instances"][0], BOX, 1e-3)
+    form, content_type = multipart({"min_score": "0.5"}, image, "picture.png")
+    as_form = ok_status(call(gateway, "/v1/models/pose_yolo:keypoints", form, content_type))
+    assert_keypoints(as_form["instances"][0], BOX, 1e-3)
+    # /invocations runs the default model's task: keypoints for pose_yolo.
+    invoked = ok_status(call(gateway, "/invocations", image, "image/png"))
+    assert_keypoints(invoked["instances"][0], BOX, 1e-3)
+    spec = ok_status(call(gateway, "/openapi.json"))
+    assert "/v1/models/{model}:keypoints" in spec["paths"]
+
+
+def test_reflection_and_the_client_command(gateway: GatewayProcess, tmp_path: Path) -> None:
+    from tests.support import tools
+
+    path = tmp_path / "picture.png"
+    path.write_bytes(picture(400, 300, BOX))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.client", str(path), "--task=keypoints",
+         f"--target={gateway.target}", "--model=pose_od", "--min-score=0.5"],
+        capture_output=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    line = json.loads(done.stdout.decode().splitlines()[0])
+    assert_keypoints(line["instances"][0], BOX, 1e-3)
+    grpcurl = tools.binary("grpcurl", tools.GRPCURL_INSTALL)
+    listed = subprocess.run(
+        [grpcurl, "-plaintext", gateway.target, "describe", "keypoints.v1.KeypointService"],
+        capture_output=True, timeout=60, check=True,
+    ).stdout.decode()  # fmt: skip
+    assert "rpc DetectKeypointsStream ( stream .keypoints.v1.DetectKeypointsRequest )" in listed
+
+
+def test_check_models_shows_each_plan(tfs: LocalServer, gateway_config: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-models", "--json", f"--upstream={tfs.target}",
+         f"--model-config={gateway_config}", "--model=pose_yolo"],
+        capture_output=True, timeout=300, check=False, cwd=ROOT,
+    )  # fmt: skip
+    document = json.loads(done.stdout)
+    assert done.returncode == 0 and document["ok"], document
+    reports = {r["model"]: r for r in document["models"]}
+    assert reports["pose_yolo"]["outputs"]["form"].startswith("yolo-pose raw head")
+    assert reports["pose_letterboxed"]["input"]["pad_to"]
+    assert reports["pose_od"]["outputs"]["keypoints"].startswith("detection_keypoints")
+    # The trial image has a red block (and reddish gradient pixels: the models find one
+    # instance around both).
+    trial = reports["pose_od"]["trial"]
+    assert trial["summary"] == {"instances": 1}
+    assert trial["result"]["instances"][0]["keypoints"][0]["name"] == "nose"
