@@ -3,7 +3,7 @@ task's plain types."""
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, Trace, served_model, to_model_ref
+from gateway.api.bindings import Binding, Trace, page_script, served_model, to_model_ref
 from gateway.core.domain import Outcome, Request
 from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
 from gateway.tasks.keypoints.types import Keypoints
@@ -62,4 +62,5 @@ BINDING = Binding(
         "min_score": "minimum instance score, 0..1 (0: the model's default)",
         "max_detections": "most instances returned (0: the model's default)",
     },
+    page=page_script(__file__),
 )
