@@ -176,8 +176,9 @@ def sharpen(variables: list[Any], classes: int, logits: Any) -> None:
 def main(argv: list[str]) -> int:
     import classifiers
     import detectors
+    import embedders
 
-    builders = {**classifiers.BUILDERS, **detectors.BUILDERS}
+    builders = {**classifiers.BUILDERS, **detectors.BUILDERS, **embedders.BUILDERS}
     out = Path(argv[0])
     chosen = argv[1:] or list(builders)
     models = out / "models"

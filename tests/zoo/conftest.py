@@ -27,7 +27,10 @@ from tests.support.localserver import LocalServer, run_local_server
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = Path(__file__).with_name("build.py")
 # The builder and the modules it imports: a change to any builds the zoo again.
-SOURCES = [BUILDER, BUILDER.with_name("classifiers.py"), BUILDER.with_name("detectors.py")]
+SOURCES = [
+    BUILDER,
+    *(BUILDER.with_name(f"{m}.py") for m in ("classifiers", "detectors", "embedders")),
+]
 ZOO_PYTHON = ROOT / ".venv-zoo" / "bin" / "python"
 CONSTRAINTS = ROOT / "constraints-zoo.txt"
 CACHE = ROOT / ".cache" / "zoo"
@@ -100,6 +103,9 @@ DETECTORS = (
     "yolo_v8_layout",
     "keras_hub_retinanet_decoded",
 )
+EMBEDDERS = ("keras_mobilenetv3small_embedder", "hf_vit_embedder")
+# Every model the zoo's gateway can serve; REFUSED is the one it refuses.
+SERVED = (*CLASSIFIERS, *DETECTORS, *EMBEDDERS)
 REFUSED = "keras_hub_retinanet"
 MODEL_CONFIG = Path(__file__).with_name("models.toml")
 LOAD_TIMEOUT = 1200.0
@@ -111,11 +117,11 @@ def tfs(zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSe
     entries = "".join(
         f"  config {{ name: '{name}' base_path: '{zoo / 'models' / name}' "
         "model_platform: 'tensorflow' }\n"
-        for name in (*CLASSIFIERS, *DETECTORS, REFUSED)
+        for name in (*SERVED, REFUSED)
     )
     config = directory / "models.config"
     config.write_text(f"model_config_list {{\n{entries}}}\n")
-    # Fourteen models load one after another: about a minute on 2 idle cores, far more on a
+    # Sixteen models load one after another: about a minute on 2 idle cores, far more on a
     # busy machine.
     args = [f"--model_config_file={config}"]
     with run_local_server(args, timeout=LOAD_TIMEOUT, log_dir=directory) as server:

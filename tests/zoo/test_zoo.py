@@ -23,7 +23,7 @@ from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from tests.support.gatewayproc import NOT_SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer
 from tests.zoo.compare import classifier_differences, detector_differences, image
-from tests.zoo.conftest import CLASSIFIERS, DETECTORS, MODEL_CONFIG, REFUSED
+from tests.zoo.conftest import CLASSIFIERS, DETECTORS, MODEL_CONFIG, REFUSED, SERVED
 
 # The first test builds the zoo when the cache has none (5 minutes on 2 idle cores, 25 on a
 # busy machine) and starts the server that loads it: far over the suite's 300 s per test.
@@ -82,7 +82,7 @@ def test_check_models_gives_each_plan_and_fails_for_the_model_it_cannot_serve(
     status, document = check_models(tfs, MODEL_CONFIG)
     reports = {r["model"]: r for r in document["models"]}
     assert status == 1 and not document["ok"]
-    assert set(reports) == {*CLASSIFIERS, *DETECTORS, REFUSED}
+    assert set(reports) == {*SERVED, REFUSED}
     assert [m for m, r in reports.items() if not r["ok"]] == [REFUSED]
     assert "anchor-based raw head" in reports[REFUSED]["error"]
     for report in reports.values():
@@ -125,11 +125,11 @@ def test_the_gateway_logs_each_plan_and_the_refusal_at_startup(gateway: GatewayP
     # the last line (the models are planned in name order) or the gateway's exit.
     deadline = time.monotonic() + 300
     planned, refused = plan_lines()
-    while len(planned) + len(refused) < len(CLASSIFIERS) + len(DETECTORS) + 1:
+    while len(planned) + len(refused) < len(SERVED) + 1:
         assert gateway.process.poll() is None and time.monotonic() < deadline, plan_lines()
         time.sleep(0.2)
         planned, refused = plan_lines()
-    assert planned == {*CLASSIFIERS, *DETECTORS}
+    assert planned == set(SERVED)
     assert [r["model"] for r in refused] == [REFUSED]
     assert "anchor-based raw head" in refused[0]["error"]
 
