@@ -157,9 +157,11 @@ def assert_cheap(answer: Answer) -> None:
     alone, because work in other threads (decoding, outside the GIL) runs beside the loop
     instead of in front of the /ping, and a slower machine stretches a /ping over more of it."""
     assert answer.cpu < CPU_BUDGET, answer
-    assert answer.pings, answer
-    slowest = max(answer.pings, key=lambda call: call.loop_cpu)
-    assert slowest.loop_cpu <= PING_MARGIN, (slowest, answer)
+    # A refusal answered within a millisecond or two may overlap no /ping (the pinger is
+    # between two calls): then the loop's CPU over the whole exchange bounds what any /ping
+    # could have waited behind.
+    waited = max((call.loop_cpu for call in answer.pings), default=answer.loop_cpu)
+    assert waited <= PING_MARGIN, answer
 
 
 @pytest.fixture
