@@ -1,6 +1,7 @@
 """Embeddings end to end: the built-in embedding task through a real gateway process in front
 of the local TF Serving, over gRPC (unary, stream, reflection), HTTP (JSON, MessagePack, raw,
-multipart, /invocations, OpenAPI), the client command and check-models.
+multipart, /invocations, OpenAPI), health, the client command, detection-batch and
+check-models.
 
 The model is the reference `classifier_scores`, served twice: its float [1, 8] output is the
 share of the image's pixels nearest to each palette colour, so for an image made of palette
@@ -35,7 +36,7 @@ from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.proto.embedding.v1 import embedding_pb2_grpc as epb_grpc
 from serving.reference import CLASSIFIER_PALETTE, read_labels
-from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
+from tests.support.gatewayproc import CHANNEL_OPTIONS, SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,6 +192,10 @@ def test_the_stream_answers_in_order_with_per_image_errors(
     assert results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     np.testing.assert_allclose(results[0].embedding, unit(shares(*IMAGE)), atol=1e-6)
     np.testing.assert_allclose(results[3].embedding, unit(shares(*OTHER)), atol=1e-6)
+
+
+def test_health_reports_the_service(gateway: GatewayProcess) -> None:
+    assert gateway.health("embedding.v1.EmbeddingService") == SERVING
 
 
 def test_reflection_describes_the_service(gateway: GatewayProcess) -> None:
