@@ -169,11 +169,15 @@ async def show_result(page: Page, url: str, verb: str, result: Any, png: bytes) 
     return _shown(await page.evaluate(_SHOW % (image, json.dumps(verb), json.dumps(result), _READ)))
 
 
-async def run_page(page: Page, gateway_url: str, model: str, image: bytes, mime: str) -> Shown:
-    """The gateway's page run on `image` with `model` (`/?model=...&image=data:...`), as a
-    person would see it once it is done (or failed)."""
+async def run_page(
+    page: Page, gateway_url: str, model: str, image: bytes, mime: str, **options: str
+) -> Shown:
+    """The gateway's page run on `image` with `model` and the task's `options` filled in
+    (`/?model=...&image=data:...&top_k=...`), as a person would see it once it is done (or
+    failed)."""
     data = f"data:{mime};base64,{base64.b64encode(image).decode()}"
-    await page.run(f"{gateway_url}/?" + urllib.parse.urlencode({"model": model, "image": data}))
+    query = urllib.parse.urlencode({"model": model, "image": data, **options})
+    await page.run(f"{gateway_url}/?{query}")
     return _shown(await page.evaluate(_READ))
 
 

@@ -6,7 +6,8 @@ gateway may read, then Start: `POST /v1/batchJobs` with the page's model, then
 `POST /v1/operations/{id}:wait` in a loop that redraws the progress until the operation is
 done; the results link is `GET /v1/operations/{id}/results` (JSON Lines). Cancel calls
 `:cancel`. `document.body.dataset.job` ends as `done` or `error`: how the browser test
-drives it. The model list, the task verbs and `$` come from the page's own script.
+drives it. The model list, the task verbs, the options filled in (`chosenOptions()`) and `$`
+come from the page's own script.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ HTML = """
 </style>
 <section id="jobs">
 <h2>Batch job</h2>
-<p>Runs the model and min score chosen above over many images, in the background.</p>
+<p>Runs the model and options chosen above over many images, in the background.</p>
 <form id="job-form">
   <label>Images <input type="file" id="job-files" accept="image/*" multiple></label>
   <label>or dataset URI <input type="text" id="job-uri" size="40"
@@ -94,7 +95,7 @@ async function startJob(event) {
       task: "TASK_" + VERBS[MODELS[model]].toUpperCase(),
       model: {name: model},
     };
-    if ($("min_score").value) request.min_score = Number($("min_score").value);
+    Object.assign(request, chosenOptions());
     if (files.length) {
       jobStatus("Uploading " + files.length + " images ...");
       const form = new FormData();

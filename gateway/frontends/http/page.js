@@ -10,6 +10,44 @@ for (const [name, task] of Object.entries(MODELS)) {
   option.selected = name === DEFAULT_MODEL;
   select.appendChild(option);
 }
+// The chosen model's task options (OPTIONS[verb]: name, kind, description, choices): an
+// input each, empty for the model's default; values typed in are kept by name across models.
+const typed = {};
+function showOptions() {
+  const span = $("options");
+  for (const input of span.querySelectorAll("[name]")) typed[input.name] = input.value;
+  span.textContent = "";
+  for (const option of OPTIONS[VERBS[MODELS[select.value]]] || []) {
+    let input;
+    if (option.kind === "choice") {
+      input = document.createElement("select");
+      input.add(new Option("model default", ""));
+      for (const [number, name] of option.choices) input.add(new Option(name, String(number)));
+    } else {
+      input = document.createElement("input");
+      input.type = option.kind === "text" ? "text" : "number";
+      input.step = option.kind === "integer" ? "1" : "any";
+      input.placeholder = "model default";
+    }
+    input.name = option.name;
+    input.id = "option-" + option.name;
+    input.value = typed[option.name] ?? "";
+    const label = document.createElement("label");
+    label.title = option.description;
+    label.append(option.name.replace(/_/g, " ") + " ", input);
+    span.appendChild(label);
+  }
+}
+// {name: value} of the options filled in, numbers as numbers.
+function chosenOptions() {
+  const values = {};
+  for (const option of OPTIONS[VERBS[MODELS[select.value]]] || []) {
+    const input = $("option-" + option.name);
+    if (!input || input.value === "") continue;
+    values[option.name] = option.kind === "text" ? input.value : Number(input.value);
+  }
+  return values;
+}
 function status(text, error) {
   $("status").textContent = text;
   $("status").className = error ? "error" : "";
@@ -118,7 +156,7 @@ async function run(blob) {
   const model = select.value;
   const verb = VERBS[MODELS[model]];
   const params = new URLSearchParams();
-  if ($("min_score").value) params.set("min_score", $("min_score").value);
+  for (const [name, value] of Object.entries(chosenOptions())) params.set(name, String(value));
   status("Running " + model + " ...");
   $("rows").textContent = "";
   try {
@@ -143,10 +181,14 @@ async function run(blob) {
   }
 }
 $("file").addEventListener("change", () => { if ($("file").files[0]) run($("file").files[0]); });
-select.addEventListener("change", () => { if ($("file").files[0]) run($("file").files[0]); });
+select.addEventListener("change", () => {
+  showOptions();
+  if ($("file").files[0]) run($("file").files[0]);
+});
 const query = new URLSearchParams(location.search);
 if (query.get("model")) select.value = query.get("model");
-if (query.get("min_score")) $("min_score").value = query.get("min_score");
+for (const [name, value] of query) if (name !== "model" && name !== "image") typed[name] = value;
+showOptions();
 if (query.get("image")) {
   fetch(query.get("image")).then((r) => r.blob()).then(run).catch((error) => {
     status("cannot load " + query.get("image") + ": " + error, true);

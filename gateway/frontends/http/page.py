@@ -1,11 +1,13 @@
 """GET /: one self-contained page to try the API in a browser.
 
 Pick an image and a model: the page posts the image to the model's task route
-(`/v1/models/{model}:{verb}`), draws the image, then hands the JSON result to the renderer of
-that task, which draws over the image and lists what it found; the raw JSON is shown below. No
-external scripts, styles or fonts (clusters may have no internet). `/?image=<url>&model=<name>`
-runs at once on that image (a small data: URL works), and `document.body.dataset.state` ends
-as `done` or `error`: how the browser tests drive it.
+(`/v1/models/{model}:{verb}`) with the options filled in (an input for each of the task's
+request options: `Binding.options`, typed from the request message), draws the image, then
+hands the JSON result to the renderer of that task, which draws over the image and lists what
+it found; the raw JSON is shown below. No external scripts, styles or fonts (clusters may
+have no internet). `/?image=<url>&model=<name>&<option>=<value>` runs at once on that image (a
+small data: URL works), and `document.body.dataset.state` ends as `done` or `error`: how the
+browser tests drive it.
 
 The page knows no task. Each task's binding carries its renderer (`Binding.page`), read from
 the task folder's page.js (gateway/tasks/<task>/page.js, `page=page_script(__file__)` in its
@@ -48,6 +50,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from gateway.api.bindings import Binding
 from gateway.frontends.http import jobs_page
 from gateway.models import ModelRegistry
@@ -73,6 +77,8 @@ _HEAD = """<!doctype html>
   #status.error { color: #b00020; }
   pre { background: #f4f4f4; padding: 8px; overflow: auto; max-height: 40em; }
   ol { margin: 8px 0; }
+  #options { display: contents; }
+  #options input { width: 7em; }
 </style>
 </head>
 <body data-state="idle">
@@ -80,8 +86,7 @@ _HEAD = """<!doctype html>
 <form id="form">
   <label>Image <input type="file" id="file" accept="image/*"></label>
   <label>Model <select id="model"></select></label>
-  <label>Min score <input type="number" id="min_score" min="0" max="1" step="0.05"
-    placeholder="model default"></label>
+  <span id="options"></span>
 </form>
 <div id="status">Pick an image.</div>
 <canvas id="canvas" width="0" height="0"></canvas>
@@ -95,6 +100,35 @@ _SCRIPT_END = re.compile(r"</script", re.IGNORECASE)
 def _script_json(value: object) -> str:
     """JSON safe inside a <script> element."""
     return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _kind(field_type: int) -> str:
+    if field_type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
+        return "number"
+    if field_type == FieldDescriptor.TYPE_STRING:
+        return "text"
+    if field_type == FieldDescriptor.TYPE_ENUM:
+        return "choice"
+    return "integer"
+
+
+def options(binding: Binding) -> list[dict[str, object]]:
+    """The inputs of a task's request options, for the page: name, kind (number, integer,
+    text, choice), description, and an enum's choices as [number, name] (its zero value is the
+    input left empty: the model's default)."""
+    fields = binding.request_type.DESCRIPTOR.fields_by_name
+    inputs: list[dict[str, object]] = []
+    for name, description in binding.options.items():
+        field = fields[name]
+        entry: dict[str, object] = {
+            "name": name,
+            "kind": _kind(field.type),
+            "description": description,
+        }
+        if field.enum_type is not None:
+            entry["choices"] = [[v.number, v.name] for v in field.enum_type.values if v.number]
+        inputs.append(entry)
+    return inputs
 
 
 def renderers(bindings: Iterable[Binding]) -> str:
@@ -124,6 +158,7 @@ def render(registry: ModelRegistry, bindings: Iterable[Binding], jobs: bool = Fa
     constants = (
         f"const MODELS = {_script_json(dict(sorted(models.items())))};\n"
         f"const VERBS = {_script_json({b.task: b.verb for b in bindings})};\n"
+        f"const OPTIONS = {_script_json({b.verb: options(b) for b in bindings})};\n"
         f"const DEFAULT_MODEL = {_script_json(registry.default_model)};\n"
         f"const BOX = {_script_json(BOX_COLOUR)};\n"
     )

@@ -133,6 +133,29 @@ def test_page_lists_the_top_classes_of_a_classifier(http_gateway, browser) -> No
     assert is_box(shot[:10, :10]).any()  # the top class's label drawn in the corner
 
 
+def test_page_offers_the_options_of_the_chosen_model_s_task(http_gateway, browser) -> None:
+    """An input per request option of the model's task (from its binding), sent with the image;
+    a value typed in stays when the next model's task has the option too."""
+    pixels = np.zeros((100, 100, 3), np.uint8)
+    pixels[:80] = (20, 20, 240)
+    pixels[80:] = (240, 20, 20)
+    png = scenes.encode(pixels, "PNG")
+    inputs = "[...document.querySelectorAll('#options [name]')].map((i) => [i.name, i.value])"
+
+    async def work(page: Page) -> tuple[Shown, list[list[str]], list[list[str]]]:
+        url = http_gateway.http_url
+        shown = await run_page(page, url, "colours", png, "image/png", top_k="1", min_score="0.1")
+        before = await page.evaluate(inputs)
+        await page.evaluate("select.value = 'detector'; select.dispatchEvent(new Event('change'))")
+        return shown, before, await page.evaluate(inputs)
+
+    shown, before, after = asyncio.run(with_page(browser, work))
+    assert shown.state == "done", shown.status
+    assert shown.rows == ["blue 0.800"]  # top_k = 1
+    assert before == [["top_k", "1"], ["min_score", "0.1"]]
+    assert after == [["min_score", "0.1"], ["max_detections", ""]]
+
+
 def test_page_shows_the_gateway_s_error(http_gateway, browser) -> None:
     async def work(page: Page) -> tuple[str, str]:
         state = await page.run(page_url(http_gateway, b"not an image", "image/png", "detector"))

@@ -348,22 +348,3 @@ def test_a_task_without_a_renderer_shows_its_json(browser, tmp_path: Path) -> No
     assert shown.status == "Result by m version 1 (the JSON is below)"
     assert json.loads(shown.raw) == answer
     assert not changed(shown.pixels).any() and shown.rows == []
-
-
-# --- the page's assembly (no browser) ---------------------------------------------------------
-
-
-def test_each_built_in_binding_carries_its_folder_s_page_js() -> None:
-    registry = default_registry("detector")
-    html = page.render(registry, BUILT_IN)
-    for binding in BUILT_IN:
-        folder = next(f for f, (task, _) in RENDERED.items() if task == binding.task)
-        script = (TASKS / folder / "page.js").read_text()
-        assert binding.page == script, binding.task
-        assert f'RENDERERS["{binding.verb}"] = async (result, view) => {{\n{script}' in html
-
-
-def test_a_page_script_that_would_end_the_script_element_is_refused() -> None:
-    bad = dataclasses.replace(BUILT_IN.for_task("detection"), page='view.row("</SCRIPT>");')
-    with pytest.raises(ValueError, match="page script of the detection binding contains"):
-        page.renderers([bad])
