@@ -34,6 +34,7 @@ SECTIONS = {
     "fairness": "python -m bench.fairness",
     "batching": "python -m bench.batching",
     "rollout": "python -m bench.rollout",
+    "hotpath": "python -m bench.hotpath",
 }
 _END = "<!-- end "
 
