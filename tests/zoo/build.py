@@ -177,8 +177,10 @@ def main(argv: list[str]) -> int:
     import classifiers
     import detectors
     import embedders
+    import keypointers
 
-    builders = {**classifiers.BUILDERS, **detectors.BUILDERS, **embedders.BUILDERS}
+    builders = {**classifiers.BUILDERS, **detectors.BUILDERS, **embedders.BUILDERS,
+                **keypointers.BUILDERS}  # fmt: skip
     out = Path(argv[0])
     chosen = argv[1:] or list(builders)
     models = out / "models"

@@ -29,7 +29,10 @@ BUILDER = Path(__file__).with_name("build.py")
 # The builder and the modules it imports: a change to any builds the zoo again.
 SOURCES = [
     BUILDER,
-    *(BUILDER.with_name(f"{m}.py") for m in ("classifiers", "detectors", "embedders")),
+    *(
+        BUILDER.with_name(f"{m}.py")
+        for m in ("classifiers", "detectors", "embedders", "keypointers")
+    ),
 ]
 ZOO_PYTHON = ROOT / ".venv-zoo" / "bin" / "python"
 CONSTRAINTS = ROOT / "constraints-zoo.txt"
@@ -104,8 +107,9 @@ DETECTORS = (
     "keras_hub_retinanet_decoded",
 )
 EMBEDDERS = ("keras_mobilenetv3small_embedder", "hf_vit_embedder")
+KEYPOINTERS = ("yolo_v8_pose_layout",)
 # Every model the zoo's gateway can serve; REFUSED is the one it refuses.
-SERVED = (*CLASSIFIERS, *DETECTORS, *EMBEDDERS)
+SERVED = (*CLASSIFIERS, *DETECTORS, *EMBEDDERS, *KEYPOINTERS)
 REFUSED = "keras_hub_retinanet"
 MODEL_CONFIG = Path(__file__).with_name("models.toml")
 LOAD_TIMEOUT = 1200.0
@@ -121,7 +125,7 @@ def tfs(zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSe
     )
     config = directory / "models.config"
     config.write_text(f"model_config_list {{\n{entries}}}\n")
-    # Sixteen models load one after another: about a minute on 2 idle cores, far more on a
+    # Seventeen models load one after another: about a minute on 2 idle cores, far more on a
     # busy machine.
     args = [f"--model_config_file={config}"]
     with run_local_server(args, timeout=LOAD_TIMEOUT, log_dir=directory) as server:
