@@ -4,7 +4,8 @@
 //   {"size": [h, w], "counts": "<string>"}  COCO compressed RLE, as pycocotools writes it
 //                                          (column-major runs, first of zeros); a list of
 //                                          numbers for counts is uncompressed RLE
-//   {"polygons": [[x0, y0, x1, y1, ...], ...]}  (or [{"points": [...]}, ...]) in image pixels
+//   {"polygons": [{"points": [x0, y0, x1, y1, ...]}, ...]}  (or [[x0, y0, ...], ...]) closed
+//                                          outlines in image pixels, filled even-odd
 //   {"png": "<base64>"}                    a PNG of the image's size, non-zero inside
 const instances = result.instances || [];
 
@@ -95,11 +96,13 @@ async function fromPng(base64) {
     ctx.drawImage(image, 0, 0, view.width, view.height);
   });
 }
+// One of counts, png or polygons is set (the door also writes `"polygons": []` beside the
+// other two, and no mask at all for a model without masks).
 async function decode(mask) {
   if (!mask) return null;
   if (mask.counts !== undefined && mask.size) return fromRle(mask);
-  if (mask.polygons) return fromPolygons(mask.polygons);
   if (mask.png) return fromPng(mask.png);
+  if (mask.polygons) return fromPolygons(mask.polygons);
   return null;
 }
 

@@ -199,7 +199,10 @@ def test_segmentation_draws_pycocotools_rle_masks_pixel_for_pixel(
     masks = known_masks(height, width)
     rles = coco_rle(masks, tmp_path)
     assert rles[2]["counts"][0] == "0"  # the corner mask's first run (of zeros) is empty
-    found = [instance(box, mask=rle) for box, rle in zip(MASK_BOXES, rles, strict=True)]
+    found = [
+        instance(box, mask={**rle, "polygons": []})
+        for box, rle in zip(MASK_BOXES, rles, strict=True)
+    ]
     shown = draw(browser, page_url, "segment", result(width, height, instances=found),
                  grey_png(width, height))  # fmt: skip
     check_masks(shown, masks, found)
@@ -217,11 +220,14 @@ def test_segmentation_draws_uncompressed_rle_and_png_masks(browser, page_url: st
     for m in masks[1:]:
         out = io.BytesIO()
         Image.fromarray(m).convert("1").save(out, format="PNG")
-        pngs.append({"png": base64.b64encode(out.getvalue()).decode()})
+        png = base64.b64encode(out.getvalue()).decode()
+        pngs.append({"size": [height, width], "png": png, "polygons": []})
     found = [
         instance(box, mask=m)
         for box, m in zip(
-            MASK_BOXES, [{"size": [height, width], "counts": counts}, *pngs], strict=True
+            MASK_BOXES,
+            [{"size": [height, width], "counts": counts, "polygons": []}, *pngs],
+            strict=True,
         )
     ]
     shown = draw(browser, page_url, "segment", result(width, height, instances=found),
@@ -234,7 +240,7 @@ def test_segmentation_fills_polygons_with_their_holes(browser, page_url: str, fo
     height, width = 200, 320
     outer, hole = [30, 30, 200, 40, 150, 170], [100, 70, 140, 70, 140, 100, 100, 100]
     polygons = [outer, hole] if form == "lists" else [{"points": outer}, {"points": hole}]
-    found = [instance((20, 25, 210, 180), mask={"polygons": polygons})]
+    found = [instance((20, 25, 210, 180), mask={"size": [height, width], "polygons": polygons})]
     shown = draw(browser, page_url, "segment", result(width, height, instances=found),
                  grey_png(width, height))  # fmt: skip
     assert shown.state == "done", shown.status
@@ -249,6 +255,24 @@ def test_segmentation_fills_polygons_with_their_holes(browser, page_url: str, fo
     assert not (shrink(wanted) & free & ~painted).any()
     assert not (painted & ~grow(wanted)).any()
     assert not painted[85, 120]  # inside the hole
+
+
+def test_segmentation_fills_outlines_along_pixel_edges_exactly(browser, page_url: str) -> None:
+    """Outlines along pixel edges (as segmentation.v1 writes them), filled even-odd: exactly
+    the mask's pixels, the hole left out."""
+    outline = [40, 40, 120, 40, 120, 80, 80, 80, 80, 120, 40, 120]  # an L
+    hole = [50, 50, 60, 50, 60, 65, 50, 65]
+    polygons = [{"points": outline}, {"points": hole}]
+    found = [instance((30, 30, 130, 130), mask={"size": [160, 200], "polygons": polygons})]
+    shown = draw(browser, page_url, "segment", result(200, 160, instances=found),
+                 grey_png(200, 160))  # fmt: skip
+    assert shown.state == "done", shown.status
+    y, x = np.mgrid[:160, :200]
+    wanted = (x >= 40) & (y >= 40) & (((x < 120) & (y < 80)) | ((x < 80) & (y < 120)))
+    wanted &= ~((x >= 50) & (x < 60) & (y >= 50) & (y < 65))
+    free = outside_drawings((160, 200), found)
+    np.testing.assert_array_equal(changed(shown.pixels) & free, wanted & free)
+    assert shown.rows == [f"thing 0.900, mask of {int(wanted.sum())} pixels"]
 
 
 def test_segmentation_reports_a_malformed_mask(browser, page_url: str) -> None:
