@@ -160,13 +160,15 @@ def _shown(read: dict[str, Any]) -> Shown:
     return Shown(read["state"], read["status"], read["rows"], read["raw"], pixels)
 
 
-async def show_result(page: Page, url: str, verb: str, result: Any, png: bytes) -> Shown:
-    """Opens the page at `url` and has it draw `result` of the task route `verb` over the PNG
-    image `png`, as it does with an answer of the gateway (the page's `show`), then reads the
-    canvas back."""
+async def show_result(
+    page: Page, url: str, verb: str, result: Any, image: bytes, mime: str = "image/png"
+) -> Shown:
+    """Opens the page at `url` and has it draw `result` of the task route `verb` over `image`,
+    as it does with an answer of the gateway (the page's `show`), then reads the canvas
+    back."""
     await page.open(url)
-    image = json.dumps("data:image/png;base64," + base64.b64encode(png).decode())
-    return _shown(await page.evaluate(_SHOW % (image, json.dumps(verb), json.dumps(result), _READ)))
+    data = json.dumps(f"data:{mime};base64," + base64.b64encode(image).decode())
+    return _shown(await page.evaluate(_SHOW % (data, json.dumps(verb), json.dumps(result), _READ)))
 
 
 async def run_page(

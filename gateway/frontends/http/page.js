@@ -137,19 +137,32 @@ async function generic(result, view) {
 }
 // Draws `blob` (the image as a viewer shows it: EXIF applied, as the gateway sees it), then
 // `result` over it with the renderer of `verb`.
+// A format the gateway reads but this browser cannot show (TIFF in most) gets a blank canvas
+// of the result's size.
 async function show(verb, result, blob) {
   $("raw").textContent = JSON.stringify(result, null, 2);
   $("rows").textContent = "";
-  const image = await createImageBitmap(blob, {imageOrientation: "from-image"});
-  const canvas = $("canvas");
-  canvas.width = image.width;
-  canvas.height = image.height;
-  const ctx = canvas.getContext("2d");
-  ctx.drawImage(image, 0, 0);
+  let image = null;
+  try { image = await createImageBitmap(blob, {imageOrientation: "from-image"}); }
+  catch (error) { image = null; }
   // The result's pixels: those of the image, unless it says otherwise.
-  const width = result.image_width || image.width, height = result.image_height || image.height;
-  ctx.scale(image.width / width, image.height / height);
+  const width = result.image_width || (image ? image.width : 0);
+  const height = result.image_height || (image ? image.height : 0);
+  const canvas = $("canvas");
+  canvas.width = image ? image.width : width;
+  canvas.height = image ? image.height : height;
+  const ctx = canvas.getContext("2d");
+  if (image) {
+    ctx.drawImage(image, 0, 0);
+    ctx.scale(image.width / width, image.height / height);
+  } else {
+    ctx.fillStyle = "#e0e0e0";
+    ctx.fillRect(0, 0, width, height);
+  }
   await (RENDERERS[verb] || generic)(result, makeView(ctx, width, height));
+  if (!image) {
+    status($("status").textContent + " (this browser cannot show the image: drawn on a blank)");
+  }
 }
 async function run(blob) {
   document.body.dataset.state = "running";

@@ -73,9 +73,11 @@ def grey_png(width: int, height: int) -> bytes:
     return out.getvalue()
 
 
-def draw(browser: str, url: str, verb: str, result: dict[str, Any], png: bytes) -> Shown:
+def draw(
+    browser: str, url: str, verb: str, result: dict[str, Any], png: bytes, mime: str = "image/png"
+) -> Shown:
     async def work(tab: Any) -> Shown:
-        return await show_result(tab, url, verb, result, png)
+        return await show_result(tab, url, verb, result, png, mime)
 
     shown: Shown = asyncio.run(with_page(browser, work))
     return shown
@@ -361,6 +363,21 @@ def test_detection_and_classification_renderers(browser, page_url: str) -> None:
     )
     assert shown.rows == ["blue 0.800", "red 0.200"]
     assert is_box(shown.pixels[:10, :10]).any() and not changed(shown.pixels[30:]).any()
+
+
+def test_an_image_the_browser_cannot_show_gets_a_blank_canvas(browser, page_url: str) -> None:
+    """The gateway reads TIFF; chromium does not: the result is drawn on a blank canvas of the
+    result's size, and the status says so."""
+    out = io.BytesIO()
+    Image.new("RGB", (160, 120), GREY).save(out, format="TIFF")
+    answer = result(160, 120, detections=[instance((20, 30, 100, 90))])
+    shown = draw(browser, page_url, "detect", answer, out.getvalue(), "image/tiff")
+    assert shown.state == "done", shown.status
+    assert shown.status == (
+        "1 detections by m version 1 (this browser cannot show the image: drawn on a blank)"
+    )
+    assert shown.pixels.shape == (120, 160, 3)
+    assert is_box(shown.pixels)[60, 20] and (shown.pixels[110, 150] == 224).all()
 
 
 def test_a_task_without_a_renderer_shows_its_json(browser, tmp_path: Path) -> None:
