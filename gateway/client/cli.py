@@ -60,15 +60,14 @@ def add_option_arguments(parser: argparse.ArgumentParser, bindings: Bindings) ->
         binding = next(each for each in bindings if name in each.options)
         field = binding.request_type.DESCRIPTOR.fields_by_name[name]
         floating = field.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE)
+        kind: type = float if floating else int
+        if field.type == FieldDescriptor.TYPE_STRING:  # e.g. segment's --mask-format
+            kind = str
         text = binding.options[name]
         if len(verbs) < len(bindings):
             text += f"; {', '.join(verbs)} only"
         parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=float if floating else int,
-            default=0.0 if floating else 0,
-            help=text,
+            "--" + name.replace("_", "-"), dest=name, type=kind, default=kind(), help=text
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import grpc
@@ -94,7 +95,14 @@ def _value(message: Message, field: FieldDescriptor) -> Any:
 
 def _single(message: Message, field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return {inner.name: _value(value, inner) for inner in value.DESCRIPTOR.fields}
+        # Every field, but only the member of a oneof that is set (as proto3 JSON writes it).
+        return {
+            inner.name: _value(value, inner)
+            for inner in value.DESCRIPTOR.fields
+            if inner.containing_oneof is None or value.HasField(inner.name)
+        }
+    if field.type == FieldDescriptor.TYPE_BYTES:  # base64, as proto3 JSON writes bytes
+        return base64.b64encode(value).decode("ascii")
     if field.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
         return round(value, 5 if message.DESCRIPTOR.name.startswith("Normalized") else 4)
     return value

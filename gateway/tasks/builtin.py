@@ -14,6 +14,7 @@ FOLDERS = (
     "classification",
     "embedding",
     "keypoints",
+    "segmentation",
 )
 
 

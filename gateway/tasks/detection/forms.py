@@ -53,6 +53,21 @@ def map_decoded_rows(
     """map_decoded's detections and the rows of the outputs they came from (the index along
     the N of [1, N, ...] outputs, or the candidate of a YOLO head), for tasks that read more
     per detection (keypoints, masks). An `od_api` plan is read as the `boxes` form."""
+    found, rows, _ = map_decoded_boxes(outputs, plan, frame, labels, min_score, max_detections)
+    return found, rows
+
+
+def map_decoded_boxes(
+    outputs: Mapping[str, Tensor],
+    plan: DetectionPlan,
+    frame: Frame,
+    labels: Labels,
+    min_score: float,
+    max_detections: int,
+) -> tuple[list[Detection], np.ndarray, np.ndarray]:
+    """map_decoded_rows' detections and rows, and their boxes as the model gave them:
+    [n, 4] normalized (ymin, xmin, ymax, xmax) of the image sent, before the frame's
+    transform and clamping (for masks pasted into the box)."""
     decode = _yolo if plan.form == "yolo" else _boxes
     normalized, scores, classes, classes_key, rows = decode(
         outputs, plan, frame.sent, min_score, max_detections
@@ -77,7 +92,7 @@ def map_decoded_rows(
         labels,
         frame.transform,
     )
-    return found, rows
+    return found, rows, normalized
 
 
 # The kept rows of a decoded form: normalized yxyx boxes of the image sent, their scores and

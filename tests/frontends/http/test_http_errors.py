@@ -116,7 +116,7 @@ def test_unknown_model_route_method_and_media_type(gateway) -> None:
         call(gateway, "/v2/anything", JPEG, "image/jpeg"), 404, "NOT_FOUND"
     )
     assert "no route" in error_of(
-        call(gateway, "/v1/models/detector:segment", JPEG, "image/jpeg"), 404, "NOT_FOUND"
+        call(gateway, "/v1/models/detector:transcribe", JPEG, "image/jpeg"), 404, "NOT_FOUND"
     )
     status, headers, body = call(gateway, "/v1/models/detector:detect")
     assert status == 405 and headers["allow"] == "POST"

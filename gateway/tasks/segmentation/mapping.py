@@ -1,0 +1,108 @@
+"""A segmentation model's outputs for one image -> instances with masks in pixels of the
+image as a viewer shows it (per request, by the plan's form: gateway.tasks.segmentation.plans).
+
+Boxes, scores and classes go through detection's decoding (gateway.tasks.detection.forms,
+which hands back the rows it kept and their boxes in the image sent); each kept row's mask is
+pasted into its box (gateway.tasks.segmentation.raster) and written in the requested format
+(gateway.tasks.segmentation.encode)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from gateway import errors
+from gateway.labels import Labels
+from gateway.tasks.base import Frame, OutputError
+from gateway.tasks.detection.forms import map_decoded_boxes
+from gateway.tasks.segmentation import encode, raster
+from gateway.tasks.segmentation.plans import SegmentationPlan
+from gateway.tasks.segmentation.types import (
+    PNG,
+    POLYGON,
+    Instance,
+    Mask,
+    Segments,
+    SegmentSettings,
+)
+from gateway.tasks.types import Detection
+from gateway.upstream.tensors import Tensor, as_array
+
+# Polygon vertices in one result at most (each a pair of floats: about 20 bytes of JSON);
+# masks with more outline than this are asked for as RLE or PNG.
+MAX_POLYGON_POINTS = 1_000_000
+
+
+def map_segments(
+    outputs: Mapping[str, Tensor],
+    plan: SegmentationPlan,
+    frame: Frame,
+    labels: Labels,
+    options: SegmentSettings,
+) -> Segments:
+    assert plan.detection is not None
+    if plan.masks not in outputs:
+        raise OutputError(f"TF Serving response lacks output '{plan.masks}'")
+    masks = as_array(outputs[plan.masks])
+    if masks.dtype.kind != "f" or masks.ndim != 4 or masks.shape[0] < 1:
+        raise OutputError(
+            f"{plan.masks} is {masks.dtype} {list(masks.shape)}; expected float [1, N, m, m]"
+        )
+    found, rows, boxes = map_decoded_boxes(
+        outputs, plan.detection, frame, labels, options.min_score, options.max_detections
+    )
+    if len(rows) and int(rows.max()) >= masks.shape[1]:
+        raise OutputError(f"{plan.masks} has {masks.shape[1]} rows but the detections have more")
+    grids = masks[0, rows]
+    if min(grids.shape[1:]) < 1 or not np.isfinite(grids).all():
+        raise OutputError(f"{plan.masks} holds empty masks or NaN or infinite values")
+    if grids.size and (grids.min() < -1e-3 or grids.max() > 1 + 1e-3):
+        raise OutputError(f"{plan.masks} holds values outside [0, 1]; masks must be probabilities")
+    try:
+        axes = raster.raster_axes(frame.transform)
+    except ValueError as e:
+        raise OutputError(str(e)) from None
+    shapes = [_box_mask(grid, box) for grid, box in zip(grids, boxes.tolist(), strict=True)]
+    return written(found, shapes, axes, frame, options)
+
+
+def _box_mask(grid: np.ndarray, box: list[float]) -> raster.Shape:
+    """A box-relative grid's paste: spanning the box, with a zero border one cell wide."""
+    ymin, xmin, ymax, xmax = box
+    cell_h, cell_w = (ymax - ymin) / grid.shape[0], (xmax - xmin) / grid.shape[1]
+    border = (ymin - cell_h, xmin - cell_w, ymax + cell_h, xmax + cell_w)
+    return raster.Shape(grid, (ymin, xmin, ymax, xmax), border, False)
+
+
+def written(
+    found: list[Detection],
+    shapes: list[raster.Shape],
+    axes: tuple[raster.Axis, raster.Axis],
+    frame: Frame,
+    options: SegmentSettings,
+) -> Segments:
+    """Each detection with its mask pasted and written in the requested format, one at a
+    time (only one instance's pixels are held at once)."""
+    width, height = frame.width, frame.height
+    points = 0
+    instances: list[Instance] = []
+    for detection, shape in zip(found, shapes, strict=True):
+        placed = raster.paste(shape, axes, width, height, options.mask_threshold)
+        if options.mask_format == POLYGON:
+            points += encode.boundary_edges(placed)
+            if points > MAX_POLYGON_POINTS:
+                raise errors.invalid_input(
+                    f"the masks' outlines have over {MAX_POLYGON_POINTS} pixel edges, more "
+                    "polygon points than a result may hold; ask for mask_format rle or png"
+                )
+            mask = Mask(height, width, polygons=encode.polygons(placed))
+        elif options.mask_format == PNG:
+            mask = Mask(height, width, png=encode.png(placed, width, height))
+        else:
+            counts = encode.rle_counts(placed, width, height)
+            mask = Mask(height, width, counts=encode.rle_string(counts))
+        instances.append(
+            Instance(detection.class_id, detection.label, detection.score, detection.box, mask)
+        )
+    return Segments(instances)

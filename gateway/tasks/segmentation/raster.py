@@ -1,0 +1,152 @@
+"""Masks in pixels of the image as a viewer shows it: a model's mask grid (box-relative
+`[m, m]` probabilities, or YOLO prototypes combined into logits over the whole image sent)
+sampled at the centres of the displayed image's pixels, thresholded.
+
+Frame.transform maps a normalized box of the image the model saw to the displayed image; the
+gateway's transforms (EXIF orientation: gateway.imaging.orientation.orient_box; letterboxing:
+gateway.core.letterbox.unletterbox) are axis-aligned affine maps, so each displayed axis is
+one axis of the image sent, scaled and shifted (`raster_axes` reads that map off the
+transform). A displayed pixel's centre maps back to a point of the image sent, then to grid
+coordinates, where the grid is sampled bilinearly with half-pixel centres:
+- box-relative masks (TF Model Garden / OD API Mask R-CNN) as the libraries paste them: the
+  grid stretched over the box, a one-cell zero border around it (Model Garden's
+  official/vision/ops/mask_ops.py paste_instance_masks pads the mask by one pixel and resizes
+  it bilinearly onto the box grown by (m + 2) / m; the OD API's
+  utils/ops.py reframe_box_masks_to_image_masks samples with crop_and_resize and extrapolates
+  zeros);
+- YOLO prototypes: the grid covers the image sent, edges repeated, the mask kept inside the
+  box only (ultralytics/utils/ops.py process_mask: crop_mask, bilinear upsampling with
+  align_corners=False).
+
+Memory: one instance at a time, only the rows and columns its box covers; the float samples
+go in strips of at most _STRIP values; what stays is a bool per pixel of the box.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from gateway.tasks.base import BoxTransform
+
+_STRIP = 1 << 20  # float samples computed at once (4 MB)
+_EPS = 1e-9
+
+
+class Axis(NamedTuple):
+    """A displayed axis (rows or columns) as a map of one axis of the image sent: displayed
+    normalized coordinate = offset + scale * sent normalized coordinate of axis `source`
+    (0: y, 1: x)."""
+
+    source: int
+    offset: float
+    scale: float
+
+
+Region = tuple[float, float, float, float]  # (ymin, xmin, ymax, xmax), normalized
+
+
+class Shape(NamedTuple):
+    """A mask to paste: its grid [gh, gw], the region of the image sent it spans, the region
+    it is kept in, and whether its edges repeat (else a zero border one cell wide)."""
+
+    grid: np.ndarray
+    spans: Region
+    keep: Region
+    edge: bool
+
+
+class Placed(NamedTuple):
+    """A mask's pixels within the displayed image: `bits` [h, w] at column x0, row y0."""
+
+    x0: int
+    y0: int
+    bits: np.ndarray
+
+
+def raster_axes(transform: BoxTransform | None) -> tuple[Axis, Axis]:
+    """The displayed rows' and columns' maps from the image sent. ValueError for a transform
+    that is not an axis-aligned affine map (none of the gateway's)."""
+    if transform is None:
+        return Axis(0, 0.0, 1.0), Axis(1, 0.0, 1.0)
+
+    def at(y: float, x: float) -> tuple[float, float]:
+        ymin, xmin, _, _ = transform((y, x, y, x))
+        return ymin, xmin
+
+    v0, u0 = at(0.0, 0.0)
+    vy, uy = at(1.0, 0.0)
+    vx, ux = at(0.0, 1.0)
+    dv_dy, du_dy, dv_dx, du_dx = vy - v0, uy - u0, vx - v0, ux - u0
+    if abs(dv_dx) < _EPS and abs(du_dy) < _EPS and abs(dv_dy) > _EPS and abs(du_dx) > _EPS:
+        rows, cols = Axis(0, v0, dv_dy), Axis(1, u0, du_dx)
+    elif abs(dv_dy) < _EPS and abs(du_dx) < _EPS and abs(dv_dx) > _EPS and abs(du_dy) > _EPS:
+        rows, cols = Axis(1, v0, dv_dx), Axis(0, u0, du_dy)
+    else:
+        raise ValueError("the image transform is not an axis-aligned affine map")
+    v1, u1 = at(1.0, 1.0)
+    if abs(v1 - (v0 + dv_dy + dv_dx)) > 1e-6 or abs(u1 - (u0 + du_dy + du_dx)) > 1e-6:
+        raise ValueError("the image transform is not an affine map")
+    return rows, cols
+
+
+def _weights(
+    axis: Axis,
+    length: int,
+    grid: tuple[float, float, int],
+    keep: tuple[float, float],
+    edge: bool,
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """The first displayed pixel of `axis` (of `length` pixels) the mask can cover, the
+    bilinear weights [pixels, n] of the grid (`grid`: the sent interval lo..hi it spans, n
+    cells) at those pixels' centres, and which of them lie within `keep` (a sent
+    interval)."""
+    lo, hi, n = grid
+    keep_lo, keep_hi = keep
+    ends = sorted((axis.offset + axis.scale * keep_lo, axis.offset + axis.scale * keep_hi))
+    first = max(0, math.floor(ends[0] * length))
+    last = min(length, math.ceil(ends[1] * length))
+    if last <= first or hi - lo <= 0 or n < 1:
+        return first, np.zeros((0, max(n, 0)), np.float32), np.zeros(0, bool)
+    centres = (np.arange(first, last, dtype=np.float64) + 0.5) / length
+    sent = (centres - axis.offset) / axis.scale
+    g = (sent - lo) / (hi - lo) * n - 0.5
+    if edge:
+        g = np.clip(g, 0.0, n - 1)
+    low = np.floor(g)
+    frac = g - low
+    low_index = low.astype(np.int64)
+    weights = np.zeros((len(g), n), np.float64)
+    rows = np.arange(len(g))
+    for index, weight in ((low_index, 1.0 - frac), (low_index + 1, frac)):
+        inside = (index >= 0) & (index < n)
+        np.add.at(weights, (rows[inside], index[inside]), weight[inside])
+    return first, weights.astype(np.float32), (sent >= keep_lo) & (sent <= keep_hi)
+
+
+def paste(
+    shape: Shape, axes: tuple[Axis, Axis], width: int, height: int, threshold: float
+) -> Placed:
+    """The pixels of a width x height displayed image where the shape's grid (sampled as the
+    module says) is above `threshold`."""
+    grid, spans, keep, edge = shape
+    rows_axis, cols_axis = axes
+    fitted: list[tuple[int, np.ndarray, np.ndarray]] = []
+    for axis, length in ((rows_axis, height), (cols_axis, width)):
+        s = axis.source
+        cells = (spans[s], spans[s + 2], grid.shape[s])
+        fitted.append(_weights(axis, length, cells, (keep[s], keep[s + 2]), edge))
+    (y0, row_weights, row_in), (x0, col_weights, col_in) = fitted
+    bits = np.zeros((len(row_weights), len(col_weights)), bool)
+    if bits.size == 0:
+        return Placed(x0, y0, bits)
+    oriented = grid.astype(np.float32) if rows_axis.source == 0 else grid.T.astype(np.float32)
+    right = oriented @ col_weights.T  # [rows of the grid, displayed columns]
+    strip = max(1, _STRIP // max(1, bits.shape[1]))
+    for start in range(0, bits.shape[0], strip):
+        values = row_weights[start : start + strip] @ right
+        inside = row_in[start : start + strip, None] & col_in[None, :]
+        bits[start : start + strip] = (values > threshold) & inside
+    return Placed(x0, y0, bits)

@@ -1,0 +1,94 @@
+"""The instance segmentation task: instances (box, class, score) with a mask each in pixels
+of the image as a viewer shows it, from Mask R-CNN-style box-relative masks
+(gateway.tasks.segmentation.plans); min_score and max_detections are checked as detection's,
+mask_threshold and mask_format here."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway import errors
+from gateway.config import Settings
+from gateway.models import ModelConfig
+from gateway.tasks.base import Frame, OutputPlan
+from gateway.tasks.detection.task import resolve_options
+from gateway.tasks.segmentation import config as segmentation_config
+from gateway.tasks.segmentation.binding import BINDING, SEGMENTATION
+from gateway.tasks.segmentation.config import SegmentationConfig
+from gateway.tasks.segmentation.mapping import map_segments
+from gateway.tasks.segmentation.plans import SegmentationPlan, plan_segmentation
+from gateway.tasks.segmentation.types import (
+    MASK_FORMATS,
+    RLE,
+    SegmentOptions,
+    Segments,
+    SegmentSettings,
+)
+from gateway.tasks.types import DetectOptions
+from gateway.upstream.signatures import Signature
+from gateway.upstream.tensors import Tensor
+
+
+def own_config(config: ModelConfig) -> SegmentationConfig:
+    """The segmentation config of a model (the defaults for a model no config file lists)."""
+    own = config.task_config
+    return own if isinstance(own, SegmentationConfig) else segmentation_config.DEFAULT
+
+
+def resolve_segment(
+    options: SegmentOptions, own: SegmentationConfig, settings: Settings
+) -> SegmentSettings:
+    detection = resolve_options(
+        DetectOptions(options.min_score, options.max_detections), own.detection, settings
+    )
+    threshold = options.mask_threshold
+    if math.isnan(threshold) or not 0.0 <= threshold < 1.0:
+        raise errors.invalid_input(
+            f"mask_threshold must be in [0, 1) (0 means the model's default "
+            f"{own.mask_threshold}), got {threshold}"
+        )
+    mask_format = options.mask_format.lower() or RLE
+    if mask_format not in MASK_FORMATS:
+        raise errors.invalid_input(
+            f"mask_format must be one of {', '.join(MASK_FORMATS)} (empty: {RLE}), got "
+            f"{options.mask_format[:40]!r}"
+        )
+    return SegmentSettings(
+        detection.min_score,
+        detection.max_detections,
+        threshold or own.mask_threshold,
+        mask_format,
+    )
+
+
+class SegmentationTask:
+    name = SEGMENTATION
+    binding = BINDING
+
+    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> SegmentationConfig:
+        return segmentation_config.read_config(table, path, where)
+
+    def resolve(
+        self, options: SegmentOptions, config: ModelConfig, settings: Settings
+    ) -> SegmentSettings:
+        return resolve_segment(options, own_config(config), settings)
+
+    def output_plan(self, signature: Signature, config: ModelConfig) -> SegmentationPlan:
+        return plan_segmentation(signature, own_config(config))
+
+    def map(
+        self,
+        outputs: Mapping[str, Tensor],
+        plan: OutputPlan,
+        frame: Frame,
+        options: SegmentSettings,
+        config: ModelConfig,
+    ) -> Segments:
+        assert isinstance(plan, SegmentationPlan)
+        return map_segments(outputs, plan, frame, config.labels, options)
+
+    def summary(self, result: Segments) -> dict[str, object]:
+        return {"instances": len(result.instances)}

@@ -1,0 +1,342 @@
+"""Instance segmentation end to end: client -> gateway process -> local TF Serving -> a
+Mask R-CNN-style model exported here with TensorFlow, over gRPC (unary, stream,
+reflection), HTTP (JSON, MessagePack, multipart, raw image, /invocations, OpenAPI), the
+client's command line and check-models.
+
+The model finds the image's red pixels: its one detection is their bounding box
+(detection_boxes, normalized, as the OD API and Model Garden's normalized export give them)
+and its mask the red share of each of 32 x 32 cells over the box (detection_masks,
+box-relative [1, N, 32, 32], sampled with crop_and_resize at the cells' centres). The
+picture is a red L, so the truth in the caller's pixels is known (through EXIF orientation
+and letterboxing) and a mask pasted turned, shifted or mirrored fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgpack
+import numpy as np
+import pytest
+from PIL import Image
+
+from gateway.proto.detection.v1 import detection_pb2 as dpb
+from gateway.proto.segmentation.v1 import segmentation_pb2 as pb
+from gateway.proto.segmentation.v1 import segmentation_pb2_grpc as pb_grpc
+from tests.support import masks
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
+from tests.support.httpcalls import call, multipart, ok_status
+from tests.support.localserver import LocalServer, run_local_server
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+RED = (220, 20, 30)
+CELLS = 32
+MODEL_CONFIG = """\
+[models.masks]
+task = "instance_segmentation"
+labels = "labels.txt"
+
+[models.masks_letterboxed]
+task = "instance_segmentation"
+[models.masks_letterboxed.input]
+pad_to = [160, 160]
+[models.masks_letterboxed.outputs]
+mask_threshold = 0.4
+"""
+
+
+def export_model(path: Path) -> None:
+    import tensorflow as tf
+
+    class MaskModel(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8)])
+        def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
+            x = tf.cast(images, tf.float32)
+            red = tf.cast((x[..., 0] > 150) & (x[..., 1] < 100) & (x[..., 2] < 100), tf.float32)
+            batch, height, width = tf.shape(x)[0], tf.shape(x)[1], tf.shape(x)[2]
+            h, w = tf.cast(height, tf.float32), tf.cast(width, tf.float32)
+            ys = tf.cast(tf.range(height), tf.float32)[None, :, None] + tf.zeros_like(red)
+            xs = tf.cast(tf.range(width), tf.float32)[None, None, :] + tf.zeros_like(red)
+            found = red > 0
+            x0 = tf.reduce_min(tf.where(found, xs, 1e9), axis=[1, 2])
+            x1 = tf.reduce_max(tf.where(found, xs, -1e9), axis=[1, 2]) + 1
+            y0 = tf.reduce_min(tf.where(found, ys, 1e9), axis=[1, 2])
+            y1 = tf.reduce_max(tf.where(found, ys, -1e9), axis=[1, 2]) + 1
+            box = tf.stack([y0 / h, x0 / w, y1 / h, x1 / w], axis=1)
+            # crop_and_resize samples pixel centres at corner-aligned positions: the cells'
+            # centres of the box, in pixel-centre coordinates over (size - 1).
+            half_h, half_w = (y1 - y0) / CELLS / 2, (x1 - x0) / CELLS / 2
+            crop = tf.stack([(y0 + half_h - 0.5) / (h - 1), (x0 + half_w - 0.5) / (w - 1),
+                             (y1 - half_h - 0.5) / (h - 1), (x1 - half_w - 0.5) / (w - 1)],
+                            axis=1)  # fmt: skip
+            grid = tf.image.crop_and_resize(red[..., None], crop, tf.range(batch),
+                                            [CELLS, CELLS])[..., 0]  # fmt: skip
+            score = tf.where(tf.reduce_any(found, axis=[1, 2]), 0.9, 0.0)
+            return {
+                "detection_boxes": tf.stack([box, tf.zeros_like(box)], axis=1),
+                "detection_scores": tf.stack([score, tf.zeros_like(score)], axis=1),
+                "detection_classes": tf.ones([batch, 2]),
+                "num_detections": tf.ones([batch]),
+                "detection_masks": tf.stack([grid, tf.zeros_like(grid)], axis=1),
+            }
+
+    module = MaskModel()
+    tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
+
+
+@pytest.fixture(scope="module")
+def tfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    root = tmp_path_factory.mktemp("segmentation-models")
+    export_model(root / "masks")
+    entries = "".join(
+        f"config {{ name: '{name}' base_path: '{root / 'masks'}' model_platform: 'tensorflow' }}\n"
+        for name in ("masks", "masks_letterboxed")
+    )
+    config = root / "models.config"
+    config.write_text(f"model_config_list {{\n{entries}}}\n")
+    with run_local_server([f"--model_config_file={config}"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("segmentation-config") / "models.toml"
+    path.write_text(MODEL_CONFIG)
+    (path.parent / "labels.txt").write_text("background\nshape\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    tfs: LocalServer, gateway_config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    args = [f"--model-config={gateway_config}", "--model=masks"]
+    log_dir = tmp_path_factory.mktemp("segmentation-logs")
+    with run_gateway(tfs.target, args, log_dir=log_dir, http=True) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def stub(gateway: GatewayProcess) -> Iterator[pb_grpc.SegmentationServiceStub]:
+    with grpc.insecure_channel(gateway.target, options=CHANNEL_OPTIONS) as channel:
+        yield pb_grpc.SegmentationServiceStub(channel)
+
+
+def shape(width: int, height: int, box: tuple[int, int, int, int]) -> np.ndarray:
+    """[h, w] bool: an L filling `box` (x_min, y_min, x_max, y_max) but its top-right
+    quarter, as a viewer shows the picture."""
+    truth = np.zeros((height, width), bool)
+    x0, y0, x1, y1 = box
+    truth[y0:y1, x0:x1] = True
+    truth[y0 : (y0 + y1) // 2, (x0 + x1) // 2 : x1] = False
+    return truth
+
+
+def picture(truth: np.ndarray, fmt: str = "PNG", orientation: int = 1) -> bytes:
+    """Grey-green with the red `truth`; an EXIF orientation stores the pixels turned so that
+    a viewer shows that."""
+    pixels = np.zeros((*truth.shape, 3), np.uint8)
+    pixels[...] = (90, 140, 100)
+    pixels[truth] = RED
+    image = Image.fromarray(pixels)
+    if orientation == 6:  # shown rotated 90° clockwise: stored turned the other way
+        image = image.transpose(Image.Transpose.ROTATE_90)
+    out = io.BytesIO()
+    exif = Image.Exif()
+    if orientation != 1:
+        exif[0x0112] = orientation
+    if fmt == "JPEG":
+        image.save(out, format="JPEG", quality=95, exif=exif)
+    else:
+        image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def as_dict(result: pb.SegmentationResult) -> dict[str, Any]:
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(
+        result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+BOX = (100, 60, 220, 180)
+TRUTH = shape(400, 300, BOX)
+
+
+def assert_instance(instance: dict[str, Any], truth: np.ndarray, box: tuple[int, ...],
+                    least_iou: float) -> np.ndarray:  # fmt: skip
+    edges = instance["box"]
+    shown = (edges["x_min"], edges["y_min"], edges["x_max"], edges["y_max"])
+    assert max(abs(a - b) for a, b in zip(shown, box, strict=True)) <= 1, shown
+    assert instance["mask"]["size"] == list(truth.shape)
+    mask = masks.decode(instance["mask"])
+    assert masks.iou(mask, truth) >= least_iou, masks.iou(mask, truth)
+    return mask
+
+
+def test_masks_come_back_in_the_callers_pixels_over_grpc(
+    stub: pb_grpc.SegmentationServiceStub,
+) -> None:
+    request = pb.SegmentRequest(
+        image=picture(TRUTH), model=dpb.ModelSpec(name="masks"), request_id="seg-1"
+    )
+    result = stub.Segment(request, timeout=60)
+    assert (result.image_width, result.image_height, result.request_id) == (400, 300, "seg-1")
+    assert result.model.name == "masks" and result.model.version == 1
+    assert len(result.instances) == 1
+    instance = as_dict(result)["instances"][0]
+    assert (instance["class_id"], instance["label"]) == (1, "shape")
+    assert instance["score"] == pytest.approx(0.9)
+    assert set(instance["mask"]) == {"size", "counts", "polygons"}
+    mask = assert_instance(instance, TRUTH, BOX, 0.97)
+    # Pasted in the box, nowhere else; the L's missing quarter is missing.
+    assert not mask[:, : BOX[0] - 1].any() and not mask[: BOX[1] - 1].any()
+    assert not mask[BOX[1] + 2 : 115, 165:].any()
+
+
+def test_an_exif_rotated_jpeg_and_a_letterboxed_model(
+    stub: pb_grpc.SegmentationServiceStub,
+) -> None:
+    box = (40, 200, 160, 330)  # shown 300x400 (stored 400x300, orientation 6)
+    truth = shape(300, 400, box)
+    data = picture(truth, fmt="JPEG", orientation=6)
+    for model, least in (("masks", 0.95), ("masks_letterboxed", 0.9)):
+        request = pb.SegmentRequest(image=data, model=dpb.ModelSpec(name=model))
+        result = stub.Segment(request, timeout=60)
+        assert (result.image_width, result.image_height) == (300, 400)
+        assert len(result.instances) == 1, model
+        assert_instance(as_dict(result)["instances"][0], truth, box, least)
+
+
+def test_every_mask_format_gives_the_same_pixels(stub: pb_grpc.SegmentationServiceStub) -> None:
+    image = picture(TRUTH)
+    found = {}
+    for mask_format in ("", "rle", "POLYGON", "png"):
+        result = stub.Segment(pb.SegmentRequest(image=image, mask_format=mask_format))
+        instance = as_dict(result)["instances"][0]
+        found[mask_format] = masks.decode(instance["mask"])
+    assert found["POLYGON"].any()
+    for mask in found.values():
+        assert np.array_equal(mask, found["rle"])
+    # A higher threshold takes pixels away at the L's edges only.
+    strict = stub.Segment(pb.SegmentRequest(image=image, mask_threshold=0.95))
+    strict_mask = masks.decode(as_dict(strict)["instances"][0]["mask"])
+    assert np.count_nonzero(strict_mask) < np.count_nonzero(found["rle"])
+    assert not (strict_mask & ~found["rle"]).any()
+
+
+def test_options_are_checked_and_applied(stub: pb_grpc.SegmentationServiceStub) -> None:
+    image = picture(TRUTH)
+    high = stub.Segment(pb.SegmentRequest(image=image, min_score=0.95))
+    assert list(high.instances) == []
+    for request, message in (
+        (pb.SegmentRequest(image=image, min_score=2), "min_score must be in [0, 1]"),
+        (pb.SegmentRequest(image=image, mask_threshold=1.5), "mask_threshold must be in [0, 1)"),
+        (pb.SegmentRequest(image=image, mask_format="jpeg"), "mask_format must be one of rle"),
+    ):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Segment(request)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in (refused.value.details() or "")
+
+
+def test_the_stream_answers_in_order_with_per_image_errors(
+    stub: pb_grpc.SegmentationServiceStub,
+) -> None:
+    other = (10, 20, 90, 130)
+    small = shape(320, 240, other)
+    requests = [
+        pb.SegmentRequest(image=picture(TRUTH), request_id="a"),
+        pb.SegmentRequest(image=b"not an image", request_id="b"),
+        pb.SegmentRequest(image=picture(small), request_id="c", mask_format="png"),
+    ]
+    results = list(stub.SegmentStream(iter(requests), timeout=60))
+    assert [r.request_id for r in results] == ["a", "b", "c"]
+    assert results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert_instance(as_dict(results[0])["instances"][0], TRUTH, BOX, 0.97)
+    assert_instance(as_dict(results[2])["instances"][0], small, other, 0.95)
+
+
+def test_the_http_door_answers_in_every_body_form(gateway: GatewayProcess) -> None:
+    image = picture(TRUTH)
+    raw = ok_status(
+        call(gateway, "/v1/models/masks:segment?mask_format=polygon", image, "image/png")
+    )
+    assert set(raw) >= {"instances", "image_width", "image_height", "model", "request_id"}
+    assert set(raw["instances"][0]) == {"box", "class_id", "label", "score", "mask"}
+    assert "counts" not in raw["instances"][0]["mask"]
+    assert_instance(raw["instances"][0], TRUTH, BOX, 0.97)
+    body = json.dumps({"image": {"b64": base64.b64encode(image).decode()},
+                       "mask_format": "png", "max_detections": 1})  # fmt: skip
+    as_json = ok_status(
+        call(gateway, "/v1/models/masks/versions/1:segment", body.encode(), "application/json")
+    )
+    assert_instance(as_json["instances"][0], TRUTH, BOX, 0.97)
+    packed = msgpack.packb({"image": image, "mask_threshold": 0.5})
+    status, headers, answer = call(gateway, "/v1/models/masks:segment", packed,
+                                   "application/msgpack")  # fmt: skip
+    assert status == 200, answer
+    decoded = (
+        msgpack.unpackb(answer) if "msgpack" in headers["content-type"] else json.loads(answer)
+    )
+    assert_instance(decoded["instances"][0], TRUTH, BOX, 0.97)
+    form, content_type = multipart({"mask_format": "rle"}, image, "picture.png")
+    as_form = ok_status(call(gateway, "/v1/models/masks:segment", form, content_type))
+    assert_instance(as_form["instances"][0], TRUTH, BOX, 0.97)
+    # /invocations runs the default model's task: instance segmentation for `masks`.
+    invoked = ok_status(call(gateway, "/invocations", image, "image/png"))
+    assert_instance(invoked["instances"][0], TRUTH, BOX, 0.97)
+    status, _, refused = call(gateway, "/v1/models/masks:segment?mask_format=svg", image,
+                              "image/png")  # fmt: skip
+    assert status == 400 and b"mask_format must be one of" in refused
+    spec = ok_status(call(gateway, "/openapi.json"))
+    assert "/v1/models/{model}:segment" in spec["paths"]
+
+
+def test_reflection_and_the_client_command(gateway: GatewayProcess, tmp_path: Path) -> None:
+    from tests.support import tools
+
+    path = tmp_path / "picture.png"
+    path.write_bytes(picture(TRUTH))
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.client", str(path), "--task=segment",
+         f"--target={gateway.target}", "--model=masks", "--mask-format=polygon"],
+        capture_output=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    line = json.loads(done.stdout.decode().splitlines()[0])
+    assert line["instances"][0]["mask"]["polygons"]
+    assert_instance(line["instances"][0], TRUTH, BOX, 0.97)
+    grpcurl = tools.binary("grpcurl", tools.GRPCURL_INSTALL)
+    listed = subprocess.run(
+        [grpcurl, "-plaintext", gateway.target, "describe", "segmentation.v1.SegmentationService"],
+        capture_output=True, timeout=60, check=True,
+    ).stdout.decode()  # fmt: skip
+    assert "rpc SegmentStream ( stream .segmentation.v1.SegmentRequest )" in listed
+
+
+def test_check_models_shows_the_plan(tfs: LocalServer, gateway_config: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-models", "--json", f"--upstream={tfs.target}",
+         f"--model-config={gateway_config}", "--model=masks"],
+        capture_output=True, timeout=300, check=False, cwd=ROOT,
+    )  # fmt: skip
+    document = json.loads(done.stdout)
+    assert done.returncode == 0 and document["ok"], document
+    reports = {r["model"]: r for r in document["models"]}
+    assert reports["masks"]["outputs"]["masks"].startswith("detection_masks")
+    assert reports["masks_letterboxed"]["input"]["pad_to"]
+    trial = reports["masks"]["trial"]
+    assert trial["summary"] == {"instances": 1}
+    assert trial["result"]["instances"][0]["mask"]["size"]
