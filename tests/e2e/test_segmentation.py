@@ -8,7 +8,10 @@ The model finds the image's red pixels: its one detection is their bounding box
 and its mask the red share of each of 32 x 32 cells over the box (detection_masks,
 box-relative [1, N, 32, 32], sampled with crop_and_resize at the cells' centres). The
 picture is a red L, so the truth in the caller's pixels is known (through EXIF orientation
-and letterboxing) and a mask pasted turned, shifted or mirrored fails.
+and letterboxing) and a mask pasted turned, shifted or mirrored fails. `masks_yolo` gives
+the same as a YOLOv8-seg raw head: `output0` [b, 4 + 1 + 1, 2] (the box in pixels, a score,
+one mask coefficient; a copy 1 px aside that NMS removes) and `output1` prototypes [b, 1,
+h/4, w/4] (the red share of each 4 x 4 block as logits).
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ task = "instance_segmentation"
 pad_to = [160, 160]
 [models.masks_letterboxed.outputs]
 mask_threshold = 0.4
+
+[models.masks_yolo]
+task = "instance_segmentation"
+[models.masks_yolo.outputs]
+decoder = "yolo-seg"
 """
 
 
@@ -90,17 +98,45 @@ def export_model(path: Path) -> None:
                 "detection_masks": tf.stack([grid, tf.zeros_like(grid)], axis=1),
             }
 
-    module = MaskModel()
-    tf.saved_model.save(module, str(path / "1"), signatures={"serving_default": module.serve})
+    class YoloSeg(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8)])
+        def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
+            x = tf.cast(images, tf.float32)
+            red = tf.cast((x[..., 0] > 150) & (x[..., 1] < 100) & (x[..., 2] < 100), tf.float32)
+            height, width = tf.shape(x)[1], tf.shape(x)[2]
+            ys = tf.cast(tf.range(height), tf.float32)[None, :, None] + tf.zeros_like(red)
+            xs = tf.cast(tf.range(width), tf.float32)[None, None, :] + tf.zeros_like(red)
+            found = red > 0
+            x0 = tf.reduce_min(tf.where(found, xs, 1e9), axis=[1, 2])
+            x1 = tf.reduce_max(tf.where(found, xs, -1e9), axis=[1, 2]) + 1
+            y0 = tf.reduce_min(tf.where(found, ys, 1e9), axis=[1, 2])
+            y1 = tf.reduce_max(tf.where(found, ys, -1e9), axis=[1, 2]) + 1
+            box = tf.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], axis=1)
+            score = tf.where(tf.reduce_any(found, axis=[1, 2]), 0.9, 0.0)[:, None]
+            one = tf.ones_like(score)
+            first = tf.concat([box, score, one], axis=1)
+            aside = tf.concat([box + tf.constant([1.0, 0.0, 0.0, 0.0]), score - 0.1, one], 1)
+            share = tf.nn.avg_pool2d(red[..., None], 4, 4, "VALID")  # [b, h/4, w/4, 1]
+            logits = (share - 0.5) * 16.0
+            return {
+                "output0": tf.stack([first, aside], axis=2),
+                "output1": tf.transpose(logits, [0, 3, 1, 2]),
+            }
+
+    for name, module in (("masks", MaskModel()), ("masks_yolo", YoloSeg())):
+        tf.saved_model.save(
+            module, str(path / name / "1"), signatures={"serving_default": module.serve}
+        )
 
 
 @pytest.fixture(scope="module")
 def tfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     root = tmp_path_factory.mktemp("segmentation-models")
-    export_model(root / "masks")
+    export_model(root)
+    paths = {"masks": "masks", "masks_letterboxed": "masks", "masks_yolo": "masks_yolo"}
     entries = "".join(
-        f"config {{ name: '{name}' base_path: '{root / 'masks'}' model_platform: 'tensorflow' }}\n"
-        for name in ("masks", "masks_letterboxed")
+        f"config {{ name: '{name}' base_path: '{root / path}' model_platform: 'tensorflow' }}\n"
+        for name, path in paths.items()
     )
     config = root / "models.config"
     config.write_text(f"model_config_list {{\n{entries}}}\n")
@@ -185,18 +221,20 @@ def assert_instance(instance: dict[str, Any], truth: np.ndarray, box: tuple[int,
     return mask
 
 
+@pytest.mark.parametrize("model", ["masks", "masks_yolo"])
 def test_masks_come_back_in_the_callers_pixels_over_grpc(
-    stub: pb_grpc.SegmentationServiceStub,
+    stub: pb_grpc.SegmentationServiceStub, model: str
 ) -> None:
     request = pb.SegmentRequest(
-        image=picture(TRUTH), model=dpb.ModelSpec(name="masks"), request_id="seg-1"
+        image=picture(TRUTH), model=dpb.ModelSpec(name=model), request_id="seg-1"
     )
     result = stub.Segment(request, timeout=60)
     assert (result.image_width, result.image_height, result.request_id) == (400, 300, "seg-1")
-    assert result.model.name == "masks" and result.model.version == 1
-    assert len(result.instances) == 1
+    assert result.model.name == model and result.model.version == 1
+    assert len(result.instances) == 1  # the YOLO head's copy is suppressed by NMS
     instance = as_dict(result)["instances"][0]
-    assert (instance["class_id"], instance["label"]) == (1, "shape")
+    expected = (1, "shape") if model == "masks" else (0, "class_0")
+    assert (instance["class_id"], instance["label"]) == expected
     assert instance["score"] == pytest.approx(0.9)
     assert set(instance["mask"]) == {"size", "counts", "polygons"}
     mask = assert_instance(instance, TRUTH, BOX, 0.97)
@@ -211,7 +249,7 @@ def test_an_exif_rotated_jpeg_and_a_letterboxed_model(
     box = (40, 200, 160, 330)  # shown 300x400 (stored 400x300, orientation 6)
     truth = shape(300, 400, box)
     data = picture(truth, fmt="JPEG", orientation=6)
-    for model, least in (("masks", 0.95), ("masks_letterboxed", 0.9)):
+    for model, least in (("masks", 0.95), ("masks_letterboxed", 0.9), ("masks_yolo", 0.95)):
         request = pb.SegmentRequest(image=data, model=dpb.ModelSpec(name=model))
         result = stub.Segment(request, timeout=60)
         assert (result.image_width, result.image_height) == (300, 400)
@@ -337,6 +375,8 @@ def test_check_models_shows_the_plan(tfs: LocalServer, gateway_config: Path) -> 
     reports = {r["model"]: r for r in document["models"]}
     assert reports["masks"]["outputs"]["masks"].startswith("detection_masks")
     assert reports["masks_letterboxed"]["input"]["pad_to"]
+    assert reports["masks_yolo"]["outputs"]["form"].startswith("yolo-seg raw head")
+    assert reports["masks_yolo"]["outputs"]["prototypes"] == "output1"
     trial = reports["masks"]["trial"]
     assert trial["summary"] == {"instances": 1}
     assert trial["result"]["instances"][0]["mask"]["size"]

@@ -5,7 +5,11 @@ gateway.tasks.detection.config) plus, in [models.NAME.outputs]:
   with the boxes (default `detection_masks`, as TF Model Garden and OD API Mask R-CNN
   exports name it);
 - `mask_threshold`: a pixel is in the mask when its probability is above this, in (0, 1)
-  (default 0.5; requests may ask for another).
+  (default 0.5; requests may ask for another);
+- `decoder = "yolo-seg"` for a YOLOv8/11-seg raw head `[batch, 4 + classes + M, candidates]`
+  with its prototypes `[batch, M, h, w]` or `[batch, h, w, M]`; `predictions` and
+  `prototypes` name them where the signature's shapes do not say (`nms_iou`,
+  `max_candidates` as for detection's `yolo`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from gateway.models.values import ModelConfigError
 from gateway.tasks.detection.config import DetectionConfig, read_detection_config
 
 DEFAULT_MASK_THRESHOLD = 0.5
-OUTPUT_KEYS = ("masks", "mask_threshold")
+YOLO_SEG = "yolo-seg"
+DECODERS = (YOLO_SEG,)
+OUTPUT_KEYS = ("masks", "mask_threshold", "predictions", "prototypes")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,12 @@ class SegmentationConfig:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     masks: str | None = None
     mask_threshold: float = DEFAULT_MASK_THRESHOLD
+    predictions: str | None = None  # yolo-seg's head
+    prototypes: str | None = None
+
+    @property
+    def decoder(self) -> str | None:
+        return self.detection.outputs.decoder
 
 
 DEFAULT = SegmentationConfig()
@@ -34,12 +46,29 @@ DEFAULT = SegmentationConfig()
 
 def read_config(table: Mapping[str, Any], path: Path, where: str) -> SegmentationConfig:
     detection, _, extra = read_detection_config(
-        table, path, where, extra_outputs=OUTPUT_KEYS, decoders=()
+        table, path, where, extra_outputs=OUTPUT_KEYS, decoders=DECODERS
     )
     where = where + ".outputs"
-    masks = extra.get("masks")
-    if masks is not None and (not isinstance(masks, str) or not masks):
-        raise ModelConfigError(f"{path}: {where}.masks must name an output of the signature")
+    names: dict[str, str] = {}
+    for key in ("masks", "predictions", "prototypes"):
+        if key in extra:
+            value = extra[key]
+            if not isinstance(value, str) or not value:
+                raise ModelConfigError(
+                    f"{path}: {where}.{key} must name an output of the signature"
+                )
+            names[key] = value
+    decoder = detection.outputs.decoder
+    if decoder is None and names.keys() & {"predictions", "prototypes"}:
+        raise ModelConfigError(
+            f"{path}: {where}.predictions and .prototypes name the outputs of decoder = "
+            f"'{YOLO_SEG}'; set that decoder, or remove them"
+        )
+    if decoder is not None and "masks" in names:
+        raise ModelConfigError(
+            f"{path}: {where}.decoder = '{decoder}' makes the masks from the head's "
+            "coefficients and prototypes; remove masks"
+        )
     threshold = extra.get("mask_threshold", DEFAULT_MASK_THRESHOLD)
     if (
         not isinstance(threshold, int | float)
@@ -50,4 +79,4 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> Segmentatio
             f"{path}: {where}.mask_threshold must be a number above 0 and below 1, "
             f"got {threshold!r}"
         )
-    return SegmentationConfig(detection, masks, float(threshold))
+    return SegmentationConfig(detection, mask_threshold=float(threshold), **names)

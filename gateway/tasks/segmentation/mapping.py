@@ -15,8 +15,10 @@ import numpy as np
 from gateway import errors
 from gateway.labels import Labels
 from gateway.tasks.base import Frame, OutputError
+from gateway.tasks.decoders import yoloseg
 from gateway.tasks.detection.forms import map_decoded_boxes
 from gateway.tasks.segmentation import encode, raster
+from gateway.tasks.segmentation.config import YOLO_SEG
 from gateway.tasks.segmentation.plans import SegmentationPlan
 from gateway.tasks.segmentation.types import (
     PNG,
@@ -42,6 +44,12 @@ def map_segments(
     options: SegmentSettings,
 ) -> Segments:
     assert plan.detection is not None
+    try:
+        axes = raster.raster_axes(frame.transform)
+    except ValueError as e:
+        raise OutputError(str(e)) from None
+    if plan.form == YOLO_SEG:
+        return _yolo_seg(outputs, plan, frame, labels, options, axes)
     if plan.masks not in outputs:
         raise OutputError(f"TF Serving response lacks output '{plan.masks}'")
     masks = as_array(outputs[plan.masks])
@@ -59,12 +67,58 @@ def map_segments(
         raise OutputError(f"{plan.masks} holds empty masks or NaN or infinite values")
     if grids.size and (grids.min() < -1e-3 or grids.max() > 1 + 1e-3):
         raise OutputError(f"{plan.masks} holds values outside [0, 1]; masks must be probabilities")
-    try:
-        axes = raster.raster_axes(frame.transform)
-    except ValueError as e:
-        raise OutputError(str(e)) from None
     shapes = [_box_mask(grid, box) for grid, box in zip(grids, boxes.tolist(), strict=True)]
     return written(found, shapes, axes, frame, options)
+
+
+def _yolo_seg(
+    outputs: Mapping[str, Tensor],
+    plan: SegmentationPlan,
+    frame: Frame,
+    labels: Labels,
+    options: SegmentSettings,
+    axes: tuple[raster.Axis, raster.Axis],
+) -> Segments:
+    assert plan.detection is not None and plan.detection.head is not None
+    head_key = plan.detection.head
+    raw, prototypes = _floats(outputs, head_key), _floats(outputs, plan.prototypes)
+    if frame.sent is None or frame.sent[0] <= 0 or frame.sent[1] <= 0:
+        raise OutputError("the size of the image sent is unknown")
+    try:
+        layout = yoloseg.prototype_layout(prototypes.shape, frame.sent)
+    except ValueError as e:
+        raise OutputError(f"{plan.prototypes}: {e}") from None
+    maps = prototypes[0] if layout == yoloseg.NCHW else prototypes[0].transpose(2, 0, 1)
+    if raw.ndim != 3 or raw.shape[0] < 1:
+        raise OutputError(
+            f"{head_key} has shape {list(raw.shape)}; expected [1, 4 + classes + M, candidates]"
+        )
+    try:
+        boxes_part, coefficients = yoloseg.split_head(raw[0], maps.shape[0])
+    except ValueError as e:
+        raise OutputError(f"{head_key}: {e}") from None
+    if not (np.isfinite(coefficients).all() and np.isfinite(maps).all()):
+        raise OutputError(f"{head_key} or {plan.prototypes} holds NaN or infinite values")
+    found, rows, boxes = map_decoded_boxes(
+        {head_key: boxes_part[None]}, plan.detection, frame, labels, options.min_score,
+        options.max_detections,
+    )  # fmt: skip
+    grids = yoloseg.mask_grids(coefficients[:, rows], maps)
+    whole = (0.0, 0.0, 1.0, 1.0)
+    shapes = [
+        raster.Shape(grid, whole, (box[0], box[1], box[2], box[3]), True)
+        for grid, box in zip(grids, boxes.tolist(), strict=True)
+    ]
+    return written(found, shapes, axes, frame, options)
+
+
+def _floats(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
+    if key not in outputs:
+        raise OutputError(f"TF Serving response lacks output '{key}'")
+    values = as_array(outputs[key])
+    if values.dtype.kind != "f":
+        raise OutputError(f"{key} has dtype {values.dtype}; expected floats")
+    return values
 
 
 def _box_mask(grid: np.ndarray, box: list[float]) -> raster.Shape:
