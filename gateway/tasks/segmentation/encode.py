@@ -44,19 +44,27 @@ def rle_counts(placed: Placed, width: int, height: int) -> list[int]:
 
 
 def rle_string(counts: list[int]) -> str:
-    """pycocotools' rleToString of `counts`."""
-    out: list[str] = []
-    for i, count in enumerate(counts):
-        x = count - counts[i - 2] if i > 2 else count
-        more = True
-        while more:
-            c = x & 0x1F
-            x >>= 5
-            more = x != -1 if c & 0x10 else x != 0
-            if more:
-                c |= 0x20
-            out.append(chr(c + 48))
-    return "".join(out)
+    """pycocotools' rleToString of `counts` (vectorized over the counts: one pass per 5-bit
+    group)."""
+    if not counts:
+        return ""
+    x = np.asarray(counts, np.int64)
+    if len(x) > 3:
+        x[3:] -= np.asarray(counts[1:-2], np.int64)
+    groups = np.zeros((len(x), 13), np.uint8)  # 13 groups of 5 bits hold any int64
+    writing = np.ones(len(x), bool)
+    length = np.zeros(len(x), np.int64)
+    for k in range(groups.shape[1]):
+        c = x & 0x1F
+        x >>= 5
+        more = np.where(c & 0x10, x != -1, x != 0)
+        groups[:, k] = (c | np.where(more, 0x20, 0)) + 48
+        length += writing
+        writing &= more
+        if not writing.any():
+            break
+    used = np.arange(groups.shape[1]) < length[:, None]
+    return groups[used].tobytes().decode("ascii")
 
 
 def boundary_edges(placed: Placed) -> int:
@@ -134,5 +142,6 @@ def png(placed: Placed, width: int, height: int) -> bytes:
     h, w = placed.bits.shape
     image[placed.y0 : placed.y0 + h, placed.x0 : placed.x0 + w] = placed.bits
     out = io.BytesIO()
-    Image.fromarray(image).save(out, format="PNG")
+    # zlib level 1: a few times faster than the default 6 on noisy masks, a few % larger.
+    Image.fromarray(image).save(out, format="PNG", compress_level=1)
     return out.getvalue()

@@ -92,61 +92,86 @@ def raster_axes(transform: BoxTransform | None) -> tuple[Axis, Axis]:
     return rows, cols
 
 
-def _weights(
+class _Taps(NamedTuple):
+    """Bilinear sampling along one displayed axis: from pixel `first` on, each pixel's two
+    grid cells and their weights (a cell off the grid weighs 0), and whether the pixel lies
+    in the kept region."""
+
+    first: int
+    low: np.ndarray
+    high: np.ndarray
+    low_weight: np.ndarray
+    high_weight: np.ndarray
+    inside: np.ndarray
+
+
+def _taps(
     axis: Axis,
     length: int,
     grid: tuple[float, float, int],
     keep: tuple[float, float],
     edge: bool,
-) -> tuple[int, np.ndarray, np.ndarray]:
-    """The first displayed pixel of `axis` (of `length` pixels) the mask can cover, the
-    bilinear weights [pixels, n] of the grid (`grid`: the sent interval lo..hi it spans, n
-    cells) at those pixels' centres, and which of them lie within `keep` (a sent
-    interval)."""
+) -> _Taps:
+    """The taps of the displayed pixels of `axis` (of `length` pixels) the mask can cover,
+    for a grid of n cells spanning the sent interval lo..hi (`grid`); `keep`: the sent
+    interval the mask is kept in."""
     lo, hi, n = grid
     keep_lo, keep_hi = keep
     ends = sorted((axis.offset + axis.scale * keep_lo, axis.offset + axis.scale * keep_hi))
     first = max(0, math.floor(ends[0] * length))
     last = min(length, math.ceil(ends[1] * length))
     if last <= first or hi - lo <= 0 or n < 1:
-        return first, np.zeros((0, max(n, 0)), np.float32), np.zeros(0, bool)
+        empty = np.zeros(0, np.int64)
+        return _Taps(first, empty, empty, empty.astype(np.float32), empty.astype(np.float32),
+                     empty.astype(bool))  # fmt: skip
     centres = (np.arange(first, last, dtype=np.float64) + 0.5) / length
     sent = (centres - axis.offset) / axis.scale
     g = (sent - lo) / (hi - lo) * n - 0.5
     if edge:
         g = np.clip(g, 0.0, n - 1)
     low = np.floor(g)
-    frac = g - low
+    high_weight = g - low
+    low_weight = 1.0 - high_weight
     low_index = low.astype(np.int64)
-    weights = np.zeros((len(g), n), np.float64)
-    rows = np.arange(len(g))
-    for index, weight in ((low_index, 1.0 - frac), (low_index + 1, frac)):
-        inside = (index >= 0) & (index < n)
-        np.add.at(weights, (rows[inside], index[inside]), weight[inside])
-    return first, weights.astype(np.float32), (sent >= keep_lo) & (sent <= keep_hi)
+    high_index = low_index + 1
+    # Cells off the grid are the zero border (or, with edges repeated, never reached but at
+    # weight 0 on the last cell).
+    low_weight[(low_index < 0) | (low_index >= n)] = 0.0
+    high_weight[(high_index < 0) | (high_index >= n)] = 0.0
+    return _Taps(
+        first,
+        np.clip(low_index, 0, n - 1),
+        np.clip(high_index, 0, n - 1),
+        low_weight.astype(np.float32),
+        high_weight.astype(np.float32),
+        (sent >= keep_lo) & (sent <= keep_hi),
+    )
 
 
 def paste(
     shape: Shape, axes: tuple[Axis, Axis], width: int, height: int, threshold: float
 ) -> Placed:
     """The pixels of a width x height displayed image where the shape's grid (sampled as the
-    module says) is above `threshold`."""
+    module says) is above `threshold`. Separable: the grid's rows are interpolated to the
+    displayed rows, then its columns to the displayed columns (elementwise, two taps each)."""
     grid, spans, keep, edge = shape
     rows_axis, cols_axis = axes
-    fitted: list[tuple[int, np.ndarray, np.ndarray]] = []
+    taps: list[_Taps] = []
     for axis, length in ((rows_axis, height), (cols_axis, width)):
         s = axis.source
         cells = (spans[s], spans[s + 2], grid.shape[s])
-        fitted.append(_weights(axis, length, cells, (keep[s], keep[s + 2]), edge))
-    (y0, row_weights, row_in), (x0, col_weights, col_in) = fitted
-    bits = np.zeros((len(row_weights), len(col_weights)), bool)
+        taps.append(_taps(axis, length, cells, (keep[s], keep[s + 2]), edge))
+    rows, cols = taps
+    bits = np.zeros((len(rows.low), len(cols.low)), bool)
     if bits.size == 0:
-        return Placed(x0, y0, bits)
+        return Placed(cols.first, rows.first, bits)
     oriented = grid.astype(np.float32) if rows_axis.source == 0 else grid.T.astype(np.float32)
-    right = oriented @ col_weights.T  # [rows of the grid, displayed columns]
+    by_row = (oriented[rows.low] * rows.low_weight[:, None]
+              + oriented[rows.high] * rows.high_weight[:, None])  # fmt: skip
     strip = max(1, _STRIP // max(1, bits.shape[1]))
     for start in range(0, bits.shape[0], strip):
-        values = row_weights[start : start + strip] @ right
-        inside = row_in[start : start + strip, None] & col_in[None, :]
+        part = by_row[start : start + strip]
+        values = part[:, cols.low] * cols.low_weight + part[:, cols.high] * cols.high_weight
+        inside = rows.inside[start : start + strip, None] & cols.inside[None, :]
         bits[start : start + strip] = (values > threshold) & inside
-    return Placed(x0, y0, bits)
+    return Placed(cols.first, rows.first, bits)
