@@ -38,7 +38,6 @@ from gateway.models.rollout import RolloutConfig
 from gateway.policy.rollout import ModelRollout
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.base import TaskRegistry
-from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
 from gateway.upstream.signatures import Signature
 
@@ -270,7 +269,7 @@ async def check(
         for name in models_to_check(registry):
             report = await plan_model(client, registry, tasks, name, settings.upstream_timeout)
             if report.ok:
-                await trial(pipeline, BUILT_IN, report)
+                await trial(pipeline, tasks.bindings, report)
             reports.append(report)
         await pipeline.shadows.drain()  # a trial's copy to a shadow candidate, if any
         return reports

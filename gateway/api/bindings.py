@@ -23,6 +23,7 @@ from typing import Any
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
+from gateway import errors
 from gateway.core.domain import Outcome, Request
 from gateway.modelref import ModelRef
 from gateway.proto.detection.v1 import detection_pb2 as pb
@@ -74,8 +75,25 @@ class Binding:
     def service_name(self) -> str:
         return str(self.service.full_name)
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """GatewayError INVALID_INPUT naming an option this task does not have (never
+        dropped) or a value its field cannot hold; what a value means is the task's to check
+        (Task.resolve)."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise errors.invalid_input(
+                f"{', '.join(unknown)} is not an option of task {self.verb} (its options: "
+                f"{', '.join(self.options) or 'none'})"
+            )
+        try:
+            self.request_type(**options)
+        except (TypeError, ValueError) as e:
+            raise errors.invalid_input(f"options {dict(options)}: {e}") from None
+
     def request(self, image: bytes, model: pb.ModelSpec, request_id: str, **options: Any) -> Any:
-        """A request message (for clients: the batch runner, the command line)."""
+        """A request message (for clients: the batch runner, the command line); protobuf's
+        ValueError or TypeError for an option it does not have (check_options first where a
+        caller's options are judged)."""
         return self.request_type(image=image, model=model, request_id=request_id, **options)
 
 

@@ -5,19 +5,21 @@ door sends these messages as they are, the HTTP door as their proto3 JSON."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from google.longrunning import operations_pb2 as lro
 from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, status_pb2
 
-from gateway.api.bindings import Bindings, to_model_ref
+from gateway import errors
+from gateway.api.bindings import Binding, Bindings, to_model_ref
 from gateway.batch.spec import JobSpec
 from gateway.jobs.admission import Request
 from gateway.jobs.views import JobView
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 
-_TASK = bpb.CreateBatchJobRequest.Task
 _STATE = bpb.BatchJobMetadata.State
 # Canonical status names (what errors.Kind.code and result lines hold) -> google.rpc.Code.
 CODES = dict(code_pb2.Code.items())
@@ -97,30 +99,96 @@ def to_line(
     return out
 
 
-def task_of(request: bpb.CreateBatchJobRequest, bindings: Bindings) -> str:
-    """The task the request's enum names (TASK_<VERB>; unset: the first binding's)."""
-    if request.task == _TASK.TASK_UNSPECIFIED:
-        return next(iter(bindings)).task
-    name = _TASK.Name(request.task) if request.task in _TASK.values() else str(request.task)
+def binding_of(verb: str, bindings: Bindings) -> Binding:
+    """The binding of a CreateBatchJobRequest's `task` (a verb; empty: the first binding's);
+    GatewayError INVALID_INPUT naming the verbs served for any other."""
+    if not verb:
+        return next(iter(bindings))
     try:
-        return bindings.for_verb(name.removeprefix("TASK_").lower()).task
+        return bindings.for_verb(verb)
     except KeyError:
-        return name
+        raise errors.invalid_input(
+            f"task must be one of {', '.join(bindings.verbs)} (a task's verb, as in its HTTP "
+            f"route), got {verb!r}"
+        ) from None
+
+
+def known_options(binding: Binding) -> str:
+    return ", ".join(binding.options) or "none"
+
+
+def options_of(request: bpb.CreateBatchJobRequest, binding: Binding) -> dict[str, Any]:
+    """The task's options from the request's `options` (its request message in an Any):
+    every option of the binding, 0 for those not set; GatewayError INVALID_INPUT for another
+    message type, or one that sets image, model, request_id or a field that is no option."""
+    message = binding.request_type()
+    expected = message.DESCRIPTOR.full_name
+    if request.HasField("options"):
+        given = request.options.TypeName()
+        if given != expected:
+            raise errors.invalid_input(
+                f"options must be a {expected} for task {binding.verb} (only its options set: "
+                f"{known_options(binding)}), got {given or 'an Any without a type'}"
+            )
+        try:
+            request.options.Unpack(message)
+        except DecodeError:
+            raise errors.invalid_input(f"options is not a valid {expected}") from None
+    stray = [f.name for f, _ in message.ListFields() if f.name not in binding.options]
+    if stray:
+        raise errors.invalid_input(
+            f"options sets {', '.join(stray)}: a job's options are the task's options only "
+            f"({known_options(binding)}); the images come from input_uri or upload_id, the "
+            "model and request_id are the CreateBatchJobRequest's own fields"
+        )
+    return {name: getattr(message, name) for name in binding.options}
 
 
 def to_request(request: bpb.CreateBatchJobRequest, bindings: Bindings) -> Request:
-    task = task_of(request, bindings)
-    fields = request.DESCRIPTOR.fields_by_name
-    options: dict[str, Any] = {}
-    for binding in bindings:
-        if binding.task == task:
-            options = {n: getattr(request, n) for n in binding.options if n in fields}
+    binding = binding_of(request.task, bindings)
     spec = JobSpec(
         input=request.input_uri,
         output=request.output_uri,
-        task=task,
+        task=binding.task,
         model=to_model_ref(request.model),
-        options=options,
+        options=options_of(request, binding),
         shards=request.shards or 1,
     )
     return Request(spec, request.upload_id, request.request_id)
+
+
+def from_json(body: bytes, bindings: Bindings) -> bpb.CreateBatchJobRequest:
+    """The proto3 JSON of a CreateBatchJobRequest (the HTTP door's body), whose `options` may
+    also be a plain object of the task's option fields (`{"min_score": 0.4}`): parsed into
+    the task's request message, a field it does not have refused by name (never dropped).
+    GatewayError INVALID_INPUT for anything else."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise errors.invalid_input("not a CreateBatchJobRequest: not JSON text") from None
+    if not isinstance(data, dict):
+        raise errors.invalid_input("not a CreateBatchJobRequest: not a JSON object")
+    options = data.pop("options", None)
+    message = bpb.CreateBatchJobRequest()
+    try:
+        json_format.ParseDict(data, message)
+        if isinstance(options, dict) and "@type" not in options:
+            binding = binding_of(message.task, bindings)
+            fields = binding.request_type.DESCRIPTOR.fields
+            names = {f.name for f in fields} | {f.json_name for f in fields}
+            unknown = sorted(str(k) for k in options if k not in names)
+            if unknown:
+                raise errors.invalid_input(
+                    f"options.{unknown[0]} is not an option of task {binding.verb} (its "
+                    f"options: {known_options(binding)})"
+                )
+            inner = binding.request_type()
+            json_format.ParseDict(options, inner)
+            message.options.Pack(inner)
+        elif options is not None:
+            json_format.ParseDict({"options": options}, message)
+    except json_format.ParseError as e:
+        raise errors.invalid_input(f"not a CreateBatchJobRequest: {e}") from None
+    except RecursionError:
+        raise errors.invalid_input("not a CreateBatchJobRequest: nested too deep") from None
+    return message

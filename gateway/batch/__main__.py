@@ -18,7 +18,7 @@ from gateway.batch import job, sources, storage
 from gateway.batch.access import Guard
 from gateway.batch.limits import LimitExceeded, Limits
 from gateway.batch.output import Output
-from gateway.batch.over_grpc import GrpcTransport, Knobs
+from gateway.batch.over_grpc import GrpcTransport, Knobs, check_options
 from gateway.batch.shard import RunSettings
 from gateway.batch.spec import FORMATS, JobSpec
 from gateway.batch.transport import Deliver, StopJob
@@ -193,6 +193,8 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
         shard_index=shard_index, checkpoint_seconds=a.checkpoint_seconds,
         log_interval=a.log_interval, limits=limits,
     )  # fmt: skip
+
+    asyncio.run(check_options(spec, binding, knobs))
 
     def connect(deliver: Deliver) -> GrpcTransport:
         return GrpcTransport(spec, binding, knobs, deliver)

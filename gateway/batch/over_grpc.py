@@ -121,6 +121,31 @@ class Calls:
             await channel.close()
 
 
+# The request id of the call check_options makes (so that the gateway's log tells it apart).
+CHECK_REQUEST_ID = "detection-batch-options-check"
+
+
+async def check_options(spec: JobSpec, binding: Binding, knobs: Knobs) -> None:
+    """Has the gateway's task judge the job's options against the model before any image is
+    read: one unary call without an image, whose refusal of an option (INVALID_ARGUMENT for
+    anything but the missing image) is a GatewayError INVALID_INPUT. Any other answer is left
+    to the run (an unreachable gateway is retried there)."""
+    binding.check_options(spec.options)
+    model = model_spec(spec.model.name, spec.model.version, spec.model.label)
+    request = binding.request(b"", model, CHECK_REQUEST_ID, **spec.options)
+    channel = open_aio_channel(knobs.target, knobs.tls, DEFAULT_MAX_MESSAGE_BYTES)
+    try:
+        await AioTaskStub(channel, binding).unary(request, timeout=knobs.timeout)
+    except grpc.aio.AioRpcError as e:
+        details = e.details() or ""
+        if e.code() == Code.INVALID_ARGUMENT and not details.startswith("image is empty"):
+            raise GatewayError(
+                Kind.INVALID_INPUT, f"the gateway refused the options: {details}"
+            ) from None
+    finally:
+        await channel.close()
+
+
 def answer(response: Any) -> Answer:
     """A result message as the runner keeps it, or its per-image error."""
     if response.HasField("error") and response.error.code != 0:

@@ -4,12 +4,13 @@ the model, the task's options and the number of shards.
 The API request converts to it, the job store's records and `OUTPUT/_batch/job.json` hold it
 (as JSON), and the runner and both executors take it. `task` is the task registry's name
 ("detection", "classification"); `options` are the task binding's options by name (its
-request message's fields, 0 meaning the model's default).
+request message's fields, 0 meaning the model's default). The spec does not know what an
+option means: its binding refuses names it does not have (Binding.request) and the task
+checks the values (Task.resolve, at admission and on every image).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -22,10 +23,11 @@ from gateway.models import DEFAULT_TASK
 
 FORMATS = ("auto", "images", "manifest", "tfrecord")
 MAX_SHARDS = 1000
-Number = int | float
+# An option's value: a scalar field of the task's request message.
+Option = int | float | str | bool
 
 
-def _frozen(values: Mapping[str, Number]) -> Mapping[str, Number]:
+def _frozen(values: Mapping[str, Option]) -> Mapping[str, Option]:
     return MappingProxyType(dict(sorted(values.items())))
 
 
@@ -35,7 +37,7 @@ class JobSpec:
     output: str  # the output prefix
     task: str = DEFAULT_TASK
     model: ModelRef = field(default_factory=lambda: ModelRef(""))
-    options: Mapping[str, Number] = field(default_factory=lambda: _frozen({}))
+    options: Mapping[str, Option] = field(default_factory=lambda: _frozen({}))
     format: str = "auto"
     shards: int = 1
 
@@ -47,30 +49,18 @@ class JobSpec:
 
     def binding(self, bindings: Bindings) -> Binding:
         """The task's binding; GatewayError INVALID_INPUT when no task of that name is served
-        or an option is not one of its own."""
+        or an option is not one of its own (Binding.check_options)."""
         try:
             binding = bindings.for_task(self.task)
         except KeyError:
             names = ", ".join(b.task for b in bindings)
             raise errors.invalid_input(f"task must be one of {names}, got {self.task!r}") from None
-        unknown = sorted(set(self.options) - set(binding.options))
-        if unknown:
-            raise errors.invalid_input(
-                f"{', '.join(unknown)} is not an option of task {self.task} "
-                f"({', '.join(binding.options)})"
-            )
+        binding.check_options(self.options)
         return binding
 
     def check(self) -> None:
-        """GatewayError INVALID_INPUT naming the first field out of range."""
-        for name, value in self.options.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise errors.invalid_input(f"{name} must be a number, got {value!r}")
-            if math.isnan(value) or value < 0:
-                raise errors.invalid_input(f"{name} must be >= 0, got {value}")
-        score = self.options.get("min_score", 0.0)
-        if score > 1.0:
-            raise errors.invalid_input(f"min_score must be in [0, 1], got {score}")
+        """GatewayError INVALID_INPUT naming the first field out of range (the task's options
+        are the task's to check)."""
         if self.model.version is not None and self.model.version < 1:
             raise errors.invalid_input(f"model version must be >= 1, got {self.model.version}")
         if self.model.label is not None and not self.model.label:
@@ -96,6 +86,11 @@ class JobSpec:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
         """The spec `to_json` gave; ValueError for anything else."""
+        options = data.get("options") if isinstance(data, Mapping) else None
+        if not isinstance(options, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, Option) for k, v in options.items()
+        ):
+            raise ValueError(f"not a job spec: options must map names to scalars, got {options!r}")
         try:
             return cls(
                 input=str(data["input"]),
@@ -103,7 +98,7 @@ class JobSpec:
                 format=str(data.get("format", "auto")),
                 task=str(data["task"]),
                 model=ModelRef(**data["model"]),
-                options=dict(data["options"]),
+                options=dict(options),
                 shards=int(data["shards"]),
             )
         except (KeyError, TypeError, AttributeError) as e:

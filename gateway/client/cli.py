@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
         return "error" in line
 
     if args.http:
-        return _main_http(args, fields, report)
+        return _main_http(args, fields, report, bindings)
     client = TaskClient(args.target, binding, timeout=args.timeout, tls=tls_from_args(args))
     failed = 0
     with client:
@@ -150,8 +150,9 @@ def _main_http(
     args: argparse.Namespace,
     fields: dict[str, Any],
     report: Callable[[int, Path, bytes, Any], bool],
+    bindings: Bindings,
 ) -> int:
-    client = HttpClient(args.http, timeout=args.timeout, task=args.task)
+    client = HttpClient(args.http, timeout=args.timeout, task=args.task, bindings=bindings)
     failed = 0
     for index, path in enumerate(args.images):
         try:

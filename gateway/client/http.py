@@ -12,18 +12,32 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from gateway.api.bindings import Bindings
 from gateway.tasks.builtin import BUILT_IN
 
 
 class HttpClient:
     """The gateway's HTTP door with urllib: the raw image as the body, options in the query,
-    the proto3 JSON result parsed back into the same messages as the gRPC clients return."""
+    the proto3 JSON result parsed back into the same messages as the gRPC clients return.
+    `task` is a verb of `bindings` (the tasks the gateway serves; default: the built-in ones)."""
 
-    def __init__(self, url: str, *, timeout: float = 30.0, task: str = "detect") -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 30.0,
+        task: str = "detect",
+        bindings: Bindings = BUILT_IN,
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.task = task
-        self._binding = BUILT_IN.for_verb(task)
+        try:
+            self._binding = bindings.for_verb(task)
+        except KeyError:
+            raise ValueError(
+                f"task must be one of {', '.join(bindings.verbs)}, got {task!r}"
+            ) from None
 
     def path(self, model: str, version: int | None, label: str | None) -> str:
         """The route: /v1/models/{model}[/versions/{n}|/labels/{l}]:{task}, or /invocations

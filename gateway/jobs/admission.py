@@ -166,10 +166,8 @@ class Admission:
                 f"task {spec.task}"
             )
         task = self._pipeline.tasks[spec.task]
-        try:
-            message = binding.request(b"", model_spec(*model), "", **spec.options)
-        except (TypeError, ValueError) as e:
-            raise errors.invalid_input(f"options {dict(spec.options)}: {e}") from None
+        binding.check_options(spec.options)  # names and types; the task judges the values
+        message = binding.request(b"", model_spec(*model), "", **spec.options)
         task.resolve(binding.to_request(message, "", "", None, ()).options, config, self.settings)
         signature = await self._client.signature(model, self.settings.upstream_timeout)
         plan(task, signature, config)

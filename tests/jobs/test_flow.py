@@ -28,6 +28,7 @@ from tests.support.jobs import (
     gateway,
     make_images,
     metadata,
+    options,
     result,
 )
 
@@ -163,9 +164,9 @@ def test_classification_job_from_uploaded_images(client, connect, dirs) -> None:
 
     op = client.create(
         upload_id=upload.upload_id,
-        task=bpb.CreateBatchJobRequest.TASK_CLASSIFY,
+        task="classify",
         model=pb.ModelSpec(name="classifier_scores"),
-        top_k=3,
+        options=options(cpb.ClassifyRequest(top_k=3)),
     )
     done = client.wait(op.name)
     assert metadata(done).state == State.SUCCEEDED, done.error
@@ -193,7 +194,7 @@ def test_same_request_id_gives_the_same_operation_never_two_jobs(client, dirs) -
     client.wait(name)
     assert client.create(**fields).name == name  # also once it is done
     with pytest.raises(grpc.RpcError) as info:
-        client.create(**fields, min_score=0.9)
+        client.create(**fields, options=options(pb.DetectRequest(min_score=0.9)))
     assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
 
@@ -209,7 +210,22 @@ def test_same_request_id_gives_the_same_operation_never_two_jobs(client, dirs) -
             "classification model",
         ),
         ({"output_uri": "/tmp/elsewhere"}, grpc.StatusCode.PERMISSION_DENIED, "outside"),
-        ({"min_score": 1.5}, grpc.StatusCode.INVALID_ARGUMENT, "min_score"),
+        (
+            {"options": options(pb.DetectRequest(min_score=1.5))},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "min_score must be in [0, 1]",
+        ),
+        (
+            {"options": options(cpb.ClassifyRequest(top_k=3))},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "options must be a detection.v1.DetectRequest for task detect",
+        ),
+        (
+            {"options": options(pb.DetectRequest(request_id="r"))},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "options sets request_id",
+        ),
+        ({"task": "segment"}, grpc.StatusCode.INVALID_ARGUMENT, "task must be one of detect"),
         ({"shards": 41}, grpc.StatusCode.INVALID_ARGUMENT, "shards"),
         ({"upload_id": "abc123"}, grpc.StatusCode.NOT_FOUND, "upload abc123"),
     ],

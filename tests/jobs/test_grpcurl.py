@@ -10,6 +10,8 @@ from typing import Any
 from tests.support import tools
 from tests.support.jobs import gateway, make_images
 
+DETECT = "detection.v1.DetectRequest"
+
 
 def grpcurl(target: str, method: str, body: str | None = None) -> str:
     command = [tools.binary("grpcurl", tools.GRPCURL_INSTALL), "-plaintext", "-max-time", "60"]
@@ -50,7 +52,12 @@ def test_whole_flow_with_grpcurl(tfs, tmp_path, store) -> None:
         op = call(
             target,
             "detection.v1.BatchService/CreateBatchJob",
-            {"upload_id": upload["upload_id"], "min_score": 0.1, "request_id": "grpcurl-1"},
+            {
+                "upload_id": upload["upload_id"],
+                "task": "detect",
+                "options": {"@type": f"type.googleapis.com/{DETECT}", "min_score": 0.1},
+                "request_id": "grpcurl-1",
+            },
         )
         name = op["name"]
         assert op["metadata"]["@type"] == "type.googleapis.com/detection.v1.BatchJobMetadata"

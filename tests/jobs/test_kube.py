@@ -18,10 +18,11 @@ import pytest
 from google.longrunning import operations_pb2 as lro
 
 from gateway.batch.__main__ import run_parser
+from gateway.proto.detection.v1 import detection_pb2 as pb
 from tests.k8s.test_apiserver import render
 from tests.support.apiserver import ApiServer
 from tests.support.gatewayproc import GatewayProcess
-from tests.support.jobs import Client, State, gateway, make_images, metadata, result
+from tests.support.jobs import Client, State, gateway, make_images, metadata, options, result
 from tests.support.kubejobs import OPERATION_LABEL, kube_job, now, write_job_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +102,11 @@ def run_pod(job: dict[str, Any], index: int, target: str) -> None:
 
 
 def test_the_job_it_creates_is_the_template_with_the_jobs_values(apiserver, client, setup) -> None:
-    op = client.create(input_uri=str(setup["images"]), shards=3, min_score=0.25)
+    op = client.create(
+        input_uri=str(setup["images"]),
+        shards=3,
+        options=options(pb.DetectRequest(min_score=0.25)),
+    )
     assert metadata(op).state == State.QUEUED
     stored = kube_job(apiserver, NAMESPACE, op.name)  # accepted by the API server as it was sent
     (template,) = [o for o in render("jobs/batch") if o["kind"] == "Job"]

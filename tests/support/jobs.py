@@ -12,6 +12,8 @@ import grpc
 import pytest
 from google.longrunning import operations_pb2 as lro
 from google.longrunning import operations_pb2_grpc as lro_grpc
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
@@ -122,6 +124,13 @@ def _wait_serving(ready: grpc.Channel) -> None:
             pass
         assert time.monotonic() < deadline, "the gateway did not become SERVING over TLS"
         time.sleep(0.1)
+
+
+def options(message: Message) -> any_pb2.Any:
+    """A CreateBatchJobRequest's `options`: the task's request message with its options set."""
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
 
 
 class Client:

@@ -5,6 +5,7 @@ gateway.frontends.http.routes, converted as the gRPC door converts them
     POST   /v1/uploads                    multipart: `image` parts (and `upload_id` first, to
                                           add to an upload) -> UploadImagesResponse
     POST   /v1/batchJobs                  the proto3 JSON of CreateBatchJobRequest -> Operation
+                                          (`options`: the task's options as a plain object)
     GET    /v1/operations                 ?filter=&page_size=&page_token= -> ListOperationsResponse
     GET    /v1/operations/{id}            -> Operation
     POST   /v1/operations/{id}:cancel     -> {}
@@ -33,7 +34,7 @@ from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
 
 from gateway import errors, identity
-from gateway.api.jobs import to_line, to_operation, to_request, upload_timeout
+from gateway.api.jobs import from_json, to_line, to_operation, to_request, upload_timeout
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.http import bodies
@@ -228,7 +229,7 @@ class JobHandlers:
         if request.content_type.lower() != bodies.JSON:
             raise unsupported_media_type(
                 "POST /v1/batchJobs takes application/json: the proto3 JSON of "
-                "detection.v1.CreateBatchJobRequest"
+                "detection.v1.CreateBatchJobRequest (its options may be a plain object)"
             )
         body = await bodies.read_bounded(
             request,
@@ -236,13 +237,7 @@ class JobHandlers:
             self._settings.http_body_timeout,
             lambda size, streamed: create_too_large(),
         )
-        message = bpb.CreateBatchJobRequest()
-        try:
-            json_format.Parse(body, message)
-        except json_format.ParseError as e:
-            raise errors.invalid_input(f"not a CreateBatchJobRequest: {e}") from None
-        except (RecursionError, UnicodeDecodeError):
-            raise errors.invalid_input("not a CreateBatchJobRequest: not JSON text") from None
+        message = from_json(body, self._jobs.bindings)
         job = await self._jobs.create(
             self.caller(request), to_request(message, self._jobs.bindings)
         )

@@ -7,6 +7,7 @@ from typing import Any
 
 from google.longrunning import operations_pb2 as lro
 
+from gateway.api.bindings import Bindings
 from gateway.frontends.http import bodies
 from gateway.frontends.http.jobs import MAX_WAIT_SECONDS, NDJSON, UPLOAD_ID_FIELD
 from gateway.proto.detection.v1 import batch_pb2 as bpb
@@ -28,6 +29,37 @@ _JOB_ERRORS = {
     "409": "a request_id reused with other fields",
     "429": "too many jobs or uploads, or the job store is full",
 }
+
+
+def describe_create(schemas: dict[str, Any], bindings: Bindings) -> None:
+    """CreateBatchJobRequest's `task` as the verbs served and its `options` as each task's
+    option fields (a plain object) or an Any holding the task's request message; the tasks'
+    request schemas must be in `schemas` already."""
+    fields = schemas["CreateBatchJobRequest"]["properties"]
+    verbs = [binding.verb for binding in bindings]
+    fields["task"] = {
+        "type": "string",
+        "enum": ["", *verbs],
+        "description": f"the task's verb; empty: {verbs[0] if verbs else 'none'}",
+    }
+    variants: list[dict[str, Any]] = []
+    for binding in bindings:
+        request = schemas[binding.request_type.DESCRIPTOR.name]["properties"]
+        variants.append(
+            {
+                "type": "object",
+                "description": f"task {binding.verb}: fields of "
+                f"{binding.request_type.DESCRIPTOR.full_name} (a field it lacks is refused)",
+                "properties": {name: request[name] for name in binding.options},
+                "additionalProperties": False,
+            }
+        )
+    variants.append({"$ref": "#/components/schemas/Any"})
+    fields["options"] = {
+        "anyOf": variants,
+        "description": "the task's options: a plain object of its option fields, or the "
+        "proto3 JSON of an Any holding its request message (only options set)",
+    }
 
 
 def _ref(name: str) -> dict[str, Any]:

@@ -92,10 +92,12 @@ async function startJob(event) {
   try {
     const model = select.value;
     const request = {
-      task: "TASK_" + VERBS[MODELS[model]].toUpperCase(),
+      task: VERBS[MODELS[model]],
       model: {name: model},
     };
-    Object.assign(request, chosenOptions());
+    // The job's options: the chosen task's own, as a plain object (its request message).
+    const options = chosenOptions();
+    if (Object.keys(options).length) request.options = options;
     if (files.length) {
       jobStatus("Uploading " + files.length + " images ...");
       const form = new FormData();

@@ -228,6 +228,8 @@ def _schemas(bindings: Bindings, jobs: bool) -> dict[str, Any]:
             "type": "object",
             "description": "a MessagePack request's metadata",
         }
+    if jobs:
+        jobs_openapi.describe_create(schemas, bindings)
     string = {"type": "string"}
     return {
         **schemas,

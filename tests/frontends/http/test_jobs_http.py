@@ -33,7 +33,12 @@ def test_upload_create_wait_and_stream_results(jobs_gateway: GatewayProcess, tmp
     assert (more["upload_id"], more["image_count"]) == (upload_id, str(IMAGES))
     assert int(more["total_bytes"]) == sum(p.stat().st_size for p in [spaced, *paths[1:]])
 
-    request = {"upload_id": upload_id, "task": "TASK_DETECT", "model": {"name": "detector"}}
+    request = {
+        "upload_id": upload_id,
+        "task": "detect",
+        "model": {"name": "detector"},
+        "options": {"min_score": 0.25},
+    }
     op = ok(post_json(jobs_gateway, "/v1/batchJobs", request))
     assert op["name"].startswith("operations/") and op["done"] in (False, True)
     meta = op["metadata"]

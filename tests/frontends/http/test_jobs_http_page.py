@@ -69,7 +69,15 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
     schemas = document["components"]["schemas"]
     for name in ("CreateBatchJobRequest", "Operation", "BatchJobMetadata", "BatchResultLine"):
         assert name in schemas, name
-    assert "upload_id" in schemas["CreateBatchJobRequest"]["properties"]
+    create = schemas["CreateBatchJobRequest"]["properties"]
+    assert "upload_id" in create
+    # The task by its verb; its options as each task's own fields (or an Any).
+    assert create["task"]["enum"] == ["", *BUILT_IN.verbs]
+    variants = create["options"]["anyOf"]
+    assert [set(v.get("properties", ())) for v in variants[:-1]] == [
+        set(b.options) for b in BUILT_IN
+    ]
+    assert variants[-1] == {"$ref": "#/components/schemas/Any"}
     # The page has the jobs view only when the routes are there.
     assert 'id="jobs"' in html
     assert 'id="jobs"' not in page.render(default_registry("detector"), BUILT_IN)

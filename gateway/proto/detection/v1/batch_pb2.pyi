@@ -32,39 +32,14 @@ class CreateBatchJobRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    class _Task:
-        ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
-
-    class _TaskEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[CreateBatchJobRequest._Task.ValueType], _builtins.type):
-        DESCRIPTOR: _descriptor.EnumDescriptor
-        TASK_UNSPECIFIED: CreateBatchJobRequest._Task.ValueType  # 0
-        """Detection (the default)."""
-        TASK_DETECT: CreateBatchJobRequest._Task.ValueType  # 1
-        """Object detection (detection.v1.DetectionResult per image)."""
-        TASK_CLASSIFY: CreateBatchJobRequest._Task.ValueType  # 2
-        """Image classification (classification.v1.ClassificationResult per image)."""
-
-    class Task(_Task, metaclass=_TaskEnumTypeWrapper):
-        """Task is what runs on every image."""
-
-    TASK_UNSPECIFIED: CreateBatchJobRequest.Task.ValueType  # 0
-    """Detection (the default)."""
-    TASK_DETECT: CreateBatchJobRequest.Task.ValueType  # 1
-    """Object detection (detection.v1.DetectionResult per image)."""
-    TASK_CLASSIFY: CreateBatchJobRequest.Task.ValueType  # 2
-    """Image classification (classification.v1.ClassificationResult per image)."""
-
     INPUT_URI_FIELD_NUMBER: _builtins.int
     UPLOAD_ID_FIELD_NUMBER: _builtins.int
     OUTPUT_URI_FIELD_NUMBER: _builtins.int
-    TASK_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
-    MIN_SCORE_FIELD_NUMBER: _builtins.int
-    MAX_DETECTIONS_FIELD_NUMBER: _builtins.int
-    TOP_K_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
     input_uri: _builtins.str
     """A directory, prefix, glob, JSON Lines manifest or TFRecord file the gateway can read:
     a local path or an fsspec URL (s3://, gs://, ...).
@@ -75,23 +50,28 @@ class CreateBatchJobRequest(_message.Message):
     """Where results go: a prefix within the gateway's allowed output prefixes. Empty: the
     job's own area in the gateway's job store.
     """
-    task: Global___CreateBatchJobRequest.Task.ValueType
-    """Detection or classification."""
-    min_score: _builtins.float
-    """As in DetectRequest / ClassifyRequest: 0 means the model's default."""
-    max_detections: _builtins.int
-    """Detections per image (detection), 0 = the default."""
-    top_k: _builtins.int
-    """Classes per image (classification), 0 = the model's default."""
     shards: _builtins.int
     """Parts the dataset is split into (each with its own progress), 0 = 1."""
     request_id: _builtins.str
     """Makes the call idempotent (AIP-155): the same caller sending the same request_id again
     gets the same operation, never a second job. At most 64 characters (a UUID4 is usual).
     """
+    task: _builtins.str
+    """What runs on every image: a task's verb as in its HTTP route ("detect", "classify",
+    "embed", ...). Empty: the gateway's first task (detection).
+    """
     @_builtins.property
     def model(self) -> _detection_pb2.ModelSpec:
         """The model; unset fields mean the task's default model and its latest version."""
+
+    @_builtins.property
+    def options(self) -> _any_pb2.Any:
+        """The task's options: its request message (e.g. detection.v1.DetectRequest,
+        classification.v1.ClassifyRequest) with only option fields set (never image, model or
+        request_id); unset: the model's defaults. Another task's message is INVALID_ARGUMENT.
+        Over HTTP, a plain JSON object of the task's option fields may be given instead
+        (`"options": {"min_score": 0.4}`); a field the task does not have is refused by name.
+        """
 
     def __init__(
         self,
@@ -99,17 +79,15 @@ class CreateBatchJobRequest(_message.Message):
         input_uri: _builtins.str = ...,
         upload_id: _builtins.str = ...,
         output_uri: _builtins.str = ...,
-        task: Global___CreateBatchJobRequest.Task.ValueType = ...,
         model: _detection_pb2.ModelSpec | None = ...,
-        min_score: _builtins.float = ...,
-        max_detections: _builtins.int = ...,
-        top_k: _builtins.int = ...,
         shards: _builtins.int = ...,
         request_id: _builtins.str = ...,
+        task: _builtins.str = ...,
+        options: _any_pb2.Any | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_uri", b"input_uri", "model", b"model", "upload_id", b"upload_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_uri", b"input_uri", "model", b"model", "options", b"options", "upload_id", b"upload_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_uri", b"input_uri", "max_detections", b"max_detections", "min_score", b"min_score", "model", b"model", "output_uri", b"output_uri", "request_id", b"request_id", "shards", b"shards", "task", b"task", "top_k", b"top_k", "upload_id", b"upload_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_uri", b"input_uri", "model", b"model", "options", b"options", "output_uri", b"output_uri", "request_id", b"request_id", "shards", b"shards", "task", b"task", "upload_id", b"upload_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["input_uri", "upload_id"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
@@ -448,7 +426,9 @@ class BatchResultLine(_message.Message):
 
     @_builtins.property
     def result(self) -> _any_pb2.Any:
-        """The result: a detection.v1.DetectionResult or a classification.v1.ClassificationResult."""
+        """The result: the task's result message (detection.v1.DetectionResult,
+        classification.v1.ClassificationResult, ...).
+        """
 
     @_builtins.property
     def error(self) -> _status_pb2.Status:

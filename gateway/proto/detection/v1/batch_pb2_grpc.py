@@ -27,7 +27,7 @@ if _version_not_supported:
 
 
 class BatchServiceStub:
-    """BatchService runs detection or classification over whole datasets.
+    """BatchService runs a task (detection, classification, ...) over whole datasets.
 
     CreateBatchJob answers at once with a google.longrunning.Operation named
     `operations/<id>`; follow it with the google.longrunning.Operations service the gateway
@@ -64,7 +64,7 @@ class BatchServiceStub:
 
 
 class BatchServiceServicer:
-    """BatchService runs detection or classification over whole datasets.
+    """BatchService runs a task (detection, classification, ...) over whole datasets.
 
     CreateBatchJob answers at once with a google.longrunning.Operation named
     `operations/<id>`; follow it with the google.longrunning.Operations service the gateway
@@ -137,7 +137,7 @@ def add_BatchServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class BatchService:
-    """BatchService runs detection or classification over whole datasets.
+    """BatchService runs a task (detection, classification, ...) over whole datasets.
 
     CreateBatchJob answers at once with a google.longrunning.Operation named
     `operations/<id>`; follow it with the google.longrunning.Operations service the gateway

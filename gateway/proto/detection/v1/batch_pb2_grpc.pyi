@@ -30,7 +30,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class BatchServiceStub:
-    """BatchService runs detection or classification over whole datasets.
+    """BatchService runs a task (detection, classification, ...) over whole datasets.
 
     CreateBatchJob answers at once with a google.longrunning.Operation named
     `operations/<id>`; follow it with the google.longrunning.Operations service the gateway
@@ -71,7 +71,7 @@ class BatchServiceStub:
 
 @_typing.type_check_only
 class BatchServiceAsyncStub(BatchServiceStub):
-    """BatchService runs detection or classification over whole datasets.
+    """BatchService runs a task (detection, classification, ...) over whole datasets.
 
     CreateBatchJob answers at once with a google.longrunning.Operation named
     `operations/<id>`; follow it with the google.longrunning.Operations service the gateway
@@ -108,7 +108,7 @@ class BatchServiceAsyncStub(BatchServiceStub):
     """
 
 class BatchServiceServicer(metaclass=_abc_1.ABCMeta):
-    """BatchService runs detection or classification over whole datasets.
+    """BatchService runs a task (detection, classification, ...) over whole datasets.
 
     CreateBatchJob answers at once with a google.longrunning.Operation named
     `operations/<id>`; follow it with the google.longrunning.Operations service the gateway
