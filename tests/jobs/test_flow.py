@@ -225,7 +225,7 @@ def test_same_request_id_gives_the_same_operation_never_two_jobs(client, dirs) -
             grpc.StatusCode.INVALID_ARGUMENT,
             "options sets request_id",
         ),
-        ({"task": "segment"}, grpc.StatusCode.INVALID_ARGUMENT, "task must be one of detect"),
+        ({"task": "transcribe"}, grpc.StatusCode.INVALID_ARGUMENT, "task must be one of detect"),
         ({"shards": 41}, grpc.StatusCode.INVALID_ARGUMENT, "shards"),
         ({"upload_id": "abc123"}, grpc.StatusCode.NOT_FOUND, "upload abc123"),
     ],
