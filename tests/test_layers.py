@@ -51,6 +51,27 @@ FORBIDDEN = {
         "gateway.jobs",
         "gateway.client",
     ],
+    # The contract: below the doors, batch, jobs, the client and check-models. Of batch and
+    # jobs it takes only the plain types it converts to (PLAIN, below).
+    "gateway.api": [
+        "gateway.frontends",
+        "gateway.client",
+        "gateway.app",
+        "gateway.modelcheck",
+        "gateway.core.pipeline",
+        "gateway.tasks.builtin",
+    ],
+    # Batch reads datasets and runs them through a transport (in process: the pipeline; over
+    # gRPC: a gateway, with the contract's calls); it knows no door, no job service, no client.
+    "gateway.batch": [
+        "gateway.frontends",
+        "gateway.client",
+        "gateway.jobs",
+        "gateway.app",
+        "gateway.modelcheck",
+    ],
+    # The job service runs batch work for the doors; it knows no door and no client.
+    "gateway.jobs": ["gateway.frontends", "gateway.client", "gateway.app", "gateway.modelcheck"],
     "gateway.client": [
         "gateway.core.pipeline",
         "gateway.frontends.grpc",
@@ -113,6 +134,21 @@ def test_data_flows_down(owner: str) -> None:
         if _is(module, owner)
         for banned in FORBIDDEN[owner]
         if _is(name, banned) and not _is(name, owner)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+# What the contract may take from batch and jobs: the plain types its conversions make.
+PLAIN = {"gateway.api": ("gateway.batch.spec", "gateway.jobs.views")}
+
+
+def test_the_contract_takes_only_plain_types_from_batch_and_jobs() -> None:
+    wrong = [
+        f"{module}:{line} imports {name}"
+        for module, name, _, line in IMPORTS
+        if _is(module, "gateway.api")
+        and (_is(name, "gateway.batch") or _is(name, "gateway.jobs"))
+        and not any(_is(name, plain) for plain in PLAIN["gateway.api"])
     ]
     assert not wrong, "\n".join(wrong)
 

@@ -146,3 +146,16 @@ def to_model_ref(spec: pb.ModelSpec) -> ModelRef:
 
 def served_model(outcome: Outcome) -> pb.ServedModel:
     return pb.ServedModel(name=outcome.model_name, version=outcome.model_version)
+
+
+def model_spec(
+    model: str = "", version: int | None = None, label: str | None = None
+) -> pb.ModelSpec:
+    spec = pb.ModelSpec(name=model)
+    if version is not None and label is not None:
+        raise ValueError("give a version or a label, not both")
+    if version is not None:
+        spec.version = version
+    elif label is not None:
+        spec.label = label
+    return spec

@@ -15,14 +15,12 @@ from google.rpc import code_pb2, status_pb2
 
 from gateway import errors
 from gateway.api.bindings import Binding, Bindings, to_model_ref
+from gateway.api.status import CODES
 from gateway.batch.spec import JobSpec
-from gateway.jobs.admission import Request
-from gateway.jobs.views import JobView
+from gateway.jobs.views import JobView, Request
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 
 _STATE = bpb.BatchJobMetadata.State
-# Canonical status names (what errors.Kind.code and result lines hold) -> google.rpc.Code.
-CODES = dict(code_pb2.Code.items())
 
 
 def upload_timeout(limit: float) -> str:

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gateway.api.arguments import add_option_arguments, add_tls_arguments, tls_from_args
 from gateway.api.bindings import Bindings
 from gateway.batch import job, sources, storage
 from gateway.batch.access import Guard
@@ -22,7 +23,6 @@ from gateway.batch.over_grpc import GrpcTransport, Knobs, check_options
 from gateway.batch.shard import RunSettings
 from gateway.batch.spec import FORMATS, JobSpec
 from gateway.batch.transport import Deliver, StopJob
-from gateway.client.cli import add_option_arguments, add_tls_arguments, tls_from_args
 from gateway.errors import GatewayError
 from gateway.modelref import ModelRef
 from gateway.tasks.builtin import BUILT_IN

@@ -14,10 +14,9 @@ import logging
 
 from google.protobuf import json_format
 
-from gateway.api.bindings import Binding
+from gateway.api.bindings import Binding, model_spec
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import Answer, CallTransport, Deliver, Work, failed
-from gateway.client.messages import model_spec
 from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind

@@ -5,11 +5,11 @@ channels; each keeps up to `stream_window` images in flight. Work comes from one
 queue ordered by the image's position in the job, so images sent again after a failure go
 before new ones and the in-order writer is never held up long.
 
-A status ends a stream for all its images; its kind (the gRPC door's status table read
-backwards) decides what happens to them (gateway.batch.transport): RETRY kinds go back to the
-queue, stopping kinds stop the job, and a per-image kind (a gateway that ends the stream at
-the first bad image) is found out by sending the oldest unanswered image alone with the
-unary RPC, whose status is that image's own. Our own watchdog (no answer within `timeout`)
+A status ends a stream for all its images; its kind (the contract's code <-> kind table,
+gateway.api.status) decides what happens to them (gateway.batch.transport): RETRY kinds go
+back to the queue, stopping kinds stop the job, and a per-image kind (a gateway that ends the
+stream at the first bad image) is found out by sending the oldest unanswered image alone
+with the unary RPC, whose status is that image's own. Our own watchdog (no answer within `timeout`)
 counts as DEADLINE_EXCEEDED.
 """
 
@@ -26,31 +26,22 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from gateway.api.bindings import Binding
+from gateway.api import status
+from gateway.api.bindings import Binding, model_spec
+from gateway.api.channel import DEFAULT_MAX_MESSAGE_BYTES, AioTaskStub, open_aio_channel
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import CLOSE, RETRY, Answer, Deliver, Queue, Work, backoff, failed
-from gateway.client.channel import DEFAULT_MAX_MESSAGE_BYTES, open_aio_channel
-from gateway.client.messages import model_spec
-from gateway.client.stubs import AioTaskStub
 from gateway.errors import GatewayError, Kind
-from gateway.frontends.grpc.status import STATUS
 from gateway.tls import TLS
 
 Code = grpc.StatusCode
-# The kind of each status code: the gRPC door's table read backwards, plus the codes the
-# door never sends but a proxy or another server may (the call is refused: stop).
-KINDS: dict[grpc.StatusCode, Kind] = {
-    Code.UNIMPLEMENTED: Kind.PERMISSION_DENIED,
-    Code.UNAUTHENTICATED: Kind.PERMISSION_DENIED,
-    Code.UNKNOWN: Kind.INTERNAL,
-}
-for _kind, _code in STATUS.items():
-    KINDS.setdefault(_code, _kind)
 _NUMBERS = {c.value[0]: c for c in Code}
 
 
 def kind_of(code: grpc.StatusCode) -> Kind:
-    return KINDS.get(code, Kind.INTERNAL)
+    """The kind of a status a gateway (or a proxy before it) answered with: the contract's
+    table (gateway.api.status)."""
+    return status.kind_of(code.value[0])
 
 
 # How gRPC reports a connection the server closed as it opened: what a TLS mismatch looks

@@ -14,20 +14,26 @@ Any task: `TaskClient(target, binding)` with a binding of gateway.api.bindings; 
 `AioTaskStub(open_aio_channel(target), binding)`.
 """
 
-from gateway.client.channel import DEFAULT_MAX_MESSAGE_BYTES, open_aio_channel, open_channel
-from gateway.client.cli import add_tls_arguments, main, tls_from_args
+from gateway.api.arguments import add_tls_arguments, tls_from_args
+from gateway.api.bindings import model_spec
+from gateway.api.channel import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    AioTaskStub,
+    open_aio_channel,
+    open_channel,
+)
+from gateway.client.cli import main
 from gateway.client.drawing import DRAW_COLOUR, draw, draw_path
 from gateway.client.http import HttpCallError, HttpClient
 from gateway.client.messages import (
     classification_to_dict,
     make_classify_request,
     make_request,
-    model_spec,
     result_dict,
     result_to_dict,
     task_request,
 )
-from gateway.client.stubs import AioTaskStub, ClassificationClient, DetectionClient, TaskClient
+from gateway.client.stubs import ClassificationClient, DetectionClient, TaskClient
 from gateway.tls import TLS
 
 __all__ = [

@@ -9,7 +9,7 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from gateway.api.bindings import Binding
+from gateway.api.bindings import Binding, model_spec
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.builtin import BUILT_IN
@@ -17,19 +17,6 @@ from gateway.tasks.builtin import BUILT_IN
 # Fields a result's dict starts with, in this order; the task's own fields follow.
 _LEADING = ("request_id", "model", "image_width", "image_height")
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-
-
-def model_spec(
-    model: str = "", version: int | None = None, label: str | None = None
-) -> pb.ModelSpec:
-    spec = pb.ModelSpec(name=model)
-    if version is not None and label is not None:
-        raise ValueError("give a version or a label, not both")
-    if version is not None:
-        spec.version = version
-    elif label is not None:
-        spec.label = label
-    return spec
 
 
 def task_request(

@@ -7,44 +7,13 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-import grpc
-
 from gateway.api.bindings import Binding
-from gateway.client.channel import DEFAULT_MAX_MESSAGE_BYTES, open_channel
+from gateway.api.channel import DEFAULT_MAX_MESSAGE_BYTES, open_channel, task_methods
 from gateway.client.messages import task_request
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.builtin import BUILT_IN
 from gateway.tls import TLS
-
-
-def _methods(channel: Any, binding: Binding) -> tuple[Any, Any]:
-    """The binding's unary and streaming multi-callables on `channel` (blocking or aio)."""
-    service = binding.service_name
-    serialize = binding.request_type.SerializeToString
-    parse = binding.result_type.FromString
-    unary = channel.unary_unary(
-        f"/{service}/{binding.unary}",
-        request_serializer=serialize,
-        response_deserializer=parse,
-        _registered_method=True,
-    )
-    stream = channel.stream_stream(
-        f"/{service}/{binding.stream}",
-        request_serializer=serialize,
-        response_deserializer=parse,
-        _registered_method=True,
-    )
-    return unary, stream
-
-
-class AioTaskStub:
-    """A task's RPCs on an asyncio channel: `unary(request, timeout=...)` and `stream()`
-    (a stream-stream call to write requests to and read results from)."""
-
-    def __init__(self, channel: grpc.aio.Channel, binding: Binding) -> None:
-        self.binding = binding
-        self.unary, self.stream = _methods(channel, binding)
 
 
 class TaskClient:
@@ -62,7 +31,7 @@ class TaskClient:
         self.binding = binding
         self.timeout = timeout
         self._channel = open_channel(target, tls, max_message_bytes)
-        self._unary, self._stream = _methods(self._channel, binding)
+        self._unary, self._stream = task_methods(self._channel, binding)
 
     def call(self, image: bytes, **fields: Any) -> Any:
         """One encoded image (fields: model, version, label, request_id and the task's

@@ -5,16 +5,14 @@ input itself (listed, and OUTPUT's job.json written)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from gateway import errors
-from gateway.api.bindings import Binding, Bindings
+from gateway.api.bindings import Binding, Bindings, model_spec
 from gateway.batch import job as batch_job
 from gateway.batch import sources, storage
 from gateway.batch.access import Guard, check_prefixes, place
 from gateway.batch.limits import LimitExceeded, Limits
 from gateway.batch.spec import JobSpec
-from gateway.client.messages import model_spec
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline, plan
 from gateway.errors import GatewayError, Kind
@@ -22,6 +20,7 @@ from gateway.jobs import owners
 from gateway.jobs.records import Job
 from gateway.jobs.store import JobStore
 from gateway.jobs.tally import jobs_full, store_full
+from gateway.jobs.views import Request
 from gateway.upstream.client import TFServingClient
 
 MAX_REQUEST_ID = 64
@@ -65,16 +64,6 @@ def output_refusal(url: str, guard: Guard) -> GatewayError:
         "another caller's output; leave output_uri empty to use the job store, or ask for "
         "the prefix to be added to GATEWAY_BATCH_ALLOWED_URIS",
     )
-
-
-@dataclass(frozen=True)
-class Request:
-    """CreateBatchJob as the service takes it: the spec (input empty for an upload, output
-    empty for the job's own area), and the request's own fields."""
-
-    spec: JobSpec
-    upload_id: str = ""
-    request_id: str = ""
 
 
 class Admission:

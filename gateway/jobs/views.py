@@ -1,11 +1,13 @@
 """A job as a caller sees it (its counts, per shard), and the record's last change when it
-ends: counts frozen, state, error or result."""
+ends: counts frozen, state, error or result; and CreateBatchJob as the service takes it
+(Request). Plain types: the contract (gateway.api.jobs) converts to and from them."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
+from gateway.batch.spec import JobSpec
 from gateway.batch.status import OutputStatus
 from gateway.errors import GatewayError
 from gateway.jobs.records import SUCCEEDED, Job
@@ -73,3 +75,13 @@ def end(job: Job, state: str, error: GatewayError | None, found: OutputStatus) -
             "codes": job.final["codes"] if job.final else {},
             "total": found.processed,
         }
+
+
+@dataclass(frozen=True)
+class Request:
+    """CreateBatchJob as the service takes it: the spec (input empty for an upload, output
+    empty for the job's own area), and the request's own fields."""
+
+    spec: JobSpec
+    upload_id: str = ""
+    request_id: str = ""

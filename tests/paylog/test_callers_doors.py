@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pytest
 
-from gateway.client.channel import open_channel
+from gateway.api.channel import open_channel
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.tls import TLS

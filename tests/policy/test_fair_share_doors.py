@@ -28,7 +28,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from PIL import Image
 
-from gateway.client.channel import open_channel
+from gateway.api.channel import open_channel
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.tls import TLS

@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
-from gateway.client.channel import open_channel
+from gateway.api.channel import open_channel
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
 from gateway.tls import TLS

@@ -1,4 +1,5 @@
-"""Channels to the gateway: message limits for large images, TLS when given."""
+"""Calling a gateway over gRPC: channels (message limits for large images, TLS when given) and
+a task's RPCs made from its binding, for the client and the batch runner."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 import grpc
 
+from gateway.api.bindings import Binding
 from gateway.tls import TLS
 
 # Room for the gateway's default 32 MiB image limit plus the rest of the message.
@@ -53,3 +55,32 @@ def open_aio_channel(
     if tls is None:
         return grpc.aio.insecure_channel(target, options=options)
     return grpc.aio.secure_channel(target, tls.credentials(), options=options)
+
+
+def task_methods(channel: Any, binding: Binding) -> tuple[Any, Any]:
+    """The binding's unary and streaming multi-callables on `channel` (blocking or aio)."""
+    service = binding.service_name
+    serialize = binding.request_type.SerializeToString
+    parse = binding.result_type.FromString
+    unary = channel.unary_unary(
+        f"/{service}/{binding.unary}",
+        request_serializer=serialize,
+        response_deserializer=parse,
+        _registered_method=True,
+    )
+    stream = channel.stream_stream(
+        f"/{service}/{binding.stream}",
+        request_serializer=serialize,
+        response_deserializer=parse,
+        _registered_method=True,
+    )
+    return unary, stream
+
+
+class AioTaskStub:
+    """A task's RPCs on an asyncio channel: `unary(request, timeout=...)` and `stream()`
+    (a stream-stream call to write requests to and read results from)."""
+
+    def __init__(self, channel: grpc.aio.Channel, binding: Binding) -> None:
+        self.binding = binding
+        self.unary, self.stream = task_methods(channel, binding)
