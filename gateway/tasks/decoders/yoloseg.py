@@ -3,11 +3,12 @@ prototypes, M maps over the image the model received at a fraction of its size (
 Ultralytics' Proto module upsamples the stride-8 features once).
 
 After the box (cx, cy, w, h) and the class scores, each candidate has M mask coefficients;
-its mask is sigmoid(coefficients . prototypes) upsampled to the image, kept inside its box
-(ultralytics/utils/ops.py, process_mask / process_mask_upsample: `(masks_in @
-protos.view(c, -1)).sigmoid()`, bilinear `F.interpolate(..., align_corners=False)`,
-`crop_mask`). The box and class rows decode as detection's YOLO head
-(gateway.tasks.decoders.yolo); the candidates kept there pick their coefficients here.
+its mask is coefficients . prototypes (logits) upsampled bilinearly to the image, kept inside
+its box, where sigmoid(logit) > the threshold (ultralytics/utils/ops.py, process_mask_native:
+`masks_in @ protos.view(c, -1)`, `scale_masks` (bilinear `F.interpolate(...,
+align_corners=False)`), `crop_mask` keeping pixel indices x1 <= r < x2, `gt_(0.0)`). The
+box and class rows decode as detection's YOLO head (gateway.tasks.decoders.yolo); the
+candidates kept there pick their coefficients here.
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ def split_head(head: np.ndarray, masks: int) -> tuple[np.ndarray, np.ndarray]:
     return head[:split], head[split:]
 
 
-def mask_grids(coefficients: np.ndarray, prototypes: np.ndarray) -> np.ndarray:
-    """[n, h, w] mask probabilities from [M, n] coefficients and [M, h, w] prototypes."""
+def mask_logits(coefficients: np.ndarray, prototypes: np.ndarray) -> np.ndarray:
+    """[n, h, w] mask logits from [M, n] coefficients and [M, h, w] prototypes (a pixel is
+    in the mask where sigmoid(logit) > threshold; Ultralytics upsamples the logits and keeps
+    those > 0: process_mask_native)."""
     m, h, w = prototypes.shape
     logits = coefficients.T.astype(np.float32) @ prototypes.reshape(m, h * w).astype(np.float32)
-    with np.errstate(over="ignore"):
-        grids = 1.0 / (1.0 + np.exp(-logits))
-    return grids.reshape(-1, h, w)
+    return logits.reshape(-1, h, w)

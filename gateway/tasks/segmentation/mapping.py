@@ -103,10 +103,10 @@ def _yolo_seg(
         {head_key: boxes_part[None]}, plan.detection, frame, labels, options.min_score,
         options.max_detections,
     )  # fmt: skip
-    grids = yoloseg.mask_grids(coefficients[:, rows], maps)
+    grids = yoloseg.mask_logits(coefficients[:, rows], maps)
     whole = (0.0, 0.0, 1.0, 1.0)
     shapes = [
-        raster.Shape(grid, whole, (box[0], box[1], box[2], box[3]), True)
+        raster.Shape(grid, whole, (box[0], box[1], box[2], box[3]), True, logits=True)
         for grid, box in zip(grids, boxes.tolist(), strict=True)
     ]
     return written(found, shapes, axes, frame, options)

@@ -43,7 +43,7 @@ class SegmentationPlan(OutputPlan):
                 "prototypes": self.prototypes,
                 "nms": f"class-wise, IoU {self.detection.nms_iou}, at most "
                 f"{self.detection.max_candidates} candidates after min_score",
-                "masks": "sigmoid(coefficients x prototypes), cropped to the box",
+                "masks": "coefficients x prototypes (logits), upsampled, cropped to the box",
             }
         return {
             **self.detection.describe(),

@@ -14,9 +14,9 @@ coordinates, where the grid is sampled bilinearly with half-pixel centres:
   it bilinearly onto the box grown by (m + 2) / m; the OD API's
   utils/ops.py reframe_box_masks_to_image_masks samples with crop_and_resize and extrapolates
   zeros);
-- YOLO prototypes: the grid covers the image sent, edges repeated, the mask kept inside the
-  box only (ultralytics/utils/ops.py process_mask: crop_mask, bilinear upsampling with
-  align_corners=False).
+- YOLO prototypes: logits over the image sent, edges repeated, the mask kept inside the box
+  only (ultralytics/utils/ops.py process_mask_native: scale_masks' bilinear upsampling with
+  align_corners=False, crop_mask's x1 <= r < x2 on pixel indices, logits > 0 for 0.5).
 
 Memory: one instance at a time, only the rows and columns its box covers; the float samples
 go in strips of at most _STRIP values; what stays is a bool per pixel of the box.
@@ -56,6 +56,7 @@ class Shape(NamedTuple):
     spans: Region
     keep: Region
     edge: bool
+    logits: bool = False  # the grid holds logits: compared with the threshold's logit
 
 
 class Placed(NamedTuple):
@@ -138,13 +139,16 @@ def _taps(
     # weight 0 on the last cell).
     low_weight[(low_index < 0) | (low_index >= n)] = 0.0
     high_weight[(high_index < 0) | (high_index >= n)] = 0.0
+    # Kept: the pixels whose index lies in the kept interval in displayed pixels, as
+    # Ultralytics' crop_mask keeps x1 <= r < x2.
+    index = np.arange(first, last, dtype=np.float64)
     return _Taps(
         first,
         np.clip(low_index, 0, n - 1),
         np.clip(high_index, 0, n - 1),
         low_weight.astype(np.float32),
         high_weight.astype(np.float32),
-        (sent >= keep_lo) & (sent <= keep_hi),
+        (index >= ends[0] * length) & (index < ends[1] * length),
     )
 
 
@@ -154,7 +158,9 @@ def paste(
     """The pixels of a width x height displayed image where the shape's grid (sampled as the
     module says) is above `threshold`. Separable: the grid's rows are interpolated to the
     displayed rows, then its columns to the displayed columns (elementwise, two taps each)."""
-    grid, spans, keep, edge = shape
+    grid, spans, keep, edge, logits = shape
+    if logits:
+        threshold = math.log(threshold / (1.0 - threshold))
     rows_axis, cols_axis = axes
     taps: list[_Taps] = []
     for axis, length in ((rows_axis, height), (cols_axis, width)):

@@ -1,0 +1,177 @@
+"""The zoo's instance segmentation model (run in `.venv-zoo` by tests/zoo/test_segmentation_zoo.py,
+which caches what it writes): a Keras model with YOLOv8-seg's head and export layout, and its
+masks as Ultralytics' own post-processing gives them, in pixels of the image as a viewer
+shows it, as COCO RLE written by pycocotools.
+
+Ultralytics (and so torch) cannot be installed here, so the model is built in Keras with the
+exact head, as keypointers.py builds the pose head: keypointers.yolo_pose_model's backbone and
+DFL box and class branches, plus the Segment head's parts (ultralytics/nn/modules/head.py,
+`Segment`: a mask-coefficient conv per level giving M = 32 channels, and `Proto` on the
+stride-8 features: conv, 2x upsampling (a transposed conv), conv, conv to M maps at a quarter
+of the input), exported as Ultralytics' TensorFlow exports give it: the head `[batch, 4 + 1 +
+32, candidates]` and the prototypes channels-last `[batch, 80, 80, 32]` (the gateway reads
+the layout from the shape). The reference is Ultralytics' post-processing in numpy and
+TensorFlow: keypointers.yolo_pose_reference's NMS (best class over the score threshold, the
+best `max_nms`, class-wise NMS, `max_det`), then ultralytics/utils/ops.py
+`process_mask_native`: `masks_in @ protos` (logits), `scale_masks` to the photo (bilinear,
+align_corners=False: tf.image.resize's bilinear), `crop_mask` with the box scaled to the
+photo (pixel indices r with x1 <= r < x2), `gt_(0.0)`. The model takes 320x320 stretched
+with tf.image.resize (bilinear), as detectors.yolo does.
+
+    .venv-zoo/bin/python tests/zoo/segmenters.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MASKS = 32
+
+
+def yolo_seg_model(size: int) -> Any:
+    """keypointers.yolo_pose_model's network with the Segment head's coefficient branch and
+    Proto module: outputs the head [batch, 4 + 1 + 32, candidates] and the prototypes
+    [batch, size / 4, size / 4, 32]."""
+    import keras
+    from keras import layers, ops
+
+    reg_max = 16
+    inputs = keras.Input((size, size, 3))
+    x = inputs
+    features = []
+    for i, filters in enumerate([16, 32, 64, 96, 128]):
+        x = layers.Conv2D(filters, 3, strides=2, padding="same", use_bias=False)(x)
+        x = layers.BatchNormalization()(x)
+        x = layers.Activation("silu")(x)
+        if i >= 2:
+            features.append(x)
+    boxes, found, coefficients = [], [], []
+    for feature, stride in zip(features, (8, 16, 32), strict=True):
+        cells = size // stride
+        spread = keras.initializers.RandomNormal(stddev=12.0, seed=stride)
+        b = layers.Conv2D(64, 3, padding="same", activation="silu")(feature)
+        b = layers.Conv2D(4 * reg_max, 1, kernel_initializer=spread)(b)
+        c = layers.Conv2D(64, 3, padding="same", activation="silu")(feature)
+        c = layers.Conv2D(1, 1, name=f"classes_{stride}")(c)
+        m = layers.Conv2D(64, 3, padding="same", activation="silu")(feature)
+        m = layers.Conv2D(MASKS, 1, name=f"coefficients_{stride}")(m)
+        b = ops.reshape(b, (-1, cells * cells, 4, reg_max))
+        distance = ops.sum(ops.softmax(b, axis=-1) * ops.arange(reg_max, dtype="float32"), -1)
+        grid_y, grid_x = np.meshgrid(np.arange(cells), np.arange(cells), indexing="ij")
+        grid = np.stack([grid_x, grid_y], -1).reshape(1, -1, 2).astype(np.float32)
+        anchors = ops.convert_to_tensor(grid + 0.5)
+        top_left = ops.subtract(anchors, distance[..., :2])
+        bottom_right = ops.add(anchors, distance[..., 2:])
+        centre = (top_left + bottom_right) / 2 * stride
+        extent = (bottom_right - top_left) * stride
+        boxes.append(ops.concatenate([centre, extent], axis=-1))
+        found.append(ops.sigmoid(ops.reshape(c, (-1, cells * cells, 1))))
+        coefficients.append(ops.reshape(m, (-1, cells * cells, MASKS)))
+    head = ops.concatenate(
+        [ops.concatenate(boxes, 1), ops.concatenate(found, 1), ops.concatenate(coefficients, 1)],
+        axis=-1,
+    )
+    # Proto(c1, c_=64, c2=32): cv1 3x3, ConvTranspose2d(2, 2), cv2 3x3, cv3 1x1.
+    p = layers.Conv2D(64, 3, padding="same", activation="silu")(features[0])
+    p = layers.Conv2DTranspose(64, 2, strides=2)(p)
+    p = layers.Conv2D(64, 3, padding="same", activation="silu")(p)
+    protos = layers.Conv2D(MASKS, 1, activation="silu", name="prototypes")(p)
+    return keras.Model(inputs, [ops.transpose(head, (0, 2, 1)), protos], name="yolo_seg")
+
+
+def _spread(model: Any, inputs: Any) -> None:
+    """Rescales the final class and coefficient convs so that on `inputs` the class logits
+    sit near -2 (a fifth or so of the candidates pass MIN_SCORE) and the mask logits
+    (coefficients . prototypes) spread by about 4: masks with areas in and out, as a trained
+    model's, not all pixels near probability 0.5."""
+    import keras
+
+    for layer in model.layers:
+        if layer.name.startswith("classes_"):
+            mean, wanted = -2.0, 1.5
+        elif layer.name.startswith("coefficients_"):
+            mean, wanted = 0.0, 4.0 / 20.0
+        else:
+            continue
+        probe = keras.Model(model.input, layer.output)
+        values = np.asarray(probe(inputs)).reshape(-1, layer.filters)
+        means, spread = values.mean(axis=0), float(values.std())
+        kernel, bias = layer.get_weights()
+        factor = wanted / spread
+        layer.set_weights([(kernel * factor).astype(np.float32),
+                           ((bias - means) * factor + mean).astype(np.float32)])  # fmt: skip
+
+
+def reference(head: np.ndarray, protos: np.ndarray, photo: Any) -> dict[str, Any]:
+    """Ultralytics' post-processing of one image (see the module's docstring): the kept
+    instances with their masks as COCO RLE of the photo as shown."""
+    import tensorflow as tf
+    from build import MAX_CANDIDATES, MAX_DETECTIONS, MIN_SCORE, NMS_IOU, YOLO_SIZE, scores
+    from pycocotools import mask as coco
+
+    # non_max_suppression, as keypointers.yolo_pose_reference (one class).
+    score = head[4].astype(np.float64)
+    passing = np.flatnonzero(score >= MIN_SCORE)
+    passing = passing[np.argsort(-score[passing], kind="stable")[:MAX_CANDIDATES]]
+    cx, cy, w, h = (head[i, passing].astype(np.float64) for i in range(4))
+    yxyx = np.stack([cy - h / 2, cx - w / 2, cy + h / 2, cx + w / 2], axis=1)
+    chosen = tf.image.non_max_suppression(
+        yxyx.astype(np.float32), score[passing].astype(np.float32), MAX_DETECTIONS,
+        iou_threshold=NMS_IOU,
+    ).numpy()  # fmt: skip
+    columns = passing[chosen]
+    x_scale, y_scale = photo.width / YOLO_SIZE, photo.height / YOLO_SIZE
+    boxes = yxyx[chosen][:, [1, 0, 3, 2]] * np.array([x_scale, y_scale, x_scale, y_scale])
+    kept = {"boxes": boxes.tolist(), "scores": scores(score[columns]),
+            "classes": [0] * len(columns)}  # fmt: skip
+    logits = head[5:, columns].T.astype(np.float32) @ protos.reshape(-1, MASKS).T  # [n, hw]
+    side = protos.shape[0]
+    maps = tf.image.resize(
+        logits.reshape(-1, side, side)[..., None], (photo.height, photo.width), method="bilinear"
+    ).numpy()[..., 0]
+    rows = np.arange(photo.height)[None, :, None]
+    cols = np.arange(photo.width)[None, None, :]
+    x1, y1, x2, y2 = (boxes[:, i, None, None] for i in range(4))
+    inside = (cols >= x1) & (cols < x2) & (rows >= y1) & (rows < y2)
+    masks = (maps * inside) > 0.0
+    rles = [coco.encode(np.asfortranarray(m.astype(np.uint8)))["counts"].decode() for m in masks]
+    return {**kept, "masks": rles, "areas": [int(m.sum()) for m in masks]}
+
+
+def build(out: Path) -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+    from build import SEED, YOLO_SIZE, images
+    from keypointers import KEYPOINTER_PHOTOS
+
+    def prepared(photo: Any) -> np.ndarray:
+        pixels = tf.image.resize(photo.shown(), (YOLO_SIZE, YOLO_SIZE), method="bilinear")
+        return pixels.numpy()[None] / 255.0
+
+    photos = images(out)
+    keras.utils.set_random_seed(SEED)
+    model = yolo_seg_model(YOLO_SIZE)
+    _spread(model, prepared(photos[KEYPOINTER_PHOTOS[0]]))
+    model.export(str(out / "models" / "yolo_v8_seg_layout" / "1"))
+    results = {}
+    for name in KEYPOINTER_PHOTOS:
+        photo = photos[name]
+        head, protos = (np.asarray(t)[0] for t in model(prepared(photo)))
+        results[name] = reference(head, protos, photo)
+    document = {
+        "images": {p.name: {"file": p.path.name, "width": p.width, "height": p.height}
+                   for p in photos.values()},
+        "expected": {"yolo_v8_seg_layout": results},
+    }  # fmt: skip
+    (out / "expected.json").write_text(json.dumps(document))
+    return document
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    build(Path(sys.argv[1]))
