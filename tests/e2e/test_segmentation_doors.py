@@ -1,6 +1,8 @@
 """Instance segmentation through the rest of the doors (tests/e2e/test_segmentation.py's
 models and pictures): gRPC health, a model of another task refused naming it, the client's
-command over HTTP with a string option (--mask-format)."""
+command over HTTP with a string option (--mask-format), and detection-batch writing JSON Lines
+with the HTTP door's fields in input order (masks in the caller's pixels, --mask-format
+passed through)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tests.e2e.test_segmentation import (
     assert_instance,
     export_model,
     picture,
+    shape,
 )
 from tests.support.gatewayproc import CHANNEL_OPTIONS, SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import run_local_server
@@ -79,3 +82,34 @@ def test_the_client_command_over_http(gateway: GatewayProcess, tmp_path: Path) -
     instance = json.loads(line)["instances"][0]
     assert instance["mask"]["png"]
     assert_instance(instance, TRUTH, BOX, 0.97)
+
+
+def test_detection_batch_writes_the_http_doors_fields(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    images = tmp_path / "dataset"
+    images.mkdir()
+    rotated_box, other = (40, 200, 160, 330), (10, 20, 90, 130)
+    rotated, small = shape(300, 400, rotated_box), shape(320, 240, other)
+    (images / "a.png").write_bytes(picture(TRUTH))
+    (images / "b.png").write_bytes(b"not an image")
+    (images / "c.jpg").write_bytes(picture(rotated, "JPEG", 6))
+    (images / "d.png").write_bytes(picture(small))
+    out = tmp_path / "batch-out"
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.batch", str(images), str(out),
+         f"--target={gateway.target}", "--task=segment", "--model=masks",
+         "--mask-format=polygon"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (results,) = out.glob("results-*.jsonl")
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["a.png", "b.png", "c.jpg", "d.png"]
+    assert lines[1]["error"]["code"] == "INVALID_ARGUMENT"
+    first = lines[0]["result"]
+    assert set(first) == {"instances", "image_width", "image_height", "model", "request_id"}
+    assert set(first["instances"][0]["mask"]) == {"size", "polygons"}
+    assert_instance(first["instances"][0], TRUTH, BOX, 0.97)
+    assert_instance(lines[2]["result"]["instances"][0], rotated, rotated_box, 0.95)
+    assert_instance(lines[3]["result"]["instances"][0], small, other, 0.95)
