@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from google.protobuf import json_format
-
 from gateway.api.bindings import Binding, model_spec
+from gateway.api.protojson import to_dict
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import Answer, CallTransport, Deliver, Work, failed
 from gateway.core.domain import Outcome, Request
@@ -63,9 +62,7 @@ def answer(binding: Binding, outcome: Outcome) -> Answer:
         )
         error = f"internal error in the gateway; quote request id {outcome.request_id}"
         return failed(GatewayError(Kind.INTERNAL, error))
-    result = json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    result = to_dict(message)
     return Answer(result, f"{outcome.model_name}@{outcome.model_version}", None)
 
 

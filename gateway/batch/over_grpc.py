@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from gateway.api import status
 from gateway.api.bindings import Binding, model_spec
 from gateway.api.channel import DEFAULT_MAX_MESSAGE_BYTES, AioTaskStub, open_aio_channel
+from gateway.api.protojson import to_dict
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import CLOSE, RETRY, Answer, Deliver, Queue, Work, backoff, failed
 from gateway.errors import GatewayError, Kind
@@ -142,9 +142,7 @@ def answer(response: Any) -> Answer:
     if response.HasField("error") and response.error.code != 0:
         code = _NUMBERS.get(response.error.code, Code.UNKNOWN)
         return failed(GatewayError(kind_of(code), response.error.message))
-    result = json_format.MessageToDict(
-        response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    result = to_dict(response)
     return Answer(result, f"{response.model.name}@{response.model.version}", None)
 
 

@@ -36,9 +36,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from google.protobuf import json_format
-
 from gateway.api.bindings import Bindings
+from gateway.api.protojson import to_dict
 from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import trace_id_of
 from gateway.modelref import ModelRef
@@ -95,11 +94,7 @@ def event(record: Record, bindings: Bindings) -> dict[str, Any]:
     }
     response: dict[str, Any] = {"code": record.code}
     if outcome is not None:
-        response["result"] = json_format.MessageToDict(
-            binding.to_result(outcome),
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-        )
+        response["result"] = to_dict(binding.to_result(outcome))
         response["model"] = {"name": outcome.model_name, "version": outcome.model_version}
     else:
         response["error"] = {"code": record.code, "message": record.message}

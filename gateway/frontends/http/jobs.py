@@ -30,11 +30,12 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 from google.longrunning import operations_pb2 as lro
-from google.protobuf import duration_pb2, json_format
+from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
 from gateway import errors, identity
 from gateway.api.jobs import from_json, to_line, to_operation, to_request, upload_timeout
+from gateway.api.protojson import to_dict
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.http import bodies
@@ -60,9 +61,7 @@ Method = Callable[[Any, web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(message: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    return to_dict(message)
 
 
 def _answer(message: Message) -> web.Response:

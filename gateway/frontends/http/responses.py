@@ -14,10 +14,10 @@ from typing import Any
 
 import msgpack
 from aiohttp import web
-from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from gateway.api.protojson import to_dict
 from gateway.frontends.http.bodies import JSON, MSGPACK, MSGPACK_TYPES, RawMetadata
 from gateway.frontends.http.msgpack_body import unpack_small
 
@@ -72,9 +72,7 @@ def error_response(
 
 def to_json(result: Message, metadata: RawMetadata | None = None) -> bytes:
     """The proto3 JSON of a result with every field present (proto field names)."""
-    data = json_format.MessageToDict(
-        result, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    data = to_dict(result)
     if metadata is not None:
         data["metadata"] = {
             _json_key(unpack_small(key)): _jsonable(unpack_small(value)) for key, value in metadata
