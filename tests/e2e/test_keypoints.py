@@ -14,7 +14,6 @@ detection_keypoints (normalized y, x) with its boxes.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import subprocess
 import sys
@@ -24,9 +23,7 @@ from typing import Any
 
 import grpc
 import msgpack
-import numpy as np
 import pytest
-from PIL import Image
 
 from gateway.proto.detection.v1 import detection_pb2 as dpb
 from gateway.proto.detection.v1 import detection_pb2_grpc as dpb_grpc
@@ -35,96 +32,12 @@ from gateway.proto.keypoints.v1 import keypoints_pb2_grpc as pb_grpc
 from gateway.tasks.keypoints.names import COCO17_NAMES, COCO17_SKELETON
 from tests.support.gatewayproc import CHANNEL_OPTIONS, SERVING, GatewayProcess, run_gateway
 from tests.support.httpcalls import call, multipart, ok_status
+from tests.support.keypointmodels import MODEL_CONFIG, expected, export_models, picture
 from tests.support.localserver import LocalServer, run_local_server
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-RED = (220, 20, 30)
-MODEL_CONFIG = """\
-[models.pose_yolo]
-task = "keypoints"
-[models.pose_yolo.outputs]
-decoder = "yolo-pose"
-
-[models.pose_letterboxed]
-task = "keypoints"
-[models.pose_letterboxed.input]
-pad_to = [128, 128]
-[models.pose_letterboxed.outputs]
-decoder = "yolo-pose"
-
-[models.pose_od]
-task = "keypoints"
-"""
-
-
-def _red_rectangle(images: Any) -> tuple[Any, ...]:
-    """Edges (x_min, y_min, x_max, y_max; max exclusive) of the red pixels, and whether any."""
-    import tensorflow as tf
-
-    x = tf.cast(images, tf.float32)
-    red = (x[..., 0] > 150) & (x[..., 1] < 100) & (x[..., 2] < 100)
-    height, width = tf.shape(x)[1], tf.shape(x)[2]
-    ys = tf.cast(tf.range(height), tf.float32)[None, :, None] + tf.zeros_like(x[..., 0])
-    xs = tf.cast(tf.range(width), tf.float32)[None, None, :] + tf.zeros_like(x[..., 0])
-    big = 1e9
-    x_min = tf.reduce_min(tf.where(red, xs, big), axis=[1, 2])
-    x_max = tf.reduce_max(tf.where(red, xs, -big), axis=[1, 2]) + 1
-    y_min = tf.reduce_min(tf.where(red, ys, big), axis=[1, 2])
-    y_max = tf.reduce_max(tf.where(red, ys, -big), axis=[1, 2]) + 1
-    return x_min, y_min, x_max, y_max, tf.reduce_any(red, axis=[1, 2])
-
-
-def export_models(root: Path) -> None:
-    import tensorflow as tf
-
-    steps = tf.range(17, dtype=tf.float32) / 16
-    point_scores = 0.5 + tf.range(17, dtype=tf.float32) / 40
-
-    def diagonal(x_min: Any, y_min: Any, x_max: Any, y_max: Any) -> tuple[Any, Any]:
-        kx = x_min[:, None] + (x_max - x_min)[:, None] * steps
-        ky = y_min[:, None] + (y_max - y_min)[:, None] * steps
-        return kx, ky
-
-    class Yolo(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8)])
-        def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
-            x_min, y_min, x_max, y_max, found = _red_rectangle(images)
-            kx, ky = diagonal(x_min, y_min, x_max, y_max)
-            visibility = tf.zeros_like(kx) + point_scores
-            points = tf.reshape(tf.stack([kx, ky, visibility], axis=-1), (-1, 51))
-            score = tf.where(found, 0.9, 0.0)[:, None]
-            box = tf.stack([(x_min + x_max) / 2, (y_min + y_max) / 2, x_max - x_min,
-                            y_max - y_min], axis=1)  # fmt: skip
-            first = tf.concat([box, score, points], axis=1)
-            aside = tf.concat([box + tf.constant([1.0, 0.0, 0.0, 0.0]), score - 0.1, points], 1)
-            return {"output0": tf.stack([first, aside], axis=2)}
-
-    class OdApi(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([1, None, None, 3], tf.uint8)])
-        def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
-            x_min, y_min, x_max, y_max, found = _red_rectangle(images)
-            height = tf.cast(tf.shape(images)[1], tf.float32)
-            width = tf.cast(tf.shape(images)[2], tf.float32)
-            kx, ky = diagonal(x_min, y_min, x_max, y_max)
-            box = tf.stack([y_min / height, x_min / width, y_max / height, x_max / width], 1)
-            points = tf.stack([ky / height, kx / width], axis=-1)  # [1, 17, 2]
-            return {
-                "detection_boxes": tf.stack([box, tf.zeros_like(box)], axis=1),
-                "detection_scores": tf.stack([tf.where(found, 0.9, 0.0), [0.0]], axis=1),
-                "detection_classes": tf.constant([[1.0, 0.0]]),
-                "num_detections": tf.constant([1.0]),
-                "detection_keypoints": tf.stack([points, tf.zeros_like(points)], axis=1),
-                "detection_keypoint_scores": tf.stack(
-                    [tf.zeros_like(kx) + point_scores, tf.zeros_like(kx)], axis=1
-                ),
-            }
-
-    for name, module in (("pose_yolo", Yolo()), ("pose_od", OdApi())):
-        tf.saved_model.save(
-            module, str(root / name / "1"), signatures={"serving_default": module.serve}
-        )
 
 
 @pytest.fixture(scope="module")
@@ -164,36 +77,6 @@ def gateway(
 def stub(gateway: GatewayProcess) -> Iterator[pb_grpc.KeypointServiceStub]:
     with grpc.insecure_channel(gateway.target, options=CHANNEL_OPTIONS) as channel:
         yield pb_grpc.KeypointServiceStub(channel)
-
-
-def picture(width: int, height: int, box: tuple[int, int, int, int], fmt: str = "PNG",
-            orientation: int = 1) -> bytes:  # fmt: skip
-    """A grey-green picture with a red rectangle at `box` (x_min, y_min, x_max, y_max) as a
-    viewer shows it; an EXIF orientation stores the pixels turned so a viewer shows that."""
-    pixels = np.zeros((height, width, 3), np.uint8)
-    pixels[...] = (90, 140, 100)
-    x0, y0, x1, y1 = box
-    pixels[y0:y1, x0:x1] = RED
-    image = Image.fromarray(pixels)
-    if orientation == 6:  # shown rotated 90° clockwise: stored turned the other way
-        image = image.transpose(Image.Transpose.ROTATE_90)
-    out = io.BytesIO()
-    exif = Image.Exif()
-    if orientation != 1:
-        exif[0x0112] = orientation
-    if fmt == "JPEG":
-        image.save(out, format="JPEG", quality=95, exif=exif)
-    else:
-        image.save(out, format="PNG")
-    return out.getvalue()
-
-
-def expected(box: tuple[int, int, int, int]) -> list[tuple[str, float, float, float]]:
-    x0, y0, x1, y1 = box
-    return [
-        (name, x0 + (x1 - x0) * k / 16, y0 + (y1 - y0) * k / 16, 0.5 + k / 40)
-        for k, name in enumerate(COCO17_NAMES)
-    ]
 
 
 def assert_keypoints(

@@ -16,11 +16,11 @@ import pytest
 from PIL import Image
 
 from gateway.frontends.http.page import BOX_COLOUR
-from tests.e2e.test_keypoints import MODEL_CONFIG as KEYPOINT_MODELS
-from tests.e2e.test_keypoints import export_models as export_keypoint_models
-from tests.e2e.test_keypoints import picture as keypoint_picture
 from tests.support.browser import Page, Shown, run_page, with_page
 from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.keypointmodels import MODEL_CONFIG as KEYPOINT_MODELS
+from tests.support.keypointmodels import export_models as export_keypoint_models
+from tests.support.keypointmodels import picture as keypoint_picture
 from tests.support.localserver import run_local_server
 
 BOX_RGB = np.array([int(BOX_COLOUR[i : i + 2], 16) for i in (1, 3, 5)])
