@@ -9,12 +9,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gateway.api.bindings import Bindings
 from gateway.batch.storage import StorageError
 from gateway.paylog.replay import DEFAULT_MAX_LINE, ReplayError, replay
 from gateway.tasks.builtin import BUILT_IN
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> int:
+    """`bindings`: the tasks the logging gateway served (default: the built-in ones)."""
     parser = argparse.ArgumentParser(
         prog="python -m gateway.paylog",
         description="Turn a payload log back into detection-batch inputs.",
@@ -39,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        summary = replay(args.log, args.out, BUILT_IN, args.images, args.max_line_bytes)
+        summary = replay(args.log, args.out, bindings, args.images, args.max_line_bytes)
     except (ReplayError, StorageError, OSError) as e:
         print(f"gateway.paylog: error: {e}", file=sys.stderr)
         return 2
