@@ -107,7 +107,7 @@ DETECTORS = (
     "keras_hub_retinanet_decoded",
 )
 EMBEDDERS = ("keras_mobilenetv3small_embedder", "hf_vit_embedder")
-KEYPOINTERS = ("yolo_v8_pose_layout",)
+KEYPOINTERS = ("yolo_v8_pose_layout", "od_api_pose_layout")
 # Every model the zoo's gateway can serve; REFUSED is the one it refuses.
 SERVED = (*CLASSIFIERS, *DETECTORS, *EMBEDDERS, *KEYPOINTERS)
 REFUSED = "keras_hub_retinanet"
@@ -125,7 +125,7 @@ def tfs(zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSe
     )
     config = directory / "models.config"
     config.write_text(f"model_config_list {{\n{entries}}}\n")
-    # Seventeen models load one after another: about a minute on 2 idle cores, far more on a
+    # Eighteen models load one after another: about a minute on 2 idle cores, far more on a
     # busy machine.
     args = [f"--model_config_file={config}"]
     with run_local_server(args, timeout=LOAD_TIMEOUT, log_dir=directory) as server:

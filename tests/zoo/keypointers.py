@@ -161,4 +161,77 @@ def yolo_pose(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
     return {"yolo_v8_pose_layout": results}
 
 
-BUILDERS = {"yolo_pose": yolo_pose}
+# ---- The same network behind an OD API-style signature ---------------------------------------
+
+OD_ROWS = 100  # rows of the padded outputs, as an OD API export's max_total_detections
+OD_SCORE_THRESHOLD = 0.1  # the graph's own NMS threshold, under the tests' MIN_SCORE
+
+
+def od_api_pose(models: Path, photos: dict[str, Photo]) -> dict[str, Any]:
+    """yolo_pose's network with its decoding and NMS in the graph, exported with the TF Object
+    Detection API's keypoint outputs (as its CenterNet keypoint exports give them):
+    `detection_boxes` normalized [ymin, xmin, ymax, xmax] clipped to the image,
+    `detection_scores`, `detection_classes` (1-based), `num_detections`,
+    `detection_keypoints` [1, 100, 17, 2] normalized (y, x) clipped to the image,
+    `detection_keypoint_scores` [1, 100, 17]; padded to 100 rows. The reference is the
+    exported function run directly in TensorFlow."""
+    import keras
+
+    keras.utils.set_random_seed(SEED)
+    model = yolo_pose_model(YOLO_SIZE)
+    _spread_final_convs(model, _prepared(photos[KEYPOINTER_PHOTOS[0]]))
+
+    def serve(images: Any) -> dict[str, Any]:
+        head = model(images)[0]  # [4 + 1 + 51, candidates]
+        cx, cy, w, h = head[0], head[1], head[2] / 2, head[3] / 2
+        boxes = tf.stack([cy - h, cx - w, cy + h, cx + w], axis=1) / YOLO_SIZE
+        score = head[4]
+        kept, count = tf.image.non_max_suppression_padded(
+            boxes, score, OD_ROWS, iou_threshold=NMS_IOU,
+            score_threshold=OD_SCORE_THRESHOLD, pad_to_max_output_size=True,
+        )  # fmt: skip
+        rows = tf.cast(tf.range(OD_ROWS) < count, tf.float32)
+        picked = tf.gather(boxes, kept)
+        points = tf.reshape(tf.gather(tf.transpose(head[5:]), kept), (OD_ROWS, KEYPOINTS, 3))
+        yx = tf.clip_by_value(tf.stack([points[..., 1], points[..., 0]], -1) / YOLO_SIZE,
+                              0.0, 1.0)  # fmt: skip
+        return {
+            # Clipped to the image window, as the OD API's postprocessing clips boxes.
+            "detection_boxes": (tf.clip_by_value(picked, 0.0, 1.0) * rows[:, None])[None],
+            "detection_scores": (tf.gather(score, kept) * rows)[None],
+            "detection_classes": rows[None],
+            "num_detections": tf.cast(count, tf.float32)[None],
+            "detection_keypoints": (yx * rows[:, None, None])[None],
+            "detection_keypoint_scores": (points[..., 2] * rows[:, None])[None],
+        }
+
+    # keras.export.ExportArchive, as detectors.keras_hub_detector exports its decoding: a
+    # tf.Module would not track a Keras 3 model's variables.
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    spec = keras.InputSpec(shape=(1, YOLO_SIZE, YOLO_SIZE, 3), dtype="float32")
+    endpoint = archive.add_endpoint("serve", serve, input_signature=[spec])
+    archive.write_out(str(models / "od_api_pose_layout" / "1"))
+    results = {}
+    for photo in (photos[p] for p in KEYPOINTER_PHOTOS):
+        out = {
+            k: np.asarray(v)[0] for k, v in endpoint(_prepared(photo).astype(np.float32)).items()
+        }
+        count = int(out["num_detections"])
+        keep = out["detection_scores"][:count] >= MIN_SCORE
+        size = np.array([photo.height, photo.width] * 2, dtype=np.float64)
+        yxyx = out["detection_boxes"][:count][keep].astype(np.float64) * size
+        yx = out["detection_keypoints"][:count][keep].astype(np.float64)
+        visibility = out["detection_keypoint_scores"][:count][keep].astype(np.float64)
+        results[photo.name] = {
+            "boxes": yxyx[:, [1, 0, 3, 2]].tolist(),
+            "scores": scores(out["detection_scores"][:count][keep]),
+            "classes": [int(c) for c in out["detection_classes"][:count][keep]],
+            "keypoints": np.stack(
+                [yx[..., 1] * photo.width, yx[..., 0] * photo.height, visibility], axis=-1
+            ).tolist(),
+        }
+    return {"od_api_pose_layout": results}
+
+
+BUILDERS = {"yolo_pose": yolo_pose, "od_api_pose": od_api_pose}

@@ -1,7 +1,9 @@
-"""The zoo's keypoint model through the gateway (tests/zoo/keypointers.py): a Keras model with
-YOLOv8-pose's head and export layout, served by serving.local, called through a real gateway
-process with tests/zoo/models.toml (`decoder = "yolo-pose"`), and compared with Ultralytics'
-post-processing of the model's own output (NMS, keypoints scaled to the photo and clipped),
+"""The zoo's keypoint models through the gateway (tests/zoo/keypointers.py): a Keras model with
+YOLOv8-pose's head and export layout, and the same network with NMS in its graph behind an OD
+API-style signature (detection_keypoints), served by serving.local, called through a real
+gateway process with tests/zoo/models.toml, and compared with Ultralytics' post-processing of
+the model's own output (NMS, keypoints scaled to the photo and clipped; for the OD API-style
+export, its own outputs),
 on PNGs and JPEGs of several sizes and aspect ratios, two EXIF-rotated: the same instances
 (class, score within 1e-3, box within 1 px) with every keypoint within 1 px and its score
 within 1e-3. The comparison has teeth: the references follow the image, and a gateway whose
