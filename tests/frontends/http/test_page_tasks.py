@@ -1,7 +1,7 @@
 """The page end to end for the tasks whose models the HTTP door's shared gateway does not
-serve: a gateway process in front of the local TF Serving with the task's own test models
-(exported as the task's end-to-end tests export them), the page run on an image in headless
-chromium and its canvas read back against the JSON it drew.
+serve (keypoints, instance segmentation): a gateway process in front of the local TF Serving
+with the task's own test models (exported as the task's end-to-end tests export them), the
+page run on an image in headless chromium and its canvas read back against the JSON it drew.
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ import pytest
 from PIL import Image
 
 from gateway.frontends.http.page import BOX_COLOUR
+from tests.e2e.test_segmentation import MODEL_CONFIG as MASK_MODELS
+from tests.e2e.test_segmentation import export_model as export_mask_model
+from tests.e2e.test_segmentation import picture as mask_picture
+from tests.e2e.test_segmentation import shape as mask_shape
+from tests.support import masks
 from tests.support.browser import Page, Shown, run_page, with_page
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.keypointmodels import MODEL_CONFIG as KEYPOINT_MODELS
@@ -70,3 +75,58 @@ def test_page_draws_the_keypoints_and_skeleton(keypoint_gateway: GatewayProcess,
     near |= box & ~((x >= 64) & (x < 256) & (y >= 54) & (y < 206))
     near |= (y >= 30) & (y < 52) & (x >= 58) & (x < 200)  # the label
     assert (shown.pixels[~near] == original[~near]).all()
+
+
+@pytest.fixture(scope="module")
+def segmentation_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """`masks`: a Mask R-CNN-style model whose one instance is the image's red pixels
+    (tests/e2e/test_segmentation.py)."""
+    root = tmp_path_factory.mktemp("page-segmentation")
+    export_mask_model(root)  # root/masks (Mask R-CNN-style), root/masks_yolo (YOLOv8-seg)
+    paths = {"masks": "masks", "masks_letterboxed": "masks", "masks_yolo": "masks_yolo"}
+    config = root / "models.config"
+    config.write_text(
+        "model_config_list {\n"
+        + "".join(
+            f"config {{ name: '{name}' base_path: '{root / path}' model_platform: 'tensorflow' }}\n"
+            for name, path in paths.items()
+        )
+        + "}\n"
+    )
+    (root / "gateway-models.toml").write_text(MASK_MODELS)
+    (root / "labels.txt").write_text("background\nshape\n")
+    with run_local_server([f"--model_config_file={config}"]) as tfs:
+        args = [f"--model-config={root / 'gateway-models.toml'}", "--model=masks"]
+        with run_gateway(tfs.target, args, log_dir=root, http=True) as gateway:
+            yield gateway
+
+
+@pytest.mark.parametrize("mask_format", ["rle", "polygon", "png"])
+def test_page_draws_the_mask_in_every_format(
+    segmentation_gateway: GatewayProcess, browser, mask_format: str
+) -> None:
+    truth = mask_shape(320, 240, (80, 60, 240, 200))
+    png = mask_picture(truth)
+
+    async def work(page: Page) -> Shown:
+        url = segmentation_gateway.http_url
+        return await run_page(page, url, "masks", png, "image/png", mask_format=mask_format)
+
+    shown = asyncio.run(with_page(browser, work))
+    assert shown.state == "done", shown.status
+    assert shown.status == "1 instances by masks version 1"
+    (found,) = json.loads(shown.raw)["instances"]
+    mask = masks.decode(found["mask"])
+    assert masks.iou(mask, truth) > 0.9
+    assert shown.rows == [f"shape 0.900, mask of {int(mask.sum())} pixels"]
+    # The overlay covers the mask's pixels and no others, but where the box's outline and
+    # its label are drawn.
+    b = found["box"]
+    x0, y0, x1, y1 = b["x_min"], b["y_min"], b["x_max"], b["y_max"]
+    y, x = np.mgrid[:240, :320]
+    drawn = (x >= x0 - 1) & (x < x1 + 1) & (y >= y0 - 1) & (y < y1 + 1)
+    drawn &= ~((x >= x0 + 3) & (x < x1 - 3) & (y >= y0 + 3) & (y < y1 - 3))
+    drawn |= (y >= y0 - 17) & (y < y0 + 1) & (x >= x0 - 1) & (x < x0 + 120)
+    original = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    changed = np.abs(shown.pixels - original).sum(axis=-1) > 0
+    np.testing.assert_array_equal(changed & ~drawn, mask & ~drawn)
