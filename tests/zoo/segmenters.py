@@ -1,8 +1,16 @@
-"""The zoo's instance segmentation model (run in `.venv-zoo` by tests/zoo/test_segmentation_zoo.py,
-which caches what it writes): a Keras model with YOLOv8-seg's head and export layout, and its
-masks as Ultralytics' own post-processing gives them, in pixels of the image as a viewer
-shows it, as COCO RLE written by pycocotools.
+"""The zoo's instance segmentation models (run in `.venv-zoo` by
+tests/zoo/test_segmentation_zoo.py, which caches what it writes), each with its masks as its
+library's own post-processing gives them, in pixels of the image as a viewer shows it, as
+COCO RLE written by pycocotools:
 
+- `mg_maskrcnn_image_tensor`: TF Model Garden's Mask R-CNN (`maskrcnn_resnetfpn_coco`,
+  ResNet-18, 256x256, random weights) exported with export_saved_model_lib (`image_tensor`);
+  the reference is the model's own outputs (boxes undone with its image_info, as
+  detectors.model_garden reads them) with its masks pasted by Model Garden's
+  official/vision/ops/mask_ops.py `paste_instance_masks` (the COCO evaluator's paste);
+- `yolo_v8_seg_layout`, below.
+
+YOLOv8-seg:
 Ultralytics (and so torch) cannot be installed here, so the model is built in Keras with the
 exact head, as keypointers.py builds the pose head: keypointers.yolo_pose_model's backbone and
 DFL box and class branches, plus the Segment head's parts (ultralytics/nn/modules/head.py,
@@ -143,6 +151,54 @@ def reference(head: np.ndarray, protos: np.ndarray, photo: Any) -> dict[str, Any
     return {**kept, "masks": rles, "areas": [int(m.sum()) for m in masks]}
 
 
+def mask_rcnn(models: Path, photos: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    import tensorflow as tf
+    from build import MIN_SCORE, SEED, scores
+    from official.core import exp_factory
+    from official.vision.ops import mask_ops
+    from official.vision.serving import detection, export_saved_model_lib
+    from pycocotools import mask as coco
+
+    tf.keras.utils.set_random_seed(SEED)
+    params = exp_factory.get_exp_config("maskrcnn_resnetfpn_coco")
+    params.task.model.input_size = [256, 256, 3]
+    params.task.model.num_classes = 7  # class 0 is the background
+    params.task.model.backbone.resnet.model_id = 18
+    params.task.model.detection_generator.max_num_detections = 20
+    module = detection.DetectionModule(
+        params=params, batch_size=1, input_image_size=[256, 256], input_type="image_tensor",
+        num_channels=3,
+    )  # fmt: skip
+    export_saved_model_lib.export_inference_graph(
+        "image_tensor", 1, [256, 256], params, None,
+        str(models / "mg_maskrcnn_image_tensor" / "1"), export_module=module,
+    )  # fmt: skip
+    results = {}
+    for name in names:
+        photo = photos[name]
+        out = module.serve(tf.constant(photo.shown()[None]))
+        count = int(out["num_detections"][0])
+        info = out["image_info"][0].numpy()
+        scale = np.array([info[2][0], info[2][1], info[2][0], info[2][1]])
+        offset = np.array([info[3][0], info[3][1], info[3][0], info[3][1]])
+        yxyx = (out["detection_boxes"][0][:count].numpy().astype(np.float64) + offset) / scale
+        found = out["detection_scores"][0][:count].numpy()
+        keep = np.flatnonzero(found >= MIN_SCORE)
+        xywh = np.stack([yxyx[keep, 1], yxyx[keep, 0], yxyx[keep, 3] - yxyx[keep, 1],
+                         yxyx[keep, 2] - yxyx[keep, 0]], axis=1)  # fmt: skip
+        grids = out["detection_masks"][0][:count].numpy()[keep]
+        pasted = mask_ops.paste_instance_masks(grids, xywh, photo.height, photo.width)
+        results[name] = {
+            "boxes": yxyx[keep][:, [1, 0, 3, 2]].tolist(),
+            "scores": scores(found[keep]),
+            "classes": [int(c) for c in out["detection_classes"][0][:count].numpy()[keep]],
+            "masks": [coco.encode(np.asfortranarray(m.astype(np.uint8)))["counts"].decode()
+                      for m in pasted],
+            "areas": [int(m.sum()) for m in pasted],
+        }  # fmt: skip
+    return {"mg_maskrcnn_image_tensor": results}
+
+
 def build(out: Path) -> dict[str, Any]:
     import keras
     import tensorflow as tf
@@ -163,10 +219,12 @@ def build(out: Path) -> dict[str, Any]:
         photo = photos[name]
         head, protos = (np.asarray(t)[0] for t in model(prepared(photo)))
         results[name] = reference(head, protos, photo)
+    expected = {"yolo_v8_seg_layout": results}
+    expected.update(mask_rcnn(out / "models", photos, KEYPOINTER_PHOTOS))
     document = {
         "images": {p.name: {"file": p.path.name, "width": p.width, "height": p.height}
                    for p in photos.values()},
-        "expected": {"yolo_v8_seg_layout": results},
+        "expected": expected,
     }  # fmt: skip
     (out / "expected.json").write_text(json.dumps(document))
     return document

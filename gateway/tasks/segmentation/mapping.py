@@ -67,7 +67,10 @@ def map_segments(
         raise OutputError(f"{plan.masks} holds empty masks or NaN or infinite values")
     if grids.size and (grids.min() < -1e-3 or grids.max() > 1 + 1e-3):
         raise OutputError(f"{plan.masks} holds values outside [0, 1]; masks must be probabilities")
-    shapes = [_box_mask(grid, box) for grid, box in zip(grids, boxes.tolist(), strict=True)]
+    shapes = [
+        raster.box_mask(grid, box, axes, frame.width, frame.height)
+        for grid, box in zip(grids, boxes.tolist(), strict=True)
+    ]
     return written(found, shapes, axes, frame, options)
 
 
@@ -119,14 +122,6 @@ def _floats(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
     if values.dtype.kind != "f":
         raise OutputError(f"{key} has dtype {values.dtype}; expected floats")
     return values
-
-
-def _box_mask(grid: np.ndarray, box: list[float]) -> raster.Shape:
-    """A box-relative grid's paste: spanning the box, with a zero border one cell wide."""
-    ymin, xmin, ymax, xmax = box
-    cell_h, cell_w = (ymax - ymin) / grid.shape[0], (xmax - xmin) / grid.shape[1]
-    border = (ymin - cell_h, xmin - cell_w, ymax + cell_h, xmax + cell_w)
-    return raster.Shape(grid, (ymin, xmin, ymax, xmax), border, False)
 
 
 def written(

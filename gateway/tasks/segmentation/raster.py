@@ -8,12 +8,14 @@ gateway.core.letterbox.unletterbox) are axis-aligned affine maps, so each displa
 one axis of the image sent, scaled and shifted (`raster_axes` reads that map off the
 transform). A displayed pixel's centre maps back to a point of the image sent, then to grid
 coordinates, where the grid is sampled bilinearly with half-pixel centres:
-- box-relative masks (TF Model Garden / OD API Mask R-CNN) as the libraries paste them: the
-  grid stretched over the box, a one-cell zero border around it (Model Garden's
-  official/vision/ops/mask_ops.py paste_instance_masks pads the mask by one pixel and resizes
-  it bilinearly onto the box grown by (m + 2) / m; the OD API's
-  utils/ops.py reframe_box_masks_to_image_masks samples with crop_and_resize and extrapolates
-  zeros);
+- box-relative masks (TF Model Garden / OD API Mask R-CNN) as Model Garden pastes them
+  (official/vision/ops/mask_ops.py paste_instance_masks, Detectron's paste, which the COCO
+  evaluation uses): the m x m grid padded with a zero cell on each side, the box (in the
+  displayed image's pixels) grown about its centre by (m + 2) / m and truncated to whole
+  pixels, the padded grid resized bilinearly (cv2.resize, half-pixel centres) onto that
+  rectangle's w = x2 - x1 + 1 by h = y2 - y1 + 1 pixels (`box_mask`). The OD API's
+  utils/ops.py reframe_box_masks_to_image_masks samples the same grid with crop_and_resize,
+  within a pixel of it;
 - YOLO prototypes: logits over the image sent, edges repeated, the mask kept inside the box
   only (ultralytics/utils/ops.py process_mask_native: scale_masks' bilinear upsampling with
   align_corners=False, crop_mask's x1 <= r < x2 on pixel indices, logits > 0 for 0.5).
@@ -150,6 +152,28 @@ def _taps(
         high_weight.astype(np.float32),
         (index >= ends[0] * length) & (index < ends[1] * length),
     )
+
+
+def box_mask(
+    grid: np.ndarray, box: list[float], axes: tuple[Axis, Axis], width: int, height: int
+) -> Shape:
+    """The paste of a box-relative grid [m, m] (see the module's docstring) for a box
+    (ymin, xmin, ymax, xmax) normalized to the image sent, as a Shape over the image sent."""
+    padded = np.pad(grid.astype(np.float32), 1)
+    m_h, m_w = grid.shape
+    scale = max((m_w + 2.0) / m_w, (m_h + 2.0) / m_h)
+    spans = [0.0, 0.0, 0.0, 0.0]
+    for axis, length in zip(axes, (height, width), strict=True):
+        s = axis.source
+        a, b = sorted((axis.offset + axis.scale * box[s], axis.offset + axis.scale * box[s + 2]))
+        centre, half = (a + b) / 2 * length, (b - a) / 2 * length * scale
+        start = int(centre - half)  # np.int32 truncation, as paste_instance_masks
+        end = int(centre + half) + 1
+        ends = sorted(((start / length - axis.offset) / axis.scale,
+                       (end / length - axis.offset) / axis.scale))  # fmt: skip
+        spans[s], spans[s + 2] = ends
+    region = (spans[0], spans[1], spans[2], spans[3])
+    return Shape(padded, region, region, True)
 
 
 def paste(
