@@ -336,9 +336,10 @@ class JobService:
             return False
         if job.default_output:
             await asyncio.to_thread(self.store.remove_area, job.id)
-        if await asyncio.to_thread(self.store.forget, job):
-            log.info("batch job deleted", extra={"fields": {"operation": job.name}})
+        forgotten = await asyncio.to_thread(self.store.forget, job)
         await asyncio.to_thread(self.leases.remove, job.id, lease)
+        if forgotten:  # logged once nothing of the job is left, its lease included
+            log.info("batch job deleted", extra={"fields": {"operation": job.name}})
         return True
 
     # --- uploads and results -------------------------------------------------------------
