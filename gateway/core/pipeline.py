@@ -311,7 +311,12 @@ class Pipeline:
             notes["batch"] = {"size": answer.batch, "lead": answer.lead,
                               "queue_ms": round(answer.waited * 1000, 2)}  # fmt: skip
         try:
-            result = task.map(answer.outputs, plan.outputs, frame, options, config)
+            if task.map_in_thread:
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, task.map, answer.outputs, plan.outputs, frame, options, config
+                )
+            else:
+                result = task.map(answer.outputs, plan.outputs, frame, options, config)
         except OutputError as exc:
             BAD_OUTPUTS.report(model.name, answer.version, str(exc))
             raise errors.bad_model(

@@ -67,6 +67,10 @@ class Frame(NamedTuple):
 class Task(Protocol):
     name: str  # as in the model config: "detection", "classification"
     binding: Binding  # its public API
+    # True when mapping one image's outputs may take milliseconds (masks: a bitmap per
+    # instance): the pipeline then runs `map` in its decode threads, off the event loop that
+    # answers every other request; False keeps it inline (a few µs of Python per image).
+    map_in_thread: bool
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> Any:
         """[models.NAME] of the model config file at `path` (`where` is "models.NAME"): the

@@ -60,6 +60,7 @@ def own_config(config: ModelConfig) -> ClassificationConfig:
 class ClassificationTask:
     name = CLASSIFICATION
     binding = BINDING
+    map_in_thread = False
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> ClassificationConfig:
         return classification_config.read_config(table, path, where)

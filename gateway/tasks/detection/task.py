@@ -64,6 +64,7 @@ def resolve_options(
 class DetectionTask:
     name = DETECTION
     binding = BINDING
+    map_in_thread = False
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> DetectionConfig:
         return detection_config.read_config(table, path, where)

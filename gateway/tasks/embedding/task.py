@@ -64,6 +64,7 @@ class EmbeddingPlan(OutputPlan):
 class EmbeddingTask:
     name = EMBEDDING
     binding = BINDING
+    map_in_thread = False
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> EmbeddingConfig:
         return embedding_config.read_config(table, path, where)

@@ -32,6 +32,7 @@ def own_config(config: ModelConfig) -> KeypointConfig:
 class KeypointTask:
     name = KEYPOINTS
     binding = BINDING
+    map_in_thread = False
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> KeypointConfig:
         return keypoint_config.read_config(table, path, where)

@@ -67,6 +67,7 @@ def resolve_segment(
 class SegmentationTask:
     name = SEGMENTATION
     binding = BINDING
+    map_in_thread = True  # a mask per instance: milliseconds each
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> SegmentationConfig:
         return segmentation_config.read_config(table, path, where)

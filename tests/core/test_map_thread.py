@@ -1,0 +1,62 @@
+"""Where a task's mapping runs: inline on the event loop (a few µs of Python per image), or,
+for a task that says its mapping takes milliseconds (`map_in_thread`: masks), in the
+pipeline's decode threads, so the loop keeps answering other requests meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from gateway.config import Settings
+from gateway.core.pipeline import Pipeline
+from gateway.models import default_registry
+from gateway.tasks.base import TaskRegistry
+from gateway.tasks.detection import DetectionTask
+from gateway.upstream.client import TFServingClient
+from tests.support.fakeserving import FakeModel, FakeServing
+from tests.support.pipelines import OD_OUTPUTS, detect, od_outputs, png, solid
+
+
+class Recording(DetectionTask):
+    """Detection whose mapping notes the thread it ran on."""
+
+    def __init__(self, in_thread: bool) -> None:
+        self.map_in_thread = in_thread
+        self.threads: list[int] = []
+
+    def map(self, *args: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        return super().map(*args)
+
+
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_a_task_maps_on_the_loop_or_in_a_decode_thread_as_it_says(in_thread: bool) -> None:
+    task = Recording(in_thread)
+
+    async def scenario() -> tuple[int, int]:
+        model = FakeModel("fixed", {"input_tensor": (tf.uint8, [1, 64, 64, 3])}, OD_OUTPUTS,
+                          od_outputs)  # fmt: skip
+        serving = FakeServing({"fixed": model})
+        settings = Settings(upstream=await serving.start(), model="fixed")
+        client = TFServingClient(settings)
+        try:
+            with ThreadPoolExecutor(2) as executor:
+                pipeline = Pipeline(
+                    settings, client, default_registry("fixed"), executor, TaskRegistry([task])
+                )
+                image = png(solid(64, 64, (200, 30, 30)).astype(np.uint8))
+                outcome = await pipeline.run(task.name, detect(image, "fixed"))
+                assert len(outcome.result.detections) == 1  # mapped all the same
+        finally:
+            await client.close()
+            await serving.stop()
+        return threading.get_ident(), task.threads[-1]
+
+    loop_thread, mapped_on = asyncio.run(scenario())
+    assert (mapped_on != loop_thread) is in_thread
