@@ -32,6 +32,6 @@ def test_hotpath_bench_compares_two_trees_and_writes_its_section(tmp_path: Path)
     rows = [line.split("|") for line in report.splitlines() if line.startswith("| this code")]
     rows += [line.split("|") for line in report.splitlines() if line.startswith("| HEAD")]
     assert len(rows) == 2 and all(float(row[2]) > 0 for row in rows), rows
-    assert "| within the earlier code's spread" in report
+    assert "| median within the earlier code's spread" in report
     listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True)
     assert "hotpath-" not in listed.stdout  # the worktree made for the run is gone
