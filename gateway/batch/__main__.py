@@ -194,7 +194,7 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
         log_interval=a.log_interval, limits=limits,
     )  # fmt: skip
 
-    asyncio.run(check_options(spec, binding, knobs))
+    check_options(spec, binding, knobs)
 
     def connect(deliver: Deliver) -> GrpcTransport:
         return GrpcTransport(spec, binding, knobs, deliver)

@@ -27,7 +27,13 @@ import grpc
 
 from gateway.api import status
 from gateway.api.bindings import Binding, model_spec
-from gateway.api.channel import DEFAULT_MAX_MESSAGE_BYTES, AioTaskStub, open_aio_channel
+from gateway.api.channel import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    AioTaskStub,
+    open_aio_channel,
+    open_channel,
+    task_methods,
+)
 from gateway.api.protojson import to_dict
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import CLOSE, RETRY, Answer, Deliver, Queue, Work, backoff, failed
@@ -116,25 +122,26 @@ class Calls:
 CHECK_REQUEST_ID = "detection-batch-options-check"
 
 
-async def check_options(spec: JobSpec, binding: Binding, knobs: Knobs) -> None:
+def check_options(spec: JobSpec, binding: Binding, knobs: Knobs) -> None:
     """Has the gateway's task judge the job's options against the model before any image is
     read: one unary call without an image, whose refusal of an option (INVALID_ARGUMENT for
     anything but the missing image) is a GatewayError INVALID_INPUT. Any other answer is left
-    to the run (an unreachable gateway is retried there)."""
+    to the run (an unreachable gateway is retried there). A blocking channel: an asyncio one
+    made in an event loop of its own before the run's left the run's calls hanging (grpc.aio
+    keeps to the first loop it meets)."""
     binding.check_options(spec.options)
     model = model_spec(spec.model.name, spec.model.version, spec.model.label)
     request = binding.request(b"", model, CHECK_REQUEST_ID, **spec.options)
-    channel = open_aio_channel(knobs.target, knobs.tls, DEFAULT_MAX_MESSAGE_BYTES)
-    try:
-        await AioTaskStub(channel, binding).unary(request, timeout=knobs.timeout)
-    except grpc.aio.AioRpcError as e:
-        details = e.details() or ""
-        if e.code() == Code.INVALID_ARGUMENT and not details.startswith("image is empty"):
-            raise GatewayError(
-                Kind.INVALID_INPUT, f"the gateway refused the options: {details}"
-            ) from None
-    finally:
-        await channel.close()
+    with open_channel(knobs.target, knobs.tls, DEFAULT_MAX_MESSAGE_BYTES) as channel:
+        unary, _ = task_methods(channel, binding)
+        try:
+            unary(request, timeout=knobs.timeout)
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details() or ""
+            if code == Code.INVALID_ARGUMENT and not details.startswith("image is empty"):
+                raise GatewayError(
+                    Kind.INVALID_INPUT, f"the gateway refused the options: {details}"
+                ) from None
 
 
 def answer(response: Any) -> Answer:

@@ -140,7 +140,12 @@ def bad_job(change: Callable[[Obj, Obj], None]) -> Obj:
 def test_the_job_kube_py_builds_is_admitted_with_every_option(policy: ApiServer, task: str) -> None:
     binding = BUILT_IN.for_task(task)
     # Every option of the task set, so every flag the executor can pass is on the command line.
-    job = runner_job({name: 1 for name in binding.options}, task=task)
+    fields = binding.request_type.DESCRIPTOR.fields_by_name
+    values = {
+        name: "rle" if fields[name].type == fields[name].TYPE_STRING else 1
+        for name in binding.options
+    }
+    job = runner_job(values, task=task)
     flags = {a.split("=")[0] for a in job["spec"]["template"]["spec"]["containers"][0]["args"]}
     assert {f"--{name.replace('_', '-')}" for name in binding.options} <= flags
     result = create(policy, job, dry_run=True)

@@ -23,9 +23,19 @@ import pytest
 from PIL import Image
 
 from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.detection.v1 import detection_pb2 as pb
 from tests.support import tools
 from tests.support.certs import Certificates, make_certificates
-from tests.support.jobs import MODEL_CONFIG, Client, State, channel, gateway, make_images, metadata
+from tests.support.jobs import (
+    MODEL_CONFIG,
+    Client,
+    State,
+    channel,
+    gateway,
+    make_images,
+    metadata,
+    options,
+)
 from tests.support.localserver import LocalServer
 
 ALICE = "spiffe://test.local/ns/shop/sa/alice"
@@ -147,7 +157,11 @@ def test_an_output_belongs_to_the_caller_whose_job_wrote_it_first(
     make_images(data / "set", 2)
     extra = [f"--batch-allowed-input-uris={data}", f"--batch-allowed-uris={allowed}"]
     area = allowed / "alice-run"
-    spec = {"input_uri": str(data / "set"), "output_uri": str(area), "min_score": 0.375}
+    spec = {
+        "input_uri": str(data / "set"),
+        "output_uri": str(area),
+        "options": options(pb.DetectRequest(min_score=0.375)),
+    }
     with gateway(tfs, tmp_path / "store", tmp_path, extra, certs, http=True) as gw:
         with channel(gw, certs, "alice") as opened:
             alice = Client(opened)
@@ -160,7 +174,8 @@ def test_an_output_belongs_to_the_caller_whose_job_wrote_it_first(
         with channel(gw, certs, "bob") as opened:
             bob = Client(opened)
             messages = set()
-            for attempt in (spec, {**spec, "min_score": 0.5}, {**spec, "output_uri": "/elsewhere"}):
+            other = {**spec, "options": options(pb.DetectRequest(min_score=0.5))}
+            for attempt in (spec, other, {**spec, "output_uri": "/elsewhere"}):
                 error = refused(bob.create, **attempt)
                 assert error.code() == Code.PERMISSION_DENIED, error.details()
                 messages.add(error.details().replace(attempt["output_uri"], "<output>"))
@@ -169,12 +184,13 @@ def test_an_output_belongs_to_the_caller_whose_job_wrote_it_first(
         for secret in (str(data), "0.375", "detector", ALICE):
             assert secret not in message
         pair = certs.clients["bob"]
+        as_json = {**spec, "options": {"min_score": 0.375}}  # the HTTP door's plain form
         https = gw.http_url.replace("http://", "https://")
         curl = tools.binary("curl", tools.CURL_INSTALL)
         answer = subprocess.run(
             [curl, "-sS", "--max-time", "60", "--cacert", str(certs.ca), "--cert",
              str(pair.cert), "--key", str(pair.key), "-H", "Content-Type: application/json",
-             "--data-binary", json.dumps(spec), "-w", "\n%{http_code}",
+             "--data-binary", json.dumps(as_json), "-w", "\n%{http_code}",
              f"{https}/v1/batchJobs"],
             capture_output=True, text=True, timeout=90, check=True,
         )  # fmt: skip
