@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from gateway.api.bindings import Binding, Bindings
 from gateway.config import Settings
@@ -105,6 +105,16 @@ class Task(Protocol):
     def summary(self, result: Any) -> dict[str, object]:
         """Fields for the request log line."""
         ...
+
+
+_Config = TypeVar("_Config")
+
+
+def task_config(config: ModelConfig, default: _Config) -> _Config:
+    """A task's own config of a model (`ModelConfig.task_config`, as its read_config made
+    it), or `default` for a model no config file lists (task_config None)."""
+    own = config.task_config
+    return own if isinstance(own, type(default)) else default
 
 
 class TaskRegistry(Mapping[str, Task]):

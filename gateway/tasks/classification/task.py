@@ -27,7 +27,7 @@ from gateway import errors
 from gateway.config import Settings
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import Frame, OutputError, OutputPlan
+from gateway.tasks.base import Frame, OutputError, OutputPlan, task_config
 from gateway.tasks.classification import config as classification_config
 from gateway.tasks.classification.binding import BINDING, CLASSIFICATION
 from gateway.tasks.classification.config import ClassificationConfig
@@ -53,8 +53,7 @@ class ClassificationSettings(NamedTuple):
 
 def own_config(config: ModelConfig) -> ClassificationConfig:
     """The classification config of a model (defaults for one no config file lists)."""
-    own = config.task_config
-    return own if isinstance(own, ClassificationConfig) else classification_config.DEFAULT
+    return task_config(config, classification_config.DEFAULT)
 
 
 class ClassificationTask:

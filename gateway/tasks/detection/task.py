@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from gateway import errors
 from gateway.config import Settings
 from gateway.models import ModelConfig
-from gateway.tasks.base import Frame, OutputPlan
+from gateway.tasks.base import Frame, OutputPlan, task_config
 from gateway.tasks.detection import config as detection_config
 from gateway.tasks.detection.binding import BINDING, DETECTION
 from gateway.tasks.detection.config import DetectionConfig
@@ -33,8 +33,7 @@ class DetectionSettings(NamedTuple):
 
 def own_config(config: ModelConfig) -> DetectionConfig:
     """The detection config of a model (its defaults for a model no config file lists)."""
-    own = config.task_config
-    return own if isinstance(own, DetectionConfig) else detection_config.DEFAULT
+    return task_config(config, detection_config.DEFAULT)
 
 
 def resolve_options(

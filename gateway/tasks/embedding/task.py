@@ -24,7 +24,7 @@ from gateway import errors
 from gateway.config import Settings
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import Frame, OutputError, OutputPlan
+from gateway.tasks.base import Frame, OutputError, OutputPlan, task_config
 from gateway.tasks.embedding import config as embedding_config
 from gateway.tasks.embedding.binding import BINDING, EMBEDDING
 from gateway.tasks.embedding.config import EmbeddingConfig
@@ -39,8 +39,7 @@ MAX_DIMENSIONS = 65536
 
 def own_config(config: ModelConfig) -> EmbeddingConfig:
     """The embedding config of a model (the defaults for one no config file lists)."""
-    own = config.task_config
-    return own if isinstance(own, EmbeddingConfig) else embedding_config.DEFAULT
+    return task_config(config, embedding_config.DEFAULT)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.config import Settings
 from gateway.models import ModelConfig
-from gateway.tasks.base import Frame, OutputPlan
+from gateway.tasks.base import Frame, OutputPlan, task_config
 from gateway.tasks.detection.task import DetectionSettings, resolve_options
 from gateway.tasks.keypoints import config as keypoint_config
 from gateway.tasks.keypoints.binding import BINDING, KEYPOINTS
@@ -25,8 +25,7 @@ from gateway.upstream.tensors import Tensor
 
 def own_config(config: ModelConfig) -> KeypointConfig:
     """The keypoint config of a model (the defaults for a model no config file lists)."""
-    own = config.task_config
-    return own if isinstance(own, KeypointConfig) else keypoint_config.DEFAULT
+    return task_config(config, keypoint_config.DEFAULT)
 
 
 class KeypointTask:

@@ -13,7 +13,7 @@ from typing import Any
 from gateway import errors
 from gateway.config import Settings
 from gateway.models import ModelConfig
-from gateway.tasks.base import Frame, OutputPlan
+from gateway.tasks.base import Frame, OutputPlan, task_config
 from gateway.tasks.detection.task import resolve_options
 from gateway.tasks.segmentation import config as segmentation_config
 from gateway.tasks.segmentation.binding import BINDING, SEGMENTATION
@@ -34,8 +34,7 @@ from gateway.upstream.tensors import Tensor
 
 def own_config(config: ModelConfig) -> SegmentationConfig:
     """The segmentation config of a model (the defaults for a model no config file lists)."""
-    own = config.task_config
-    return own if isinstance(own, SegmentationConfig) else segmentation_config.DEFAULT
+    return task_config(config, segmentation_config.DEFAULT)
 
 
 def resolve_segment(
