@@ -21,7 +21,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.frontends.api import DETECT
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import GET_MODEL_STATUS
 
@@ -59,7 +58,8 @@ def wait_available(
 
 def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    request = health_pb2.HealthCheckRequest(service=DETECT.service_name)
+    # The overall status (""): SERVING once the gateway serves its default model.
+    request = health_pb2.HealthCheckRequest(service="")
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
