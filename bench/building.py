@@ -30,8 +30,8 @@ from PIL import Image
 
 from bench import upstream
 from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.domain import ModelRef
 from gateway.imaging.header import ImageLimits
-from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection import BOXES, CLASSES, NUM_DETECTIONS, REQUIRED_OUTPUTS, SCORES
 from gateway.upstream.client import request_envelope

@@ -11,8 +11,8 @@ import grpc
 from bench import load
 from bench import upstream as bench_upstream
 from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.domain import ModelRef
 from gateway.imaging.header import ImageLimits
-from gateway.modelref import ModelRef
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import request_envelope

@@ -40,7 +40,7 @@ from bench.http_load import http_closed_loop
 from bench.processes import ROOT, free_port, is_serving, stop_process, upstream
 from bench.results import RESULTS
 from gateway.core.inputs import InputMode, InputPlan, build_input
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import PREDICT, request_envelope

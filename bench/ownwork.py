@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench import photos, upstream
-from gateway import logs, memory
+from gateway import logs, memory, policy
 from gateway.app import built_in_tasks, load_models
 from gateway.core.pipeline import Pipeline
 from gateway.flags import parse_settings
@@ -89,7 +89,10 @@ async def measure(requests: int, batches: int = 5, cold_mib: float = 0.0) -> flo
     with open(os.devnull, "w", buffering=1) as sink, ThreadPoolExecutor(2) as executor:
         handler.setStream(sink)
         tasks = built_in_tasks()
-        pipeline = Pipeline(settings, client, load_models(settings, tasks), executor, tasks)
+        models = load_models(settings, tasks)
+        pipeline = Pipeline(
+            settings, client, models, executor, tasks, policy.build(settings, models)
+        )
         servicer = TaskServicer(BUILT_IN.for_verb("detect"), pipeline, Drain())
         body = pb.DetectRequest(
             image=photos.load()["JPEG 640x480"], model=pb.ModelSpec(name="encoded")

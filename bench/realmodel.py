@@ -51,8 +51,8 @@ from bench.host import load_average, machine
 from bench.processes import ROOT, free_port, is_serving, stop_process
 from bench.results import RESULTS
 from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.domain import ModelRef
 from gateway.imaging.header import ImageLimits
-from gateway.modelref import ModelRef
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.upstream.client import PREDICT, request_envelope

@@ -17,8 +17,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway import memory, metrics, modelcheck, tracing
+from gateway import memory, metrics, modelcheck, policy, tracing
 from gateway.api import bindings as api
+from gateway.api.task import TaskRegistry
 from gateway.batch.in_process import Lane
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
@@ -32,7 +33,6 @@ from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.paylog.writer import PayloadLog
 from gateway.readiness import Readiness, WorkerGroup
-from gateway.tasks.base import TaskRegistry
 from gateway.tasks.builtin import built_in_tasks
 from gateway.upstream.client import TFServingClient
 
@@ -138,7 +138,9 @@ async def start(
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     resize.use_threads(settings.decode_threads)
     client = TFServingClient(settings)
-    pipeline = Pipeline(settings, client, registry, executor, tasks)
+    pipeline = Pipeline(
+        settings, client, registry, executor, tasks, policy.build(settings, registry)
+    )
     payload_log = PayloadLog.for_settings(settings, bindings)
     if payload_log is not None:
         pipeline.observers.append(payload_log)

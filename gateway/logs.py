@@ -192,3 +192,32 @@ def setup(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+# Distinct (model, version) pairs whose bad outputs have been logged; bounded because model
+# names come from clients (unknown ones fail earlier, but stay safe).
+_MAX_REPORTED = 1024
+_tasks_log = logging.getLogger("gateway.tasks")
+
+
+class BadOutputLog:
+    """Logs a model version's unusable outputs once, not once per request."""
+
+    def __init__(self) -> None:
+        self._reported: set[tuple[str, int]] = set()
+
+    def report(self, model: str, version: int, problem: str) -> bool:
+        """Logs a warning the first time `model` `version` gives bad outputs; True if logged."""
+        key = (model, version)
+        if key in self._reported or len(self._reported) >= _MAX_REPORTED:
+            return False
+        self._reported.add(key)
+        _tasks_log.warning(
+            "model outputs are unusable; requests to this version fail with "
+            "FAILED_PRECONDITION (logged once per model version)",
+            extra={"fields": {"model": model, "version": version, "problem": problem}},
+        )
+        return True
+
+
+BAD_OUTPUTS = BadOutputLog()

@@ -28,16 +28,16 @@ import numpy as np
 from google.protobuf import json_format
 from PIL import Image
 
-from gateway import errors
+from gateway import errors, policy
 from gateway.api import bindings as api
+from gateway.api.task import TaskRegistry
 from gateway.config import Settings
-from gateway.core.domain import ModelRef
 from gateway.core.pipeline import Pipeline, plan
+from gateway.domain import ModelRef
 from gateway.models import ModelRegistry
 from gateway.models.rollout import RolloutConfig
 from gateway.policy.rollout import ModelRollout
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from gateway.tasks.base import TaskRegistry
 from gateway.upstream.client import TFServingClient
 from gateway.upstream.signatures import Signature
 
@@ -264,7 +264,9 @@ async def check(
     client = TFServingClient(settings)
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     try:
-        pipeline = Pipeline(settings, client, registry, executor, tasks)
+        pipeline = Pipeline(
+            settings, client, registry, executor, tasks, policy.build(settings, registry)
+        )
         reports = []
         for name in models_to_check(registry):
             report = await plan_model(client, registry, tasks, name, settings.upstream_timeout)

@@ -7,10 +7,10 @@ import pytest
 
 from gateway.core.batching import DEFAULT_MAX_BATCH, plan_batching
 from gateway.core.inputs import plan_input
+from gateway.domain import OutputPlan
 from gateway.models import InputPrep, ModelConfigError, load_registry
 from gateway.models.batching import BatchingConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import OutputPlan
 from gateway.upstream.signatures import Signature, TensorSpec
 from tests.test_models import TASKS, config
 

@@ -24,8 +24,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
 from gateway import errors
-from gateway.core.domain import Outcome, Request
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef, Outcome, Request, Trace
 from gateway.proto.detection.v1 import detection_pb2 as pb
 
 # Caller headers (gRPC metadata, HTTP headers) passed on to TF Serving, so traces connect
@@ -43,8 +42,6 @@ TRACE_HEADERS = frozenset(
         "x-b3-flags",
     }
 )
-# Caller metadata passed on to TF Serving (trace headers), as (key, value) pairs.
-Trace = tuple[tuple[str, str], ...]
 # (request message, request id, method name for logs and metrics, seconds left or None, trace)
 ToRequest = Callable[[Any, str, str, "float | None", Trace], Request]
 ToResult = Callable[[Outcome], Any]

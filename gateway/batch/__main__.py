@@ -23,8 +23,8 @@ from gateway.batch.over_grpc import GrpcTransport, Knobs, check_options
 from gateway.batch.shard import RunSettings
 from gateway.batch.spec import FORMATS, JobSpec
 from gateway.batch.transport import Deliver, StopJob
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError
-from gateway.modelref import ModelRef
 from gateway.tasks.builtin import BUILT_IN
 
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in Indexed Jobs

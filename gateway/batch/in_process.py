@@ -16,8 +16,8 @@ from gateway.api.bindings import Binding, model_spec
 from gateway.api.protojson import to_dict
 from gateway.batch.spec import JobSpec
 from gateway.batch.transport import Answer, CallTransport, Deliver, Work, failed
-from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import Pipeline
+from gateway.domain import Outcome, Request
 from gateway.errors import GatewayError, Kind
 
 log = logging.getLogger("gateway.jobs")

@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway import errors
 from gateway.api.bindings import Binding, Bindings
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef
 from gateway.models import DEFAULT_TASK
 
 FORMATS = ("auto", "images", "manifest", "tfrecord")

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.core.inputs import InputMode, InputPlan
+from gateway.domain import OutputPlan
 from gateway.models.batching import BatchingConfig
-from gateway.tasks.base import OutputPlan
 from gateway.upstream.signatures import Signature
 
 # Images per Predict unless the model config says otherwise (TF Serving's batching guide

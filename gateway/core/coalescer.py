@@ -33,8 +33,8 @@ from gateway import metrics
 from gateway.config import MESSAGE_OVERHEAD, Settings
 from gateway.core.batching import BatchPlan
 from gateway.core.inputs import ModelInput
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError, Kind
-from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import StaleSignature, TFServingClient
 from gateway.upstream.tensors import Tensor, split_batch

@@ -36,6 +36,7 @@ import numpy as np
 from gateway import errors
 from gateway.core.letterbox import check_pad_to, decode_letterboxed
 from gateway.core.pixels import decode_into_request, normalise
+from gateway.domain import BoxTransform
 from gateway.imaging import filters, resize
 from gateway.imaging.decode import decode_image, encode_png
 from gateway.imaging.header import (
@@ -48,7 +49,6 @@ from gateway.imaging.orientation import orient_box
 from gateway.models import InputPrep
 from gateway.proto.tfswire.v1 import example_pb2
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import BoxTransform
 from gateway.upstream.signatures import Signature
 from gateway.upstream.wire import predict_request, string_request
 

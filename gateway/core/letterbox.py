@@ -17,9 +17,9 @@ from functools import partial
 import numpy as np
 
 from gateway import errors
+from gateway.domain import BoxTransform
 from gateway.imaging import resize
 from gateway.imaging.header import ImageInfo, ImageLimits, inspect_image
-from gateway.tasks.base import BoxTransform
 
 
 def content_size(width: int, height: int, canvas: tuple[int, int]) -> tuple[int, int]:

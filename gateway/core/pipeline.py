@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 
 from gateway import errors, logs, metrics, tracing
+from gateway.api.task import Task, TaskRegistry
 from gateway.config import Settings
 from gateway.core.batching import BatchPlan, plan_batching
 from gateway.core.coalescer import Coalescer
-from gateway.core.domain import Outcome, Request
 from gateway.core.inputs import (
     InputMode,
     InputPlan,
@@ -34,15 +34,13 @@ from gateway.core.inputs import (
     forward_encoded,
     plan_input,
 )
+from gateway.core.ports import Policy
+from gateway.domain import Frame, ModelRef, Outcome, OutputError, OutputPlan, Request
 from gateway.errors import GatewayError, Kind
 from gateway.imaging.header import ImageLimits
-from gateway.modelref import ModelRef
+from gateway.logs import BAD_OUTPUTS
 from gateway.models import ModelConfig, ModelRegistry
-from gateway.policy.fairshare import FairShare
-from gateway.policy.rollout import Rollouts
-from gateway.policy.shadow import Shadows
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import BAD_OUTPUTS, Frame, OutputError, OutputPlan, Task, TaskRegistry
 from gateway.upstream.client import (
     StaleSignature,
     TFServingClient,
@@ -103,6 +101,7 @@ class Pipeline:
         registry: ModelRegistry,
         executor: Executor,
         tasks: TaskRegistry,
+        policy: Policy,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -111,11 +110,12 @@ class Pipeline:
         self._client = client
         client.signature_names.update(registry.signature_names())
         self._executor = executor
-        # Callers' quotas and fair shares of the concurrency limit (gateway.policy).
-        self._limit = FairShare.for_settings(settings)
-        # Canary and shadow versions per model (gateway.policy.rollout, .shadow).
-        self.rollouts = Rollouts(registry)
-        self.shadows = Shadows(settings.max_concurrent_requests, lambda: self._limit.in_flight)
+        # Callers' quotas and fair shares of the concurrency limit; canary and shadow
+        # versions per model (gateway.policy, built by the app).
+        self.policy = policy
+        self._limit = policy.limit
+        self.rollouts = policy.rollouts
+        self.shadows = policy.shadows
         self._image_limits = ImageLimits(settings.max_image_bytes, settings.max_pixels)
         self._plans: dict[tuple[str, int, str], Plan] = {}
         # Per-model gauges (in flight, waiting for TF Serving): the models the config names.
@@ -149,7 +149,7 @@ class Pipeline:
                     outcome = await self._run(task, model, request, request_id, timings, notes)
             finally:
                 self._limit.release(ticket, time.perf_counter() - started)
-            if shadowed is not None and shadowed.shadow is not None:
+            if shadowed is not None:
                 self.shadows.send(shadowed, outcome, partial(
                     self._run, task, shadowed.shadow, request, request_id, timings.copy(), {}
                 ))  # fmt: skip

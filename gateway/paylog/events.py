@@ -38,9 +38,8 @@ from typing import Any, NamedTuple
 
 from gateway.api.bindings import Bindings
 from gateway.api.protojson import to_dict
-from gateway.core.domain import Outcome, Request
 from gateway.core.pipeline import trace_id_of
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef, Outcome, Request
 
 SPECVERSION = "1.0"
 TYPE = "detection.gateway.inference.v1"

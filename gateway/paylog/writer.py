@@ -24,9 +24,8 @@ from prometheus_client import Counter, Gauge
 
 from gateway.api.bindings import Bindings
 from gateway.config import Settings
-from gateway.core.domain import Outcome, Request
+from gateway.domain import ModelRef, Outcome, Request
 from gateway.errors import GatewayError
-from gateway.modelref import ModelRef
 from gateway.paylog import sinks
 from gateway.paylog.events import Record, event
 from gateway.paylog.sampling import EVERYTHING, FULL, PaylogError, Policy, PolicyFile, Sampling

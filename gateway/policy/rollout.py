@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import Counter, Summary
 
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef
 from gateway.models import ModelRegistry
 from gateway.models.rollout import RolloutConfig, Target
 from gateway.policy.compare import ClassificationComparison, Comparison, DetectionComparison
@@ -206,6 +206,11 @@ class Rollouts:
 
     def __iter__(self) -> Iterator[ModelRollout]:
         return iter(self.models.values())
+
+    def summary(self, model: str) -> dict[str, Any] | None:
+        """`model`'s rollout statistics (ModelRollout.summary); None when it has none."""
+        rollout = self.models.get(model)
+        return None if rollout is None else rollout.summary()
 
     def route(
         self, model: ModelRef, caller: str, request_id: str

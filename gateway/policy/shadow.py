@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from gateway.core.domain import Outcome
+from gateway.domain import Outcome
 from gateway.errors import GatewayError
 from gateway.policy.compare import compare
 from gateway.policy.rollout import ModelRollout

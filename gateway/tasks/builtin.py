@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from gateway.tasks.base import Task, TaskRegistry
+from gateway.api.task import Task, TaskRegistry
 
 FOLDERS = (
     "detection",

@@ -20,8 +20,8 @@ import grpc
 
 from gateway import metrics
 from gateway.config import Settings
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError, Kind
-from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tls import TLS
 from gateway.upstream.retries import RetryBudget, backoff, is_retryable

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from gateway import errors
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.tensors import dtype_name, shape_of
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import grpc
 
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError, Kind
-from gateway.modelref import ModelRef
 
 
 def from_upstream(error: grpc.RpcError, *, target: str, model: ModelRef) -> GatewayError:

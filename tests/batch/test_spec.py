@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.batch.spec import JobSpec
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError, Kind
-from gateway.modelref import ModelRef
 from gateway.tasks.builtin import BUILT_IN
 
 STORED = {

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from gateway import metrics
-from gateway.core.domain import Outcome
+from gateway.domain import Outcome
 from gateway.errors import GatewayError, Kind
 from tests.support.fakeserving import FakeModel, FakeServing, Rejected
 from tests.support.pipelines import classify, pipeline_for, png, solid, write_config

@@ -10,9 +10,9 @@ from PIL import Image
 
 from gateway.core.inputs import InputMode, InputPlan, build_input, plan_input
 from gateway.core.letterbox import content_size, decode_letterboxed, unletterbox
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError
 from gateway.imaging.header import ImageLimits
-from gateway.modelref import ModelRef
 from gateway.models import InputPrep
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import request_envelope

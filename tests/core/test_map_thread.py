@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from gateway import policy
+from gateway.api.task import TaskRegistry
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.models import default_registry
-from gateway.tasks.base import TaskRegistry
 from gateway.tasks.detection import DetectionTask
 from gateway.upstream.client import TFServingClient
 from tests.support.fakeserving import FakeModel, FakeServing
@@ -47,8 +48,14 @@ def test_a_task_maps_on_the_loop_or_in_a_decode_thread_as_it_says(in_thread: boo
         client = TFServingClient(settings)
         try:
             with ThreadPoolExecutor(2) as executor:
+                models = default_registry("fixed")
                 pipeline = Pipeline(
-                    settings, client, default_registry("fixed"), executor, TaskRegistry([task])
+                    settings,
+                    client,
+                    models,
+                    executor,
+                    TaskRegistry([task]),
+                    policy.build(settings, models),
                 )
                 image = png(solid(64, 64, (200, 30, 30)).astype(np.uint8))
                 outcome = await pipeline.run(task.name, detect(image, "fixed"))

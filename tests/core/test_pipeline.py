@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gateway.core.domain import Outcome
+from gateway.domain import Outcome
 from gateway.errors import GatewayError, Kind
 from tests.support.fakeserving import FakeModel
 from tests.support.pipelines import (

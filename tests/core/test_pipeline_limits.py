@@ -19,9 +19,8 @@ from PIL import Image
 
 from gateway.core import inputs
 from gateway.core import pipeline as pipeline_module
-from gateway.core.domain import Outcome, Request
+from gateway.domain import ModelRef, Outcome, Request
 from gateway.errors import GatewayError, Kind
-from gateway.modelref import ModelRef
 from gateway.tasks.detection import DetectionTask
 from gateway.tasks.types import ClassifyOptions, DetectOptions
 from tests.support.fakeserving import FakeModel

@@ -12,8 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway import tracing
-from gateway.core.domain import Request
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef, Request
 from gateway.tasks.types import DetectOptions
 from tests.support.pipelines import classifier_models, pipeline_for, png, solid
 

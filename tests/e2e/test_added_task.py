@@ -31,12 +31,12 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from gateway import app
 from gateway.api import bindings as api
+from gateway.api.task import TaskRegistry
 from gateway.client import TaskClient
 from gateway.client.cli import main as client_main
 from gateway.config import Settings
 from gateway.flags import parse_settings
 from gateway.tasks import embedding
-from gateway.tasks.base import TaskRegistry
 from tests.e2e.test_embedding import IMAGE, SIDE, shares, stripes, unit
 from tests.support.localserver import reserve_port, run_local_server
 

@@ -23,6 +23,7 @@ from google.protobuf import json_format
 
 from gateway import modelcheck
 from gateway.api import bindings as api
+from gateway.api.task import TaskRegistry
 from gateway.app import load_models
 from gateway.batch.__main__ import main as batch_main
 from gateway.client.cli import main as client_main
@@ -31,7 +32,6 @@ from gateway.config import Settings
 from gateway.flags import parse_settings
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
-from gateway.tasks.base import TaskRegistry
 from gateway.tasks.builtin import BUILT_IN
 from gateway.tasks.embedding import EmbeddingTask
 from tests.e2e.test_added_task import _gateway_thread

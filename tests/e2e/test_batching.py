@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gateway import metrics, modelcheck
+from gateway import metrics, modelcheck, policy
 from gateway.app import built_in_tasks
 from gateway.config import Settings
-from gateway.core.domain import Outcome
 from gateway.core.pipeline import Pipeline
+from gateway.domain import Outcome
 from gateway.models import ModelRegistry, load_registry
 from gateway.upstream.client import TFServingClient
 from serving import scenes
@@ -132,10 +132,13 @@ def registry(tmp: Path) -> ModelRegistry:
 async def pipeline(target: str, tmp: Path) -> AsyncIterator[Pipeline]:
     settings = Settings(upstream=target)
     tasks = built_in_tasks()
+    models = registry(tmp)
     client = TFServingClient(settings)
     with ThreadPoolExecutor(2) as executor:
         try:
-            yield Pipeline(settings, client, registry(tmp), executor, tasks)
+            yield Pipeline(
+                settings, client, models, executor, tasks, policy.build(settings, models)
+            )
         finally:
             await client.close()
 

@@ -19,11 +19,11 @@ import simplejpeg
 from PIL import Image, ImageOps
 
 from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.domain import ModelRef
 from gateway.imaging import decode
 from gateway.imaging.decode import decode_image
 from gateway.imaging.errors import CorruptImage
 from gateway.imaging.header import ImageInfo, ImageLimits
-from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import request_envelope

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gateway import policy
 from gateway.app import build_jobs, built_in_tasks
 from gateway.batch.spec import JobSpec
 from gateway.config import Settings
@@ -50,8 +51,9 @@ async def jobs_service(
     )
     client = TFServingClient(config)
     with ThreadPoolExecutor(1) as executor:
+        models = default_registry("detector")
         pipeline = Pipeline(
-            config, client, default_registry("detector"), executor, built_in_tasks()
+            config, client, models, executor, built_in_tasks(), policy.build(config, models)
         )
         jobs = build_jobs(config, pipeline, client, BUILT_IN)
         await jobs.start()

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from gateway.batch.spec import JobSpec
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.paging import parse_filter
 from gateway.jobs.records import Job
 from gateway.jobs.store import JobStore
-from gateway.modelref import ModelRef
 
 
 def job(job_id: str, state: str = "QUEUED") -> Job:

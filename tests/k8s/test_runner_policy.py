@@ -21,9 +21,9 @@ import yaml
 
 from gateway.batch.spec import JobSpec
 from gateway.config import Settings
+from gateway.domain import ModelRef
 from gateway.jobs import kube
 from gateway.jobs.records import Job
-from gateway.modelref import ModelRef
 from gateway.tasks.builtin import BUILT_IN
 from tests.k8s.test_apiserver import render
 from tests.support.apiserver import ApiServer

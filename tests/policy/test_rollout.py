@@ -3,7 +3,7 @@ never rerouted, shadow share; and the summary's counts."""
 
 from __future__ import annotations
 
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.models.rollout import RolloutConfig, Target
 from gateway.policy.compare import ClassificationComparison, DetectionComparison

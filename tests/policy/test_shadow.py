@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway import errors
-from gateway.core.domain import Outcome
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef, Outcome
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.models.rollout import RolloutConfig, Target
 from gateway.policy.rollout import ModelRollout, Rollouts

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gateway.core.inputs import InputMode, InputPlan, ModelInput, build_input
+from gateway.domain import ModelRef
 from gateway.imaging.errors import ImageError
 from gateway.imaging.header import ImageLimits
 from gateway.labels import Labels
-from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection import REQUIRED_OUTPUTS, OutputError, map_detections
 from gateway.upstream.client import request_envelope

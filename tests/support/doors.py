@@ -22,14 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
+from gateway import policy
 from gateway.api import bindings as api
+from gateway.api.task import TaskRegistry
 from gateway.app import built_in_tasks, load_models
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import server as grpc_door
 from gateway.frontends.http.server import HttpDoor
 from gateway.readiness import Readiness
-from gateway.tasks.base import TaskRegistry
 from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
 from tests.support.fakeserving import FakeModel, FakeServing
@@ -120,7 +121,14 @@ class InProcessDoors:
         self._executor = ThreadPoolExecutor(2, thread_name_prefix="decode")
         self._client = TFServingClient(self.settings)
         registry = load_models(self.settings, self._tasks)
-        self.pipeline = Pipeline(self.settings, self._client, registry, self._executor, self._tasks)
+        self.pipeline = Pipeline(
+            self.settings,
+            self._client,
+            registry,
+            self._executor,
+            self._tasks,
+            policy.build(self.settings, registry),
+        )
         self._grpc = grpc_door.build(self.settings, self.pipeline, self._bindings)
         await self._grpc.statuses.start()
         self.readiness = Readiness(

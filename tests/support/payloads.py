@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from gateway.core.domain import Outcome, Request
+from gateway.domain import ModelRef, Outcome, Request
 from gateway.errors import GatewayError, Kind
-from gateway.modelref import ModelRef
 from gateway.paylog.writer import PayloadLog
 from gateway.tasks.types import Box, Detection, Detections, DetectOptions, NormalizedBox
 

@@ -18,11 +18,11 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
+from gateway import policy
 from gateway.app import built_in_tasks
 from gateway.config import Settings
-from gateway.core.domain import Request
 from gateway.core.pipeline import Pipeline
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef, Request
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.tasks.types import ClassifyOptions, DetectOptions
 from gateway.upstream.client import TFServingClient
@@ -90,7 +90,7 @@ async def pipeline_for(
     client = TFServingClient(s)
     with ThreadPoolExecutor(2) as executor:
         try:
-            yield Pipeline(s, client, registry, executor, tasks), serving
+            yield Pipeline(s, client, registry, executor, tasks, policy.build(s, registry)), serving
         finally:
             await client.close()
             await serving.stop()

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from gateway.config import Settings
+from gateway.domain import Frame, OutputError
 from gateway.errors import GatewayError, Kind
 from gateway.labels import Labels
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.classification import ClassificationSettings, ClassificationTask
 from gateway.tasks.classification.config import ClassificationConfig
 from gateway.tasks.types import ClassifyOptions

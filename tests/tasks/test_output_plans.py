@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from gateway.config import Settings
+from gateway.domain import Frame
 from gateway.errors import GatewayError, Kind
 from gateway.labels import Labels
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import Frame
 from gateway.tasks.classification import ClassificationTask
 from gateway.tasks.classification.config import ClassificationConfig, ClassificationOutputs
 from gateway.tasks.detection import DetectionTask

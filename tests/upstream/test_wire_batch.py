@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
-from gateway.modelref import ModelRef
+from gateway.domain import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import request_envelope
 from gateway.upstream.wire import (

@@ -22,9 +22,9 @@ import grpc
 from google.rpc import status_pb2
 
 from gateway import identity
-from gateway.api.bindings import TRACE_HEADERS, Binding, ToRequest, Trace
-from gateway.core.domain import Outcome
+from gateway.api.bindings import TRACE_HEADERS, Binding, ToRequest
 from gateway.core.pipeline import Pipeline, new_request_id
+from gateway.domain import Outcome, Trace
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.grpc.status import STATUS, abort
 

@@ -26,6 +26,7 @@ from gateway import errors, identity, logs, metrics
 from gateway.api.bindings import TRACE_HEADERS, Binding, Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline, new_request_id
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.http import bodies, openapi, page
 from gateway.frontends.http.limits import BodyLimits
@@ -42,7 +43,6 @@ from gateway.frontends.http.status import (
     not_found,
     unsupported_media_type,
 )
-from gateway.modelref import ModelRef
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.readiness import Readiness
 
@@ -262,15 +262,15 @@ class Handlers:
 
     async def rollout(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["model"]
-        rollout = self._pipeline.rollouts.models.get(name)
-        if rollout is None:
+        summary = self._pipeline.rollouts.summary(name)
+        if summary is None:
             message = (
                 f"model '{name}' has no rollout; give it one in the model config "
                 f"([models.{name}.rollout], GATEWAY_MODEL_CONFIG)"
             )
             return error_response(STATUS[Kind.NOT_FOUND], Kind.NOT_FOUND.code, message, "", False)
         return web.Response(
-            body=json.dumps(rollout.summary(), separators=(",", ":")).encode(),
+            body=json.dumps(summary, separators=(",", ":")).encode(),
             content_type=bodies.JSON,
         )
 

@@ -25,9 +25,10 @@ import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
+from gateway.domain import Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import Frame, OutputError, OutputPlan, task_config
+from gateway.tasks.base import task_config
 from gateway.tasks.classification import config as classification_config
 from gateway.tasks.classification.binding import BINDING, CLASSIFICATION
 from gateway.tasks.classification.config import ClassificationConfig

@@ -14,7 +14,7 @@ What the signature and config cannot settle is refused at startup, naming the ke
 `task` holds DetectionTask, which the app registers.
 """
 
-from gateway.tasks.base import OutputError
+from gateway.domain import OutputError
 from gateway.tasks.detection.od_api import (
     BOXES,
     CLASSES,

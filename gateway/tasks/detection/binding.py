@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, Trace, page_script, served_model, to_model_ref
-from gateway.core.domain import Outcome, Request
+from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
+from gateway.domain import Outcome, Request, Trace
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.types import Detections, DetectOptions
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from gateway.domain import Frame, OutputError
 from gateway.labels import Labels
-from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.decoders import boxes as box_forms
 from gateway.tasks.decoders import yolo
 from gateway.tasks.detection.od_api import BOX_MARGIN, MAX_CLASS_ID, to_detections, valid_count

@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gateway.domain import BoxTransform, OutputError
 from gateway.labels import Labels
-from gateway.tasks.base import BoxTransform, OutputError
 from gateway.tasks.types import Box, Detection, NormalizedBox
 from gateway.upstream.tensors import Tensor, head
 

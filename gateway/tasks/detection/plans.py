@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway import errors
+from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import OutputPlan
 from gateway.tasks.detection.config import DetectionOutputs
 from gateway.tasks.detection.od_api import BOXES, CLASSES, NUM_DETECTIONS, SCORES
 from gateway.upstream.signatures import Signature, TensorSpec

@@ -11,8 +11,9 @@ from typing import Any, NamedTuple
 
 from gateway import errors
 from gateway.config import Settings
+from gateway.domain import Frame, OutputPlan
 from gateway.models import ModelConfig
-from gateway.tasks.base import Frame, OutputPlan, task_config
+from gateway.tasks.base import task_config
 from gateway.tasks.detection import config as detection_config
 from gateway.tasks.detection.binding import BINDING, DETECTION
 from gateway.tasks.detection.config import DetectionConfig

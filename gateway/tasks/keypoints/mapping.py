@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from gateway.domain import Frame, OutputError
 from gateway.labels import Labels
-from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.decoders import pose
 from gateway.tasks.detection.forms import map_decoded_rows
 from gateway.tasks.detection.od_api import BOX_MARGIN

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import Settings
+from gateway.domain import Frame, OutputPlan
 from gateway.models import ModelConfig
-from gateway.tasks.base import Frame, OutputPlan, task_config
+from gateway.tasks.base import task_config
 from gateway.tasks.detection.task import DetectionSettings, resolve_options
 from gateway.tasks.keypoints import config as keypoint_config
 from gateway.tasks.keypoints.binding import BINDING, KEYPOINTS

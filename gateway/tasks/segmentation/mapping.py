@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from gateway import errors
+from gateway.domain import Frame, OutputError
 from gateway.labels import Labels
-from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.decoders import yoloseg
 from gateway.tasks.detection.forms import map_decoded_boxes
 from gateway.tasks.segmentation import encode, raster

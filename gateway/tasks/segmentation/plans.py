@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway import errors
+from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import OutputPlan
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
 from gateway.tasks.segmentation.config import YOLO_SEG, SegmentationConfig
 from gateway.upstream.signatures import Signature, TensorSpec

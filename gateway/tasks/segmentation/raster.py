@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gateway.tasks.base import BoxTransform
+from gateway.domain import BoxTransform
 
 _STRIP = 1 << 20  # float samples computed at once (4 MB)
 _EPS = 1e-9

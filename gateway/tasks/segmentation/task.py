@@ -12,8 +12,9 @@ from typing import Any
 
 from gateway import errors
 from gateway.config import Settings
+from gateway.domain import Frame, OutputPlan
 from gateway.models import ModelConfig
-from gateway.tasks.base import Frame, OutputPlan, task_config
+from gateway.tasks.base import task_config
 from gateway.tasks.detection.task import resolve_options
 from gateway.tasks.segmentation import config as segmentation_config
 from gateway.tasks.segmentation.binding import BINDING, SEGMENTATION

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway import policy
 from gateway.app import built_in_tasks
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
@@ -32,7 +33,14 @@ def _routes_and_document() -> tuple[set[tuple[str, str]], dict]:
         with ThreadPoolExecutor(1) as executor:
             door = HttpDoor(
                 settings,
-                Pipeline(settings, client, registry, executor, built_in_tasks()),
+                Pipeline(
+                    settings,
+                    client,
+                    registry,
+                    executor,
+                    built_in_tasks(),
+                    policy.build(settings, registry),
+                ),
                 BUILT_IN,
                 Readiness(client, registry.default_model, 1.0),
             )

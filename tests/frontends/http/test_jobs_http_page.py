@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from openapi_spec_validator import validate
 
+from gateway import policy
 from gateway.app import build_jobs, built_in_tasks
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
@@ -37,7 +38,14 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
         registry = default_registry("detector")
         client = TFServingClient(settings)
         with ThreadPoolExecutor(1) as executor:
-            pipeline = Pipeline(settings, client, registry, executor, built_in_tasks())
+            pipeline = Pipeline(
+                settings,
+                client,
+                registry,
+                executor,
+                built_in_tasks(),
+                policy.build(settings, registry),
+            )
             jobs = build_jobs(settings, pipeline, client, BUILT_IN)
             readiness = Readiness(client, registry.default_model, 1.0)
             door = HttpDoor(settings, pipeline, BUILT_IN, readiness, jobs)

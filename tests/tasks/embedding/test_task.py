@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from gateway.config import Settings
+from gateway.domain import Frame, OutputError
 from gateway.errors import GatewayError, Kind
 from gateway.models import ModelConfig, ModelConfigError
 from gateway.models.file import parse_registry
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.builtin import built_in_tasks
 from gateway.tasks.embedding import TASK, EmbeddingPlan
 from gateway.tasks.embedding.config import EmbeddingConfig

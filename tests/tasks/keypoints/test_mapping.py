@@ -11,10 +11,10 @@ import pytest
 
 from gateway.config import Settings
 from gateway.core.letterbox import unletterbox
+from gateway.domain import Frame, OutputError
 from gateway.imaging.orientation import orient_box
 from gateway.labels import Labels
 from gateway.models import ModelConfig
-from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.decoders import pose
 from gateway.tasks.detection.config import DetectionConfig, DetectionOutputs
 from gateway.tasks.keypoints import TASK

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from gateway.config import Settings
+from gateway.domain import Frame, OutputError
 from gateway.errors import GatewayError, Kind
 from gateway.labels import Labels
 from gateway.models import ModelConfig
 from gateway.models.values import ModelConfigError
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import Frame, OutputError
 from gateway.tasks.segmentation import TASK, mapping
 from gateway.tasks.segmentation.config import SegmentationConfig
 from gateway.tasks.segmentation.plans import SegmentationPlan
