@@ -4,7 +4,7 @@ it gets back (Outcome), the model a caller names (ModelRef), the image as the ca
 imports nothing else of the gateway, so no arrow of the import graph runs back up to it.
 
 Protobuf, JSON and MessagePack stay at the edges (gateway/frontends, gateway/api); a task's
-own options and result are its types (gateway/tasks/<task>/types.py).
+own options and result are its nouns (gateway/tasks/<task>/nouns.py).
 
 NamedTuples for what is made per image: they cost a fraction of a frozen dataclass.
 """

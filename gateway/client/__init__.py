@@ -24,7 +24,7 @@ from gateway.api.channel import (
 )
 from gateway.client.cli import main
 from gateway.client.drawing import DRAW_COLOUR, draw, draw_path
-from gateway.client.http import HttpCallError, HttpClient
+from gateway.client.http_client import HttpCallError, HttpClient
 from gateway.client.messages import (
     classification_to_dict,
     make_classify_request,

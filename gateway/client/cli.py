@@ -23,7 +23,7 @@ import grpc
 from gateway.api.arguments import add_option_arguments, add_tls_arguments, tls_from_args
 from gateway.api.bindings import Bindings
 from gateway.client.drawing import draw, draw_path
-from gateway.client.http import HttpCallError, HttpClient
+from gateway.client.http_client import HttpCallError, HttpClient
 from gateway.client.messages import result_dict
 from gateway.client.stubs import TaskClient
 from gateway.tasks.builtin import BUILT_IN

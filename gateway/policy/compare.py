@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.tasks.types import Classes, Detection, Detections
+from gateway.tasks.classification.nouns import Classes
+from gateway.tasks.detection.nouns import Detection, Detections
 
 MATCH_IOU = 0.5
 

@@ -21,8 +21,9 @@ from gateway.core import inputs
 from gateway.core import pipeline as pipeline_module
 from gateway.domain import ModelRef, Outcome, Request
 from gateway.errors import GatewayError, Kind
+from gateway.tasks.classification.nouns import ClassifyOptions
 from gateway.tasks.detection import DetectionTask
-from gateway.tasks.types import ClassifyOptions, DetectOptions
+from gateway.tasks.detection.nouns import DetectOptions
 from tests.support.fakeserving import FakeModel
 from tests.support.pipelines import (
     CLASSIFIER_CONFIG,

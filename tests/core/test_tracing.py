@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway import tracing
 from gateway.domain import ModelRef, Request
-from gateway.tasks.types import DetectOptions
+from gateway.tasks.detection.nouns import DetectOptions
 from tests.support.pipelines import classifier_models, pipeline_for, png, solid
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -27,7 +27,7 @@ from gateway.api.task import TaskRegistry
 from gateway.app import load_models
 from gateway.batch.__main__ import main as batch_main
 from gateway.client.cli import main as client_main
-from gateway.client.http import HttpClient
+from gateway.client.http_client import HttpClient
 from gateway.config import Settings
 from gateway.flags import parse_settings
 from gateway.proto.detection.v1 import detection_pb2 as pb

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.policy.compare import compare, compare_classes, compare_detections, iou
-from gateway.tasks.types import Box, Classes, Detection, Detections, NormalizedBox, ScoredClass
+from gateway.tasks.classification.nouns import Classes, ScoredClass
+from gateway.tasks.detection.nouns import Box, Detection, Detections, NormalizedBox
 
 
 def det(label: str, score: float, x0: float, y0: float, x1: float, y1: float, cid: int = 1):

@@ -11,7 +11,7 @@ from gateway.models import ModelConfig, ModelRegistry
 from gateway.models.rollout import RolloutConfig, Target
 from gateway.policy.rollout import ModelRollout, Rollouts
 from gateway.policy.shadow import Shadows
-from gateway.tasks.types import Box, Detection, Detections, NormalizedBox
+from gateway.tasks.detection.nouns import Box, Detection, Detections, NormalizedBox
 
 
 def rollout() -> ModelRollout:

@@ -7,7 +7,7 @@ from prometheus_client import REGISTRY
 from gateway.domain import ModelRef, Outcome, Request
 from gateway.errors import GatewayError, Kind
 from gateway.paylog.writer import PayloadLog
-from gateway.tasks.types import Box, Detection, Detections, DetectOptions, NormalizedBox
+from gateway.tasks.detection.nouns import Box, Detection, Detections, DetectOptions, NormalizedBox
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 DETECTIONS = Detections(

@@ -24,7 +24,8 @@ from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.domain import ModelRef, Request
 from gateway.models import ModelRegistry, default_registry, load_registry
-from gateway.tasks.types import ClassifyOptions, DetectOptions
+from gateway.tasks.classification.nouns import ClassifyOptions
+from gateway.tasks.detection.nouns import DetectOptions
 from gateway.upstream.client import TFServingClient
 from tests.support.fakeserving import FakeModel, FakeServing
 

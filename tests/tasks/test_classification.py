@@ -13,7 +13,7 @@ from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.classification import ClassificationSettings, ClassificationTask
 from gateway.tasks.classification.config import ClassificationConfig
-from gateway.tasks.types import ClassifyOptions
+from gateway.tasks.classification.nouns import ClassifyOptions
 from gateway.upstream.signatures import Signature, TensorSpec
 
 TASK = ClassificationTask()

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.labels import Labels, LabelsError
 from gateway.tasks.detection import OutputError, map_detections
-from gateway.tasks.types import Box
+from gateway.tasks.detection.nouns import Box
 
 LABELS = Labels.parse_label_map(
     """

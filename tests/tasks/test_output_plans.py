@@ -14,9 +14,10 @@ from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.classification import ClassificationTask
 from gateway.tasks.classification.config import ClassificationConfig, ClassificationOutputs
+from gateway.tasks.classification.nouns import ClassifyOptions
 from gateway.tasks.detection import DetectionTask
 from gateway.tasks.detection.config import DetectionConfig, DetectionOutputs
-from gateway.tasks.types import ClassifyOptions, DetectOptions
+from gateway.tasks.detection.nouns import DetectOptions
 from gateway.upstream.signatures import Signature, TensorSpec
 
 F = tfs.DT_FLOAT

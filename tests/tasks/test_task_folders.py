@@ -19,6 +19,8 @@ SHARED = {"decoders"}
 # Task folders whose modules other tasks may reuse.
 REUSABLE = {"detection"}
 REGISTRATION = "gateway.tasks.builtin"
+# Modules outside the folders that still name a task, each until the issue that moves it in.
+NOT_YET = {"gateway.policy.compare": "issue 44.2: the shadow comparison becomes Task.compare"}
 
 
 def task_folders() -> list[str]:
@@ -76,7 +78,7 @@ def test_only_the_registration_imports_a_task_from_outside_its_folder() -> None:
         own = task_of(name)
         for target in imported(path, name):
             task = task_of(target)
-            if task is None or task == own or name == REGISTRATION:
+            if task is None or task == own or name == REGISTRATION or name in NOT_YET:
                 continue
             if own is not None and task in REUSABLE:
                 continue  # a task built on detection (the next test's rule)

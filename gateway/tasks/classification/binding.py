@@ -6,7 +6,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
 from gateway.domain import Outcome, Request, Trace
 from gateway.proto.classification.v1 import classification_pb2 as cpb
-from gateway.tasks.types import Classes, ClassifyOptions
+from gateway.tasks.classification.nouns import Classes, ClassifyOptions
 
 CLASSIFICATION = "classification"
 

@@ -32,8 +32,8 @@ from gateway.tasks.base import task_config
 from gateway.tasks.classification import config as classification_config
 from gateway.tasks.classification.binding import BINDING, CLASSIFICATION
 from gateway.tasks.classification.config import ClassificationConfig
+from gateway.tasks.classification.nouns import Classes, ClassifyOptions, ScoredClass
 from gateway.tasks.decoders import scores as score_forms
-from gateway.tasks.types import Classes, ClassifyOptions, ScoredClass
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor, as_array
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
 from gateway.domain import Outcome, Request, Trace
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from gateway.tasks.types import Detections, DetectOptions
+from gateway.tasks.detection.nouns import Detections, DetectOptions
 
 DETECTION = "detection"
 

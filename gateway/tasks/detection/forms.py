@@ -13,9 +13,9 @@ from gateway.domain import Frame, OutputError
 from gateway.labels import Labels
 from gateway.tasks.decoders import boxes as box_forms
 from gateway.tasks.decoders import yolo
+from gateway.tasks.detection.nouns import Detection
 from gateway.tasks.detection.od_api import BOX_MARGIN, MAX_CLASS_ID, to_detections, valid_count
 from gateway.tasks.detection.plans import DetectionPlan
-from gateway.tasks.types import Detection
 from gateway.upstream.tensors import Tensor, as_array
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.domain import BoxTransform, OutputError
 from gateway.labels import Labels
-from gateway.tasks.types import Box, Detection, NormalizedBox
+from gateway.tasks.detection.nouns import Box, Detection, NormalizedBox
 from gateway.upstream.tensors import Tensor, head
 
 BOXES = "detection_boxes"

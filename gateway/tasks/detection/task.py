@@ -18,9 +18,9 @@ from gateway.tasks.detection import config as detection_config
 from gateway.tasks.detection.binding import BINDING, DETECTION
 from gateway.tasks.detection.config import DetectionConfig
 from gateway.tasks.detection.forms import map_decoded
+from gateway.tasks.detection.nouns import Detections, DetectOptions
 from gateway.tasks.detection.od_api import map_detections
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
-from gateway.tasks.types import Detections, DetectOptions
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
 

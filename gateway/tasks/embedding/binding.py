@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
 from gateway.domain import Outcome, Request, Trace
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
-from gateway.tasks.embedding.types import Embedding, EmbedOptions
+from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
 
 EMBEDDING = "embedding"
 

@@ -29,7 +29,7 @@ from gateway.tasks.base import task_config
 from gateway.tasks.embedding import config as embedding_config
 from gateway.tasks.embedding.binding import BINDING, EMBEDDING
 from gateway.tasks.embedding.config import EmbeddingConfig
-from gateway.tasks.embedding.types import Embedding, EmbedOptions
+from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
 from gateway.upstream.signatures import Signature, TensorSpec
 from gateway.upstream.tensors import Tensor, as_array
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
 from gateway.domain import Outcome, Request, Trace
 from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
-from gateway.tasks.keypoints.types import Keypoints
-from gateway.tasks.types import DetectOptions
+from gateway.tasks.detection.nouns import DetectOptions
+from gateway.tasks.keypoints.nouns import Keypoints
 
 KEYPOINTS = "keypoints"
 

@@ -20,8 +20,8 @@ from gateway.tasks.decoders import pose
 from gateway.tasks.detection.forms import map_decoded_rows
 from gateway.tasks.detection.od_api import BOX_MARGIN
 from gateway.tasks.keypoints.config import YOLO_POSE, names_and_skeleton
+from gateway.tasks.keypoints.nouns import Instance, Keypoint, Keypoints
 from gateway.tasks.keypoints.plans import KeypointPlan
-from gateway.tasks.keypoints.types import Instance, Keypoint, Keypoints
 from gateway.upstream.tensors import Tensor, as_array
 
 

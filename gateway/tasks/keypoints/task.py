@@ -12,14 +12,14 @@ from gateway.config import Settings
 from gateway.domain import Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.tasks.base import task_config
+from gateway.tasks.detection.nouns import DetectOptions
 from gateway.tasks.detection.task import DetectionSettings, resolve_options
 from gateway.tasks.keypoints import config as keypoint_config
 from gateway.tasks.keypoints.binding import BINDING, KEYPOINTS
 from gateway.tasks.keypoints.config import KeypointConfig
 from gateway.tasks.keypoints.mapping import map_keypoints
+from gateway.tasks.keypoints.nouns import Keypoints
 from gateway.tasks.keypoints.plans import KeypointPlan, plan_keypoints
-from gateway.tasks.keypoints.types import Keypoints
-from gateway.tasks.types import DetectOptions
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
 from gateway.domain import Outcome, Request, Trace
 from gateway.proto.segmentation.v1 import segmentation_pb2 as pb
-from gateway.tasks.segmentation.types import SegmentOptions, Segments
+from gateway.tasks.segmentation.nouns import SegmentOptions, Segments
 
 SEGMENTATION = "instance_segmentation"
 

@@ -17,10 +17,10 @@ from gateway.domain import Frame, OutputError
 from gateway.labels import Labels
 from gateway.tasks.decoders import yoloseg
 from gateway.tasks.detection.forms import map_decoded_boxes
+from gateway.tasks.detection.nouns import Detection
 from gateway.tasks.segmentation import encode, raster
 from gateway.tasks.segmentation.config import YOLO_SEG
-from gateway.tasks.segmentation.plans import SegmentationPlan
-from gateway.tasks.segmentation.types import (
+from gateway.tasks.segmentation.nouns import (
     PNG,
     POLYGON,
     Instance,
@@ -28,7 +28,7 @@ from gateway.tasks.segmentation.types import (
     Segments,
     SegmentSettings,
 )
-from gateway.tasks.types import Detection
+from gateway.tasks.segmentation.plans import SegmentationPlan
 from gateway.upstream.tensors import Tensor, as_array
 
 # Polygon vertices in one result at most (each a pair of floats: about 20 bytes of JSON);

@@ -15,20 +15,20 @@ from gateway.config import Settings
 from gateway.domain import Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.tasks.base import task_config
+from gateway.tasks.detection.nouns import DetectOptions
 from gateway.tasks.detection.task import resolve_options
 from gateway.tasks.segmentation import config as segmentation_config
 from gateway.tasks.segmentation.binding import BINDING, SEGMENTATION
 from gateway.tasks.segmentation.config import SegmentationConfig
 from gateway.tasks.segmentation.mapping import map_segments
-from gateway.tasks.segmentation.plans import SegmentationPlan, plan_segmentation
-from gateway.tasks.segmentation.types import (
+from gateway.tasks.segmentation.nouns import (
     MASK_FORMATS,
     RLE,
     SegmentOptions,
     Segments,
     SegmentSettings,
 )
-from gateway.tasks.types import DetectOptions
+from gateway.tasks.segmentation.plans import SegmentationPlan, plan_segmentation
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
 

@@ -19,7 +19,7 @@ from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.builtin import built_in_tasks
 from gateway.tasks.embedding import TASK, EmbeddingPlan
 from gateway.tasks.embedding.config import EmbeddingConfig
-from gateway.tasks.embedding.types import EmbedOptions
+from gateway.tasks.embedding.nouns import EmbedOptions
 from gateway.upstream.signatures import Signature, TensorSpec
 
 PATH = Path("models.toml")

@@ -17,11 +17,11 @@ from gateway.labels import Labels
 from gateway.models import ModelConfig
 from gateway.tasks.decoders import pose
 from gateway.tasks.detection.config import DetectionConfig, DetectionOutputs
+from gateway.tasks.detection.nouns import Box, DetectOptions
 from gateway.tasks.keypoints import TASK
 from gateway.tasks.keypoints.config import KeypointConfig
 from gateway.tasks.keypoints.names import COCO17_SKELETON
-from gateway.tasks.keypoints.types import Keypoints
-from gateway.tasks.types import Box, DetectOptions
+from gateway.tasks.keypoints.nouns import Keypoints
 from gateway.upstream.signatures import TensorSpec
 from tests.tasks.keypoints.support import F, signature, yolo_pose_head
 

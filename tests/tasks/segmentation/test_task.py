@@ -19,8 +19,8 @@ from gateway.models.values import ModelConfigError
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.segmentation import TASK, mapping
 from gateway.tasks.segmentation.config import SegmentationConfig
+from gateway.tasks.segmentation.nouns import SegmentOptions, Segments
 from gateway.tasks.segmentation.plans import SegmentationPlan
-from gateway.tasks.segmentation.types import SegmentOptions, Segments
 from gateway.upstream.signatures import Signature, TensorSpec
 from tests.support import masks
 

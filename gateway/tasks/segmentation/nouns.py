@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gateway.tasks.types import Box
+from gateway.tasks.detection.nouns import Box
 
 RLE = "rle"
 POLYGON = "polygon"

@@ -1,6 +1,7 @@
-"""The built-in tasks' plain types: the options a caller gives and the results the tasks
-return (gateway.tasks.detection, gateway.tasks.classification); the bindings
-(gateway.api.bindings) convert them to and from the public API's messages.
+"""The detection task's nouns: the options a caller gives (DetectOptions) and the result it
+gets (Detections of Detection, each with a pixel Box and a NormalizedBox); the binding
+converts them to and from detection.v1 messages. Segmentation and keypoints reuse Box and
+DetectOptions.
 
 NamedTuples for the values made several times per image (a NamedTuple costs a fraction of
 a frozen dataclass to make).
@@ -48,21 +49,3 @@ class DetectOptions(NamedTuple):
 @dataclass(frozen=True)
 class Detections:
     detections: list[Detection]
-
-
-class ClassifyOptions(NamedTuple):
-    """Classification options as the caller gave them; 0 means the model's default."""
-
-    top_k: int = 0
-    min_score: float = 0.0
-
-
-class ScoredClass(NamedTuple):
-    class_id: int  # index in the model's labels; -1 for a label the model named that is not
-    label: str
-    score: float
-
-
-@dataclass(frozen=True)
-class Classes:
-    classes: list[ScoredClass]
