@@ -4,7 +4,8 @@ Each task's binding lives in its folder (gateway/tasks/<task>/binding.py).
 A binding names the task (as the task registry and the model config do), its gRPC service with
 its unary and streaming RPCs, its request and result messages, the HTTP route's verb
 (`/v1/models/{model}:detect`) and what OpenAPI and the command line say about its options;
-and it converts: `to_request` makes the pipeline's plain Request from the request message,
+and it converts: `to_request` makes the pipeline's plain Request from the request message
+(the options its `options` name, as its task's options type),
 `to_result` the result message from the pipeline's Outcome. The gRPC servicers, the HTTP door,
 OpenAPI, the client and the batch runner loop over the bindings.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,9 @@ class Binding:
     stream: str  # its streaming RPC ("DetectStream")
     request_type: type[Message]
     result_type: type[Message]
-    to_request: ToRequest
+    # The task's options type (a NamedTuple), made from the request's option fields: its
+    # fields are `options`' names, in that order.
+    options_type: Callable[..., Any]
     to_result: ToResult
     summary: str  # what a call does, for OpenAPI ("Detect objects")
     # The request's options (scalar fields besides request_id), each with its description.
@@ -68,9 +72,35 @@ class Binding:
     # "" for none: the page then shows the JSON only.
     page: str = ""
 
+    def __post_init__(self) -> None:
+        names = tuple(self.options)
+        fields = getattr(self.options_type, "_fields", names)
+        if tuple(fields) != names:
+            raise ValueError(
+                f"binding {self.verb}: its options type's fields {fields} are not its "
+                f"options {names}"
+            )
+        # The option fields of a request message, as a tuple (attrgetter gives one name's
+        # value bare): read per request, so made once.
+        read = (
+            attrgetter(*names) if len(names) > 1 else lambda m: tuple(getattr(m, n) for n in names)
+        )
+        object.__setattr__(self, "_read_options", read)
+
     @property
     def service_name(self) -> str:
         return str(self.service.full_name)
+
+    def to_request(
+        self, message: Any, request_id: str, method: str, timeout: float | None, trace: Trace
+    ) -> Request:
+        """The pipeline's Request from a request message: its image, model and options
+        (`options_type` made from the fields `options` names); `method` names the call in
+        metrics and logs, `timeout` is the seconds left (None: no deadline)."""
+        options = self.options_type(*self._read_options(message))  # type: ignore[attr-defined]
+        return Request(
+            message.image, to_model_ref(message.model), options, request_id, timeout, method, trace
+        )
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """GatewayError INVALID_INPUT naming an option this task does not have (never

@@ -3,21 +3,12 @@ task's plain types."""
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
-from gateway.domain import Outcome, Request, Trace
+from gateway.api.bindings import Binding, page_script, served_model
+from gateway.domain import Outcome
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.tasks.classification.nouns import Classes, ClassifyOptions
 
 CLASSIFICATION = "classification"
-
-
-def to_classify(
-    request: cpb.ClassifyRequest, request_id: str, method: str, timeout: float | None, trace: Trace
-) -> Request:
-    options = ClassifyOptions(request.top_k, request.min_score)
-    return Request(
-        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
-    )
 
 
 def to_classification_result(outcome: Outcome) -> cpb.ClassificationResult:
@@ -42,7 +33,7 @@ BINDING = Binding(
     stream="ClassifyStream",
     request_type=cpb.ClassifyRequest,
     result_type=cpb.ClassificationResult,
-    to_request=to_classify,
+    options_type=ClassifyOptions,
     to_result=to_classification_result,
     summary="Classify",
     options={

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
-from gateway.domain import Outcome, Request, Trace
+from gateway.api.bindings import Binding, page_script, served_model
+from gateway.domain import Outcome
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.detection.nouns import Detections, DetectOptions
 
 DETECTION = "detection"
-
-
-def to_detect(
-    request: pb.DetectRequest, request_id: str, method: str, timeout: float | None, trace: Trace
-) -> Request:
-    options = DetectOptions(request.min_score, request.max_detections)
-    return Request(
-        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
-    )
 
 
 def to_detection_result(outcome: Outcome) -> pb.DetectionResult:
@@ -47,7 +38,7 @@ BINDING = Binding(
     stream="DetectStream",
     request_type=pb.DetectRequest,
     result_type=pb.DetectionResult,
-    to_request=to_detect,
+    options_type=DetectOptions,
     to_result=to_detection_result,
     summary="Detect objects",
     options={

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
-from gateway.domain import Outcome, Request, Trace
+from gateway.api.bindings import Binding, page_script, served_model
+from gateway.domain import Outcome
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
 
 EMBEDDING = "embedding"
-
-
-def to_embed(
-    request: epb.EmbedRequest, request_id: str, method: str, timeout: float | None, trace: Trace
-) -> Request:
-    options = EmbedOptions(request.dimensions)
-    return Request(
-        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
-    )
 
 
 def to_embedding_result(outcome: Outcome) -> epb.EmbeddingResult:
@@ -41,7 +32,7 @@ BINDING = Binding(
     stream="EmbedStream",
     request_type=epb.EmbedRequest,
     result_type=epb.EmbeddingResult,
-    to_request=to_embed,
+    options_type=EmbedOptions,
     to_result=to_embedding_result,
     summary="Embed an image (a feature vector for similarity search)",
     options={

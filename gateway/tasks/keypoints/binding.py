@@ -3,26 +3,13 @@ task's plain types."""
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
-from gateway.domain import Outcome, Request, Trace
+from gateway.api.bindings import Binding, page_script, served_model
+from gateway.domain import Outcome
 from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
 from gateway.tasks.detection.nouns import DetectOptions
 from gateway.tasks.keypoints.nouns import Keypoints
 
 KEYPOINTS = "keypoints"
-
-
-def to_detect_keypoints(
-    request: pb.DetectKeypointsRequest,
-    request_id: str,
-    method: str,
-    timeout: float | None,
-    trace: Trace,
-) -> Request:
-    options = DetectOptions(request.min_score, request.max_detections)
-    return Request(
-        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
-    )
 
 
 def to_keypoints_result(outcome: Outcome) -> pb.KeypointsResult:
@@ -55,7 +42,7 @@ BINDING = Binding(
     stream="DetectKeypointsStream",
     request_type=pb.DetectKeypointsRequest,
     result_type=pb.KeypointsResult,
-    to_request=to_detect_keypoints,
+    options_type=DetectOptions,
     to_result=to_keypoints_result,
     summary="Detect keypoints",
     options={

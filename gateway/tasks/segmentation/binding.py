@@ -3,27 +3,12 @@ segmentation task's plain types."""
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, page_script, served_model, to_model_ref
-from gateway.domain import Outcome, Request, Trace
+from gateway.api.bindings import Binding, page_script, served_model
+from gateway.domain import Outcome
 from gateway.proto.segmentation.v1 import segmentation_pb2 as pb
 from gateway.tasks.segmentation.nouns import SegmentOptions, Segments
 
 SEGMENTATION = "instance_segmentation"
-
-
-def to_segment(
-    request: pb.SegmentRequest,
-    request_id: str,
-    method: str,
-    timeout: float | None,
-    trace: Trace,
-) -> Request:
-    options = SegmentOptions(
-        request.min_score, request.max_detections, request.mask_threshold, request.mask_format
-    )
-    return Request(
-        request.image, to_model_ref(request.model), options, request_id, timeout, method, trace
-    )
 
 
 def to_segmentation_result(outcome: Outcome) -> pb.SegmentationResult:
@@ -60,7 +45,7 @@ BINDING = Binding(
     stream="SegmentStream",
     request_type=pb.SegmentRequest,
     result_type=pb.SegmentationResult,
-    to_request=to_segment,
+    options_type=SegmentOptions,
     to_result=to_segmentation_result,
     summary="Segment object instances",
     options={
