@@ -52,7 +52,7 @@ def load_models(settings: Settings, tasks: TaskRegistry) -> ModelRegistry:
         return load_registry(
             Path(settings.model_config), settings.model, label_maps, tasks=tasks.config_readers
         )
-    return default_registry(settings.model, label_maps)
+    return default_registry(settings.model, label_maps, default_task=tasks.default)
 
 
 class Gateway:

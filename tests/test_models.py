@@ -43,7 +43,7 @@ def test_the_reference_config_loads_every_reference_model():
 
 
 def test_without_a_file_every_model_is_detection():
-    registry = default_registry("detector")
+    registry = default_registry("detector", default_task="detection")
     assert registry.get("anything", DETECTION).task == DETECTION
     assert registry.default_for(DETECTION) == "detector"
     assert registry.default_for(CLASSIFICATION) is None

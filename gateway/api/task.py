@@ -85,6 +85,8 @@ class TaskRegistry(Mapping[str, Task]):
             if task.name in self._tasks:
                 raise ValueError(f"two tasks are named {task.name!r}")
             self._tasks[task.name] = task
+        if not self._tasks:
+            raise ValueError("a gateway serves at least one task")
 
     def __getitem__(self, name: str) -> Task:
         return self._tasks[name]
@@ -98,6 +100,12 @@ class TaskRegistry(Mapping[str, Task]):
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._tasks)
+
+    @property
+    def default(self) -> str:
+        """The task of a model no config file lists: the first registered (detection, for
+        the built-in tasks, as the gateway began)."""
+        return next(iter(self._tasks))
 
     @property
     def config_readers(self) -> dict[str, Callable[[Mapping[str, Any], Path, str], Any]]:

@@ -19,7 +19,6 @@ from typing import Any
 from gateway import errors
 from gateway.api.bindings import Binding, Bindings
 from gateway.domain import ModelRef
-from gateway.models import DEFAULT_TASK
 
 FORMATS = ("auto", "images", "manifest", "tfrecord")
 MAX_SHARDS = 1000
@@ -35,7 +34,7 @@ def _frozen(values: Mapping[str, Option]) -> Mapping[str, Option]:
 class JobSpec:
     input: str  # a local path or fsspec URL: directory, prefix, glob, manifest or TFRecord
     output: str  # the output prefix
-    task: str = DEFAULT_TASK
+    task: str  # the task's name (its binding's `task`)
     model: ModelRef = field(default_factory=lambda: ModelRef(""))
     options: Mapping[str, Option] = field(default_factory=lambda: _frozen({}))
     format: str = "auto"

@@ -18,11 +18,10 @@ from gateway.models.registry import (
     ModelRegistry,
     default_registry,
 )
-from gateway.models.values import DEFAULT_TASK, ModelConfigError
+from gateway.models.values import ModelConfigError
 
 __all__ = [
     "DEFAULT_SIGNATURE",
-    "DEFAULT_TASK",
     "InputPrep",
     "ModelConfig",
     "ModelConfigError",

@@ -58,7 +58,6 @@ from gateway.models.input_prep import read_input
 from gateway.models.rollout import read_rollout
 from gateway.models.registry import DEFAULT_SIGNATURE, ModelConfig, ModelRegistry
 from gateway.models.values import (
-    DEFAULT_TASK,
     ModelConfigError,
     as_table,
     read_file_name,
@@ -78,7 +77,8 @@ def load_registry(
     tasks: Mapping[str, ConfigReader],
 ) -> ModelRegistry:
     """Reads a model config file whose models may have the `tasks` named (each read by
-    its reader); raises ModelConfigError naming the file and the key."""
+    its reader; the first is the task of a model the file does not list); raises
+    ModelConfigError naming the file and the key."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -97,6 +97,7 @@ def parse_registry(
     tasks: Mapping[str, ConfigReader],
 ) -> ModelRegistry:
     refuse_unknown(data, _TOP_KEYS, str(path), "")
+    default_task = next(iter(tasks), "")
     models_table = as_table(data.get("models", {}), path, "models")
     models: dict[str, ModelConfig] = {}
     for name, table in models_table.items():
@@ -105,7 +106,7 @@ def parse_registry(
     for name, labels in (label_maps or {}).items():
         config = models.get(name)
         if config is None:
-            models[name] = ModelConfig(name, DEFAULT_TASK, labels)
+            models[name] = ModelConfig(name, default_task, labels)
         elif not config.labels.names:
             models[name] = dataclasses.replace(config, labels=labels)
 
@@ -119,7 +120,7 @@ def parse_registry(
         chosen = defaults.get(task)
         if chosen is None:
             # The default model serves as its own task's default.
-            own_task = models[default].task if default in models else DEFAULT_TASK
+            own_task = models[default].task if default in models else default_task
             if own_task == task:
                 task_defaults[task] = default
             continue
@@ -131,7 +132,7 @@ def parse_registry(
                 f"task = '{models[chosen].task}'"
             )
         task_defaults[task] = chosen
-    return ModelRegistry(models, default, task_defaults)
+    return ModelRegistry(models, default, task_defaults, default_task)
 
 
 def _model(

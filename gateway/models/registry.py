@@ -12,7 +12,6 @@ from gateway.labels import Labels
 from gateway.models.batching import BatchingConfig
 from gateway.models.input_prep import InputPrep
 from gateway.models.rollout import RolloutConfig
-from gateway.models.values import DEFAULT_TASK
 
 DEFAULT_SIGNATURE = "serving_default"
 
@@ -20,7 +19,7 @@ DEFAULT_SIGNATURE = "serving_default"
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
-    task: str = DEFAULT_TASK
+    task: str
     labels: Labels = field(default_factory=Labels)
     input: InputPrep = field(default_factory=InputPrep)
     signature: str = DEFAULT_SIGNATURE  # the signature to call (model_spec.signature_name)
@@ -36,11 +35,13 @@ _MAX_UNLISTED = 1024
 
 @dataclass(frozen=True)
 class ModelRegistry:
-    """Every configured model, the default model, and the default model of each task."""
+    """Every configured model, the default model, the default model of each task, and the
+    task of a model the config does not list (the task registry's default)."""
 
     models: Mapping[str, ModelConfig]
     default_model: str
     task_defaults: Mapping[str, str]
+    default_task: str
     # Configs made for unlisted models, kept (bounded: callers choose the names) so that a
     # request for one does not build its config again.
     _unlisted: dict[tuple[str, str], ModelConfig] = field(
@@ -59,10 +60,10 @@ class ModelRegistry:
         return config
 
     def task_of(self, name: str) -> str:
-        """The task of model `name`: its config's; DEFAULT_TASK for a model the config does not
-        list (as without a config file)."""
+        """The task of model `name`: its config's; the default task for a model the config
+        does not list (as without a config file)."""
         config = self.models.get(name)
-        return config.task if config is not None else DEFAULT_TASK
+        return config.task if config is not None else self.default_task
 
     def default_for(self, task: str) -> str | None:
         return self.task_defaults.get(task)
@@ -77,11 +78,11 @@ class ModelRegistry:
 
 
 def default_registry(
-    default_model: str, label_maps: Mapping[str, Labels] | None = None
+    default_model: str, label_maps: Mapping[str, Labels] | None = None, *, default_task: str
 ) -> ModelRegistry:
-    """Without a file every model has DEFAULT_TASK (detection)."""
+    """Without a file every model has `default_task` (the task registry's first task)."""
     models = {
-        name: ModelConfig(name=name, task=DEFAULT_TASK, labels=labels)
+        name: ModelConfig(name=name, task=default_task, labels=labels)
         for name, labels in (label_maps or {}).items()
     }
-    return ModelRegistry(models, default_model, {DEFAULT_TASK: default_model})
+    return ModelRegistry(models, default_model, {default_task: default_model}, default_task)

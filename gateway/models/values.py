@@ -8,9 +8,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# The task of a model no config file lists (without the file every model is a detector, as
-# the gateway began); which tasks exist is the app's task registry's business.
-DEFAULT_TASK = "detection"
 # The keys of [models.NAME] every task shares, read here (gateway.models.file); a task reads
 # the others (its request defaults, its [outputs]) and refuses what it does not know.
 COMMON_KEYS = frozenset(

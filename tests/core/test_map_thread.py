@@ -48,7 +48,7 @@ def test_a_task_maps_on_the_loop_or_in_a_decode_thread_as_it_says(in_thread: boo
         client = TFServingClient(settings)
         try:
             with ThreadPoolExecutor(2) as executor:
-                models = default_registry("fixed")
+                models = default_registry("fixed", default_task="detection")
                 pipeline = Pipeline(
                     settings,
                     client,

@@ -20,7 +20,7 @@ from tests.support.localserver import LocalServer
 
 def test_charges_go_to_the_tally_and_deleted_bytes_come_back(tmp_path: Path) -> None:
     store = JobStore(str(tmp_path / "store"), max_bytes=(64 << 10) + (40 << 10))
-    spec = JobSpec(input="/data", output="/out")
+    spec = JobSpec(input="/data", output="/out", task="detection")
     job = Job(id="ab12", caller="a", spec=spec, executor="local", units=[], total=None)
     assert store.create(job)
     base = store.tally.used()  # the record's own reservation

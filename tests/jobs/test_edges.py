@@ -51,7 +51,7 @@ async def jobs_service(
     )
     client = TFServingClient(config)
     with ThreadPoolExecutor(1) as executor:
-        models = default_registry("detector")
+        models = default_registry("detector", default_task="detection")
         pipeline = Pipeline(
             config, client, models, executor, built_in_tasks(), policy.build(config, models)
         )
@@ -65,7 +65,7 @@ async def jobs_service(
 
 
 def request(tmp_path: Path) -> Request:
-    return Request(JobSpec(input=str(tmp_path / "images"), output=""))
+    return Request(JobSpec(input=str(tmp_path / "images"), output="", task="detection"))
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:

@@ -16,7 +16,7 @@ from gateway.jobs.store import JobStore
 
 
 def job(job_id: str, state: str = "QUEUED") -> Job:
-    spec = JobSpec(input="/in", output="/out")
+    spec = JobSpec(input="/in", output="/out", task="detection")
     return Job(
         id=job_id, caller="c", spec=spec, executor="local", units=[], total=None, state=state
     )

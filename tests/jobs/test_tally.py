@@ -58,7 +58,7 @@ def test_open_uploads_are_counted_in_one_write(tmp_path: Path) -> None:
 
 def test_a_budget_charges_ahead_and_gives_back_the_rest(tmp_path: Path) -> None:
     store = JobStore(str(tmp_path / "store"), max_bytes=64 << 20)
-    job = Job(id="ab", caller="c", spec=JobSpec(input="/in", output="/out"),
+    job = Job(id="ab", caller="c", spec=JobSpec(input="/in", output="/out", task="detection"),
               executor="local", units=[], total=None)  # fmt: skip
     assert store.create(job)
     record = store.tally.used()  # the record's own bytes, reserved as it was created

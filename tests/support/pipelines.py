@@ -86,7 +86,7 @@ async def pipeline_for(
     registry: ModelRegistry = (
         load_registry(config, s.model, tasks=tasks.config_readers)
         if config is not None
-        else default_registry(s.model)
+        else default_registry(s.model, default_task=tasks.default)
     )
     client = TFServingClient(s)
     with ThreadPoolExecutor(2) as executor:

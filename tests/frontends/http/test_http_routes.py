@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def _routes_and_document() -> tuple[set[tuple[str, str]], dict]:
     async def build() -> tuple[set[tuple[str, str]], dict]:
         settings = Settings(http_port=0)
-        registry = default_registry("detector")
+        registry = default_registry("detector", default_task="detection")
         client = TFServingClient(settings)
         with ThreadPoolExecutor(1) as executor:
             door = HttpDoor(

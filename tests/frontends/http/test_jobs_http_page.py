@@ -35,7 +35,7 @@ from tests.support.jobshttp import ndjson
 def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
     async def build() -> tuple[set[tuple[str, str]], dict[str, Any], str]:
         settings = Settings(http_port=0, job_store=str(tmp_path / "store"))
-        registry = default_registry("detector")
+        registry = default_registry("detector", default_task="detection")
         client = TFServingClient(settings)
         with ThreadPoolExecutor(1) as executor:
             pipeline = Pipeline(
@@ -88,7 +88,9 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
     assert variants[-1] == {"$ref": "#/components/schemas/Any"}
     # The page has the jobs view only when the routes are there.
     assert 'id="jobs"' in html
-    assert 'id="jobs"' not in page.render(default_registry("detector"), BUILT_IN)
+    assert 'id="jobs"' not in page.render(
+        default_registry("detector", default_task="detection"), BUILT_IN
+    )
 
 
 # --- the page's jobs view in a real browser -------------------------------------------------

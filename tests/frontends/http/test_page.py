@@ -28,7 +28,7 @@ FOLDERS = {
 
 
 def test_each_built_in_binding_carries_its_folder_s_page_js() -> None:
-    registry = default_registry("detector")
+    registry = default_registry("detector", default_task="detection")
     html = page.render(registry, BUILT_IN)
     for binding in BUILT_IN:
         script = (TASKS / FOLDERS[binding.task] / "page.js").read_text()
@@ -52,7 +52,10 @@ def test_the_page_s_option_inputs_are_typed_from_the_request_message() -> None:
     # An enum (here google.protobuf.Field's Cardinality) is a choice of its named values; its
     # zero value is the input left empty.
     with_enum = dataclasses.replace(
-        detect, request_type=type_pb2.Field, options={"cardinality": "how many", "name": "who"}
+        detect,
+        request_type=type_pb2.Field,
+        options_type=lambda cardinality, name: (cardinality, name),
+        options={"cardinality": "how many", "name": "who"},
     )
     assert page.options(with_enum) == [
         {

@@ -63,7 +63,7 @@ def bindings(**pages: str) -> list[Binding]:
 @pytest.fixture(scope="module")
 def page_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("page") / "page.html"
-    path.write_text(page.render(default_registry("detector"), bindings()))
+    path.write_text(page.render(default_registry("detector", default_task="detection"), bindings()))
     return path.as_uri()
 
 
@@ -382,7 +382,9 @@ def test_an_image_the_browser_cannot_show_gets_a_blank_canvas(browser, page_url:
 
 def test_a_task_without_a_renderer_shows_its_json(browser, tmp_path: Path) -> None:
     html = tmp_path / "page.html"
-    html.write_text(page.render(default_registry("detector"), bindings(segment="")))
+    html.write_text(
+        page.render(default_registry("detector", default_task="detection"), bindings(segment=""))
+    )
     answer = result(64, 48, instances=[instance((1, 1, 30, 30))])
     shown = draw(browser, html.as_uri(), "segment", answer, grey_png(64, 48))
     assert shown.state == "done", shown.status
