@@ -71,6 +71,9 @@ class Binding:
     # body of an async (result, view) function (gateway/frontends/http/page.py: the contract).
     # "" for none: the page then shows the JSON only.
     page: str = ""
+    # The client's `--draw`: draws a result (as JSON-ready data) on a gateway.imaging.sketch
+    # Sketch; its task folder's drawing.py. None: the task draws nothing.
+    draw: Callable[[Any, Mapping[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         names = tuple(self.options)

@@ -1,17 +1,16 @@
 """A Python client for the gateway's gRPC API (and its HTTP door), and its command line
 (gateway.client.cli, `python -m gateway.client`).
 
-    with DetectionClient("localhost:50051") as client:
+    with GatewayClient("localhost:50051") as client:
         result = client.detect(Path("street.jpg").read_bytes(), min_score=0.4)
         for d in result.detections:
             print(d.label, d.score, d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max)
-
-    with ClassificationClient("localhost:50051") as client:
         result = client.classify(Path("cat.jpg").read_bytes(), top_k=3)
         print([(c.label, c.score) for c in result.classes])
 
-Any task: `TaskClient(target, binding)` with a binding of gateway.api.bindings; asyncio:
-`AioTaskStub(open_aio_channel(target), binding)`.
+Every task the bindings hold is a method named by its verb (detect, classify, embed,
+keypoints, segment, ...). One task: `TaskClient(target, binding)` with a binding of
+gateway.api.bindings; asyncio: `AioTaskStub(open_aio_channel(target), binding)`.
 """
 
 from gateway.api.arguments import add_tls_arguments, tls_from_args
@@ -25,15 +24,8 @@ from gateway.api.channel import (
 from gateway.client.cli import main
 from gateway.client.drawing import DRAW_COLOUR, draw, draw_path
 from gateway.client.http_client import HttpCallError, HttpClient
-from gateway.client.messages import (
-    classification_to_dict,
-    make_classify_request,
-    make_request,
-    result_dict,
-    result_to_dict,
-    task_request,
-)
-from gateway.client.stubs import ClassificationClient, DetectionClient, TaskClient
+from gateway.client.messages import result_dict, task_request
+from gateway.client.stubs import ClassificationClient, DetectionClient, GatewayClient, TaskClient
 from gateway.tls import TLS
 
 __all__ = [
@@ -43,21 +35,18 @@ __all__ = [
     "AioTaskStub",
     "ClassificationClient",
     "DetectionClient",
+    "GatewayClient",
     "HttpCallError",
     "HttpClient",
     "TaskClient",
     "add_tls_arguments",
-    "classification_to_dict",
     "draw",
     "draw_path",
     "main",
-    "make_classify_request",
-    "make_request",
     "model_spec",
     "open_aio_channel",
     "open_channel",
     "result_dict",
-    "result_to_dict",
     "task_request",
     "tls_from_args",
 ]

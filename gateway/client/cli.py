@@ -4,9 +4,9 @@
                              [--stream] [--tls --ca-file CA.pem ...] [--draw OUT.png]
     python -m gateway.client IMAGE... --http http://localhost:8080 [--task classify] ...
 
-Each line is the result (or the error) of one image; `--draw` also writes the image with the
-boxes and labels (or top classes) drawn on it. The tasks and their option flags come from
-the bindings (gateway.api.bindings).
+Each line is the result (or the error) of one image; `--draw` also writes the image with its
+result drawn on it, as its task draws it (boxes and labels, masks, keypoints, top classes).
+The tasks and their option flags come from the bindings (gateway.api.bindings).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
         "--draw",
         type=Path,
         metavar="OUT.png",
-        help="write the image with its boxes and labels (or top classes) drawn; with several "
+        help="write the image with its result drawn (boxes and labels, masks, keypoints, top "
+        "classes, ...); with several "
         "images OUT-0.png, OUT-1.png, ...",
     )
     add_tls_arguments(parser)
@@ -61,6 +62,8 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
     if args.http and args.stream:
         parser.error("--stream is gRPC only (the HTTP door takes one image per request)")
     binding = bindings.for_verb(args.task)
+    if args.draw and binding.draw is None:
+        parser.error(f"task {binding.verb} has no drawing; leave out --draw")
     fields: dict[str, Any] = {"model": args.model, "version": args.version, "label": args.label}
     fields.update({name: getattr(args, name) for name in binding.options})
 
@@ -68,7 +71,7 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
         line = result_dict(result)
         print(json.dumps({"image": str(path), **line}))
         if args.draw and "error" not in line:
-            draw(image, line, draw_path(args.draw, index, len(args.images)))
+            draw(image, line, draw_path(args.draw, index, len(args.images)), binding)
         return "error" in line
 
     if args.http:

@@ -10,9 +10,6 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from gateway.api.bindings import Binding, model_spec
-from gateway.proto.classification.v1 import classification_pb2 as cpb
-from gateway.proto.detection.v1 import detection_pb2 as pb
-from gateway.tasks.builtin import BUILT_IN
 
 # Fields a result's dict starts with, in this order; the task's own fields follow.
 _LEADING = ("request_id", "model", "image_width", "image_height")
@@ -33,20 +30,6 @@ def task_request(
     return binding.request(image, model_spec(model, version, label), request_id, **options)
 
 
-def make_request(image: bytes, **fields: Any) -> pb.DetectRequest:
-    """A detection.v1 DetectRequest (fields: model, version, label, min_score,
-    max_detections, request_id)."""
-    request: pb.DetectRequest = task_request(BUILT_IN.for_verb("detect"), image, **fields)
-    return request
-
-
-def make_classify_request(image: bytes, **fields: Any) -> cpb.ClassifyRequest:
-    """A classification.v1 ClassifyRequest (fields: model, version, label, top_k, min_score,
-    request_id)."""
-    request: cpb.ClassifyRequest = task_request(BUILT_IN.for_verb("classify"), image, **fields)
-    return request
-
-
 def result_dict(result: Any) -> dict[str, Any]:
     """A result message as plain data: request_id, model, image size, then the task's fields
     (every field present); scores rounded to 4 decimals, normalized coordinates to 5. A
@@ -61,16 +44,6 @@ def result_dict(result: Any) -> dict[str, Any]:
         field.name for field in result.DESCRIPTOR.fields if field.name not in (*_LEADING, "error")
     ]
     return {name: _value(result, fields[name]) for name in names}
-
-
-def result_to_dict(result: pb.DetectionResult) -> dict[str, Any]:
-    """A DetectionResult as plain JSON-ready data (see result_dict)."""
-    return result_dict(result)
-
-
-def classification_to_dict(result: cpb.ClassificationResult) -> dict[str, Any]:
-    """A ClassificationResult as plain JSON-ready data (see result_dict)."""
-    return result_dict(result)
 
 
 def _value(message: Message, field: FieldDescriptor) -> Any:

@@ -3,15 +3,14 @@ command line, asyncio stubs for the batch runner."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from types import TracebackType
 from typing import Any
 
-from gateway.api.bindings import Binding
+from gateway.api.bindings import Binding, Bindings
 from gateway.api.channel import DEFAULT_MAX_MESSAGE_BYTES, open_channel, task_methods
 from gateway.client.messages import task_request
-from gateway.proto.classification.v1 import classification_pb2 as cpb
-from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.builtin import BUILT_IN
 from gateway.tls import TLS
 
@@ -59,35 +58,70 @@ class TaskClient:
         self.close()
 
 
-class DetectionClient(TaskClient):
-    """Blocking detection.v1 client."""
+class GatewayClient:
+    """Blocking client of every task the gateway serves, on one channel:
+    `client.call(verb, image, **fields)` and `client.stream(verb, images, **fields)`, or by
+    the task's verb: `client.detect(image, min_score=0.4)`, `client.segment(image)`,
+    `client.classify_stream(images)`, ... (fields: model, version, label, request_id and the
+    task's options). Raises grpc.RpcError on failure."""
 
-    def __init__(self, target: str, **kwargs: Any) -> None:
-        super().__init__(target, BUILT_IN.for_verb("detect"), **kwargs)
+    def __init__(
+        self,
+        target: str,
+        *,
+        bindings: Bindings = BUILT_IN,
+        timeout: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tls: TLS | None = None,
+    ) -> None:
+        self.bindings = bindings
+        self.timeout = timeout
+        self._channel = open_channel(target, tls, max_message_bytes)
+        self._methods: dict[str, tuple[Any, Any]] = {}
 
-    def detect(self, image: bytes, **fields: Any) -> pb.DetectionResult:
-        """Runs detection on one encoded image. Raises grpc.RpcError on failure."""
-        result: pb.DetectionResult = self.call(image, **fields)
-        return result
+    def _task(self, verb: str) -> tuple[Binding, Any, Any]:
+        binding = self.bindings.for_verb(verb)  # KeyError: not a task of these bindings
+        methods = self._methods.get(verb)
+        if methods is None:
+            methods = self._methods[verb] = task_methods(self._channel, binding)
+        return binding, *methods
 
-    def detect_stream(self, images: Iterable[bytes], **fields: Any) -> Iterator[pb.DetectionResult]:
-        """Streams images; yields results in the same order."""
-        yield from self.stream(images, **fields)
+    def call(self, verb: str, image: bytes, **fields: Any) -> Any:
+        """One encoded image through the task `verb`; its result message."""
+        binding, unary, _ = self._task(verb)
+        return unary(task_request(binding, image, **fields), timeout=self.timeout)
+
+    def stream(self, verb: str, images: Iterable[bytes], **fields: Any) -> Iterator[Any]:
+        """Streams images (e.g. video frames) through the task `verb`; yields results in the
+        same order (a result with `error` set for an image that failed on its own)."""
+        binding, _, stream = self._task(verb)
+        requests = (task_request(binding, image, **fields) for image in images)
+        yield from stream(requests, timeout=self.timeout)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        verb = name.removesuffix("_stream")
+        if name.startswith("_") or verb not in self.bindings.verbs:
+            raise AttributeError(
+                f"{type(self).__name__} has no {name!r}; the tasks are "
+                f"{', '.join(self.bindings.verbs)} (and each with _stream)"
+            )
+        return partial(self.stream if name.endswith("_stream") else self.call, verb)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
-class ClassificationClient(TaskClient):
-    """Blocking classification.v1 client."""
-
-    def __init__(self, target: str, **kwargs: Any) -> None:
-        super().__init__(target, BUILT_IN.for_verb("classify"), **kwargs)
-
-    def classify(self, image: bytes, **fields: Any) -> cpb.ClassificationResult:
-        """Classifies one encoded image. Raises grpc.RpcError on failure."""
-        result: cpb.ClassificationResult = self.call(image, **fields)
-        return result
-
-    def classify_stream(
-        self, images: Iterable[bytes], **fields: Any
-    ) -> Iterator[cpb.ClassificationResult]:
-        """Streams images; yields results in the same order."""
-        yield from self.stream(images, **fields)
+# The names of the first release, kept for one more: each is the client of every task now.
+DetectionClient = GatewayClient
+ClassificationClient = GatewayClient

@@ -1,73 +1,15 @@
-"""Both doors in the test process over one pipeline (tests/support/doors.py), serving two
-models of an in-process TF Serving: `detector` (OD API outputs: one box over the centre half of
-the image, class 1) and `colours` (a classifier: each channel's share of the image's mean
-colour, labels red, green, blue)."""
+"""Both doors in the test process over one pipeline (tests/support/doors.py), serving the two
+models of tests/support/doormodels.py: `detector` (one box over the centre half of the image)
+and `colours` (a classifier of the image's mean colour)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
-import numpy as np
 import pytest
-import tensorflow as tf
 
+from tests.support.doormodels import models, write_model_config
 from tests.support.doors import InProcessDoors
-from tests.support.fakeserving import Arrays, FakeModel
-
-COLOURS = ("red", "green", "blue")
-MODEL_CONFIG = """\
-[defaults]
-detection = "detector"
-classification = "colours"
-
-[models.detector]
-task = "detection"
-label_map = "label_map.pbtxt"
-
-[models.colours]
-task = "classification"
-labels = "colours.txt"
-top_k = 3
-"""
-
-
-def centre_box(inputs: Arrays) -> dict[str, np.ndarray]:
-    boxes = np.zeros((1, 4, 4), np.float32)
-    boxes[0, 0] = [0.25, 0.25, 0.75, 0.75]
-    return {
-        "detection_boxes": boxes,
-        "detection_scores": np.array([[0.9, 0, 0, 0]], np.float32),
-        "detection_classes": np.array([[1, 0, 0, 0]], np.float32),
-        "num_detections": np.array([1], np.float32),
-    }
-
-
-def colour_shares(inputs: Arrays) -> dict[str, np.ndarray]:
-    means = inputs["input_tensor"].astype(np.float64).mean(axis=(1, 2)) + 1e-3
-    return {"probabilities": (means / means.sum(axis=1, keepdims=True)).astype(np.float32)}
-
-
-def models() -> list[FakeModel]:
-    pixels = {"input_tensor": (tf.uint8, [1, -1, -1, 3])}
-    od = {
-        "detection_boxes": (tf.float32, [1, -1, 4]),
-        "detection_scores": (tf.float32, [1, -1]),
-        "detection_classes": (tf.float32, [1, -1]),
-        "num_detections": (tf.float32, [1]),
-    }
-    return [
-        FakeModel("detector", pixels, od, centre_box),
-        FakeModel("colours", pixels, {"probabilities": (tf.float32, [1, 3])}, colour_shares),
-    ]
-
-
-def write_model_config(directory: Path) -> Path:
-    (directory / "label_map.pbtxt").write_text("item { id: 1 name: 'box' display_name: 'a box' }\n")
-    (directory / "colours.txt").write_text("\n".join(COLOURS) + "\n")
-    path = directory / "models.toml"
-    path.write_text(MODEL_CONFIG)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model
 from gateway.domain import Outcome
 from gateway.proto.classification.v1 import classification_pb2 as cpb
+from gateway.tasks.classification import drawing
 from gateway.tasks.classification.nouns import Classes, ClassifyOptions
 
 CLASSIFICATION = "classification"
@@ -41,4 +42,5 @@ BINDING = Binding(
         "min_score": "minimum score, 0..1 (0: the model's default)",
     },
     page=page_script(__file__),
+    draw=drawing.draw,
 )

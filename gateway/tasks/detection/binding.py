@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model
 from gateway.domain import Outcome
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.tasks.detection import drawing
 from gateway.tasks.detection.nouns import Detections, DetectOptions
 
 DETECTION = "detection"
@@ -46,4 +47,5 @@ BINDING = Binding(
         "max_detections": "most detections returned (0: the model's default)",
     },
     page=page_script(__file__),
+    draw=drawing.draw,
 )

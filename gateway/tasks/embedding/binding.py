@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model
 from gateway.domain import Outcome
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
+from gateway.tasks.embedding import drawing
 from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
 
 EMBEDDING = "embedding"
@@ -40,4 +41,5 @@ BINDING = Binding(
         "models (0: all)",
     },
     page=page_script(__file__),
+    draw=drawing.draw,
 )

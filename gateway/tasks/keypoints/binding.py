@@ -7,6 +7,7 @@ from gateway.api.bindings import Binding, page_script, served_model
 from gateway.domain import Outcome
 from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
 from gateway.tasks.detection.nouns import DetectOptions
+from gateway.tasks.keypoints import drawing
 from gateway.tasks.keypoints.nouns import Keypoints
 
 KEYPOINTS = "keypoints"
@@ -50,4 +51,5 @@ BINDING = Binding(
         "max_detections": "most instances returned (0: the model's default)",
     },
     page=page_script(__file__),
+    draw=drawing.draw,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding, page_script, served_model
 from gateway.domain import Outcome
 from gateway.proto.segmentation.v1 import segmentation_pb2 as pb
+from gateway.tasks.segmentation import drawing
 from gateway.tasks.segmentation.nouns import SegmentOptions, Segments
 
 SEGMENTATION = "instance_segmentation"
@@ -57,4 +58,5 @@ BINDING = Binding(
         '"polygon" or "png"',
     },
     page=page_script(__file__),
+    draw=drawing.draw,
 )
