@@ -15,33 +15,18 @@ from gateway.tasks.builtin import BUILT_IN
 from gateway.tls import TLS
 
 
-class TaskClient:
-    """Blocking client of one task's service; one channel, reused for every call."""
+class _Channel:
+    """One channel to the gateway, reused for every call; closed by close() or `with`."""
 
     def __init__(
         self,
         target: str,
-        binding: Binding,
-        *,
         timeout: float = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tls: TLS | None = None,
     ) -> None:
-        self.binding = binding
         self.timeout = timeout
         self._channel = open_channel(target, tls, max_message_bytes)
-        self._unary, self._stream = task_methods(self._channel, binding)
-
-    def call(self, image: bytes, **fields: Any) -> Any:
-        """One encoded image (fields: model, version, label, request_id and the task's
-        options). Raises grpc.RpcError on failure."""
-        return self._unary(task_request(self.binding, image, **fields), timeout=self.timeout)
-
-    def stream(self, images: Iterable[bytes], **fields: Any) -> Iterator[Any]:
-        """Streams images (e.g. video frames); yields results in the same order (a result
-        with `error` set for an image that failed on its own)."""
-        requests = (task_request(self.binding, image, **fields) for image in images)
-        yield from self._stream(requests, timeout=self.timeout)
 
     def close(self) -> None:
         self._channel.close()
@@ -58,7 +43,7 @@ class TaskClient:
         self.close()
 
 
-class GatewayClient:
+class GatewayClient(_Channel):
     """Blocking client of every task the gateway serves, on one channel:
     `client.call(verb, image, **fields)` and `client.stream(verb, images, **fields)`, or by
     the task's verb: `client.detect(image, min_score=0.4)`, `client.segment(image)`,
@@ -74,29 +59,24 @@ class GatewayClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tls: TLS | None = None,
     ) -> None:
+        super().__init__(target, timeout, max_message_bytes, tls)
         self.bindings = bindings
-        self.timeout = timeout
-        self._channel = open_channel(target, tls, max_message_bytes)
-        self._methods: dict[str, tuple[Any, Any]] = {}
+        self._tasks: dict[str, TaskClient] = {}
 
-    def _task(self, verb: str) -> tuple[Binding, Any, Any]:
-        binding = self.bindings.for_verb(verb)  # KeyError: not a task of these bindings
-        methods = self._methods.get(verb)
-        if methods is None:
-            methods = self._methods[verb] = task_methods(self._channel, binding)
-        return binding, *methods
+    def _task(self, verb: str) -> TaskClient:
+        task = self._tasks.get(verb)
+        if task is None:  # KeyError: not a task of these bindings
+            task = self._tasks[verb] = TaskClient.on(self, self.bindings.for_verb(verb))
+        return task
 
     def call(self, verb: str, image: bytes, **fields: Any) -> Any:
         """One encoded image through the task `verb`; its result message."""
-        binding, unary, _ = self._task(verb)
-        return unary(task_request(binding, image, **fields), timeout=self.timeout)
+        return self._task(verb).call(image, **fields)
 
     def stream(self, verb: str, images: Iterable[bytes], **fields: Any) -> Iterator[Any]:
         """Streams images (e.g. video frames) through the task `verb`; yields results in the
         same order (a result with `error` set for an image that failed on its own)."""
-        binding, _, stream = self._task(verb)
-        requests = (task_request(binding, image, **fields) for image in images)
-        yield from stream(requests, timeout=self.timeout)
+        return self._task(verb).stream(images, **fields)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         verb = name.removesuffix("_stream")
@@ -107,19 +87,44 @@ class GatewayClient:
             )
         return partial(self.stream if name.endswith("_stream") else self.call, verb)
 
-    def close(self) -> None:
-        self._channel.close()
 
-    def __enter__(self) -> Any:
-        return self
+class TaskClient(_Channel):
+    """Blocking client of one task's service (its binding)."""
 
-    def __exit__(
+    def __init__(
         self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        target: str,
+        binding: Binding,
+        *,
+        timeout: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tls: TLS | None = None,
     ) -> None:
-        self.close()
+        super().__init__(target, timeout, max_message_bytes, tls)
+        self._bind(binding)
+
+    @classmethod
+    def on(cls, client: _Channel, binding: Binding) -> TaskClient:
+        """The task's client on `client`'s channel (closing either closes it)."""
+        task = cls.__new__(cls)
+        task.timeout, task._channel = client.timeout, client._channel
+        task._bind(binding)
+        return task
+
+    def _bind(self, binding: Binding) -> None:
+        self.binding = binding
+        self._unary, self._stream = task_methods(self._channel, binding)
+
+    def call(self, image: bytes, **fields: Any) -> Any:
+        """One encoded image (fields: model, version, label, request_id and the task's
+        options). Raises grpc.RpcError on failure."""
+        return self._unary(task_request(self.binding, image, **fields), timeout=self.timeout)
+
+    def stream(self, images: Iterable[bytes], **fields: Any) -> Iterator[Any]:
+        """Streams images (e.g. video frames); yields results in the same order (a result
+        with `error` set for an image that failed on its own)."""
+        requests = (task_request(self.binding, image, **fields) for image in images)
+        yield from self._stream(requests, timeout=self.timeout)
 
 
 # The names of the first release, kept for one more: each is the client of every task now.
