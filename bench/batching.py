@@ -15,7 +15,7 @@ Callers send Classify with the 640x480 JPEG (decoded and resized to 224x224 by t
 closed loop with h2load at concurrency 1, 16 and 64. Each concurrency runs `--rounds` rounds
 of both gateways, `--seconds` each after a warm-up, alternating which goes first, so machine
 noise falls on both alike. Per run: throughput, p50/p99, the gateway process's CPU per image
-(/proc), and upstream calls per image (the gateway's `detection_gateway_upstream_batch_size`
+(/proc), and upstream calls per image (the gateway's `vision_gateway_upstream_batch_size`
 histogram: its count is Predict calls, its sum images). Verdicts against the issue's targets
 are computed here. -> the "batching" section of bench/results.md.
 
@@ -104,7 +104,7 @@ class Gateway:
         text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
         found = {
             kind: sum(float(v) for v in re.findall(
-                rf"^detection_gateway_upstream_batch_size_{kind}\{{[^}}]*\}} (\S+)$", text, re.M
+                rf"^vision_gateway_upstream_batch_size_{kind}\{{[^}}]*\}} (\S+)$", text, re.M
             ))
             for kind in ("count", "sum")
         }  # fmt: skip

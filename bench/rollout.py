@@ -40,7 +40,7 @@ SIDES = ("without", "with shadow")
 def shadow_calls(gw: Gateway) -> dict[str, float]:
     url = f"http://127.0.0.1:{gw.metrics_port}/metrics"
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    found = re.findall(r'^detection_gateway_shadow_calls_total\{[^}]*outcome="(\w+)"[^}]*\} (\S+)$',
+    found = re.findall(r'^vision_gateway_shadow_calls_total\{[^}]*outcome="(\w+)"[^}]*\} (\S+)$',
                        text, re.M)  # fmt: skip
     return {outcome: float(n) for outcome, n in found}
 

@@ -38,27 +38,31 @@ from prometheus_client.utils import floatToGoString
 # Decode takes ~1-100 ms, TF Serving ~20 ms to seconds: buckets cover 1 ms .. 30 s.
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
-# The names keep their `detection_` prefix (dashboards rely on them) and count every task.
-REQUESTS_NAME = "detection_gateway_requests"
+# Every metric of the gateway is named vision_gateway_*; until the next release each is
+# served under its first name too, detection_gateway_* (CHANGELOG.md), for the dashboards
+# and autoscalers that read those.
+PREFIX = "vision_gateway_"
+LEGACY_PREFIX = "detection_gateway_"
+REQUESTS_NAME = "vision_gateway_requests"
 REQUESTS_HELP = (
     "Images processed, by method (RPC or HTTP route) and canonical status code (one per "
     "stream frame)."
 )
-LATENCY_NAME = "detection_gateway_latency_seconds"
+LATENCY_NAME = "vision_gateway_latency_seconds"
 LATENCY_HELP = (
     "Time per image by stage: decode (image to tensor), upstream (TF Serving call), total."
 )
-IN_FLIGHT_NAME = "detection_gateway_in_flight_requests"
+IN_FLIGHT_NAME = "vision_gateway_in_flight_requests"
 IN_FLIGHT_HELP = "Images being processed now."
 # Per model: what an autoscaler of TF Serving reads (k8s/components/queue-autoscaling). The
 # label is a model the model config names; any other name a caller sends counts as `other`,
 # so callers cannot grow the number of series.
-MODEL_IN_FLIGHT_NAME = "detection_gateway_model_in_flight_requests"
+MODEL_IN_FLIGHT_NAME = "vision_gateway_model_in_flight_requests"
 MODEL_IN_FLIGHT_HELP = (
     "Images for this model in the gateway now: being decoded, waiting for TF Serving or "
     "being answered (models the model config does not name count as `other`)."
 )
-MODEL_QUEUE_NAME = "detection_gateway_model_queue_depth"
+MODEL_QUEUE_NAME = "vision_gateway_model_queue_depth"
 MODEL_QUEUE_HELP = (
     "Images of this model waiting for TF Serving's answer: queued in the gateway for a call "
     "or sent and not answered yet, i.e. TF Serving's queue plus what it is running, as this "
@@ -68,7 +72,7 @@ OTHER_MODEL = "other"
 IN_FLIGHT_AT, QUEUED_AT = 0, 1  # positions in a model's counts
 
 UPSTREAM_RETRIES = Counter(
-    "detection_gateway_upstream_retries",
+    "vision_gateway_upstream_retries",
     "Retry decisions on TF Serving calls that failed with UNAVAILABLE (not TF Serving's "
     "queue-full): retried, or not retried because the retry budget was spent.",
     ["rpc", "decision"],
@@ -78,20 +82,20 @@ UPSTREAM_RETRIES = Counter(
 # of a model that batches, so prometheus_client's own metrics (a lock each) cost little.
 # Images per upstream call = rate(..._batch_size_sum) / rate(..._batch_size_count).
 BATCH_SIZE = Histogram(
-    "detection_gateway_upstream_batch_size",
+    "vision_gateway_upstream_batch_size",
     "Images per Predict call to TF Serving, by model (1: the image went alone).",
     ["model"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 QUEUE_WAIT = Histogram(
-    "detection_gateway_batch_queue_wait_seconds",
+    "vision_gateway_batch_queue_wait_seconds",
     "Time an image of a model that batches waited for its Predict call to be sent, by model "
     "(0: sent at once).",
     ["model"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 BATCH_SPLITS = Counter(
-    "detection_gateway_batch_splits",
+    "vision_gateway_batch_splits",
     "Batches sent again one image per call, by model and reason: refused (TF Serving refused "
     "the batch, e.g. as too large) or unsplittable (an output without the batch dimension).",
     ["model", "reason"],
@@ -277,10 +281,40 @@ class ModelLoad:
         return _Held(self.label(model), QUEUED_AT)
 
 
+class _WithLegacyNames:
+    """A registry's metrics, and each of the gateway's again under its first name."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            yield family
+            if family.name.startswith(PREFIX):
+                legacy = Metric(
+                    LEGACY_PREFIX + family.name.removeprefix(PREFIX),
+                    family.documentation,
+                    family.type,
+                    family.unit,
+                )
+                legacy.samples = [
+                    sample._replace(name=LEGACY_PREFIX + sample.name.removeprefix(PREFIX))
+                    for sample in family.samples
+                ]
+                yield legacy
+
+
+def exposed(source: CollectorRegistry = REGISTRY) -> CollectorRegistry:
+    """What the metrics port serves: `source`'s metrics with the legacy names beside."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_WithLegacyNames(source))
+    return registry
+
+
 def serve(port: int, host: str) -> None:
     """Starts the metrics HTTP server in a daemon thread (no-op for port 0)."""
     if port:
-        start_http_server(port, addr=host)
+        start_http_server(port, addr=host, registry=exposed())
 
 
 def serve_multiprocess(port: int, host: str, directory: str) -> None:
@@ -291,4 +325,4 @@ def serve_multiprocess(port: int, host: str, directory: str) -> None:
     if port:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=directory)
-        start_http_server(port, addr=host, registry=registry)
+        start_http_server(port, addr=host, registry=exposed(registry))

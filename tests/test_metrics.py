@@ -61,7 +61,7 @@ def test_plain_numbers_export_what_prometheus_client_exports() -> None:
         plain.record("Detect", "OK", bound, 0.0, 0.0)
         requests.labels("Detect", "OK").inc()
     assert _exposition(ours) == _exposition(reference)
-    assert "detection_gateway_in_flight_requests 2.0" in _exposition(ours)
+    assert "vision_gateway_in_flight_requests 2.0" in _exposition(ours)
 
 
 def test_the_gateway_process_exports_the_plain_numbers() -> None:
@@ -74,8 +74,27 @@ def test_the_gateway_process_exports_the_plain_numbers() -> None:
     metrics.finish("TestMethod", "OK", 0.01, 0.001, 0.005)
     assert metrics.REQUEST_METRICS.in_flight == before
     text = generate_latest().decode()
-    assert 'detection_gateway_requests_total{code="OK",method="TestMethod"} 1.0' in text
+    assert 'vision_gateway_requests_total{code="OK",method="TestMethod"} 1.0' in text
     assert (
-        'detection_gateway_latency_seconds_bucket{le="0.01",method="TestMethod",stage="total"}'
+        'vision_gateway_latency_seconds_bucket{le="0.01",method="TestMethod",stage="total"}'
         " 1.0" in text
     )
+
+
+def test_every_metric_is_served_under_its_first_name_too() -> None:
+    """Dashboards and autoscalers reading detection_gateway_* keep working for one release."""
+    registry = CollectorRegistry()
+    requests = Counter("vision_gateway_widgets", "Widgets.", ["kind"], registry=registry)
+    requests.labels("round").inc(3)
+    Gauge("other_metric", "Not ours.", registry=registry).set(1)
+    text = generate_latest(metrics.exposed(registry)).decode()
+    assert 'vision_gateway_widgets_total{kind="round"} 3.0' in text
+    assert 'detection_gateway_widgets_total{kind="round"} 3.0' in text
+    assert "# HELP detection_gateway_widgets_total Widgets." in text
+    assert "other_metric 1.0" in text and "detection_other" not in text
+
+
+def test_the_gateways_metrics_are_named_for_what_it_is() -> None:
+    names = {family.name for family in metrics.REGISTRY.collect()}
+    ours = {name for name in names if "gateway" in name}
+    assert ours and all(name.startswith(metrics.PREFIX) for name in ours), sorted(ours)

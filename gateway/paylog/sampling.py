@@ -16,7 +16,7 @@ gets the table naming it exactly, else the longest pattern that matches it (fnma
 [default]. Without a file every request is logged with its image's hash. A key that does not
 exist or a value that cannot be one is refused naming it: at startup the gateway does not
 start; on a reload the previous settings stay (logged, and counted in
-detection_gateway_payload_log_config_reloads_total{result="error"}).
+vision_gateway_payload_log_config_reloads_total{result="error"}).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ CHECK_SECONDS = 1.0
 _PATTERN = re.compile(r"[*?\[]")
 
 RELOADS = Counter(
-    "detection_gateway_payload_log_config_reloads",
+    "vision_gateway_payload_log_config_reloads",
     "Payload log config loads after a change, by result: ok, or error (the previous stays).",
     ["result"],
 )

@@ -4,7 +4,7 @@ budget and written by one thread, so logging never blocks or fails a request.
 On the request path (the pipeline's observer, on the event loop): the caller's sampling
 (gateway.paylog.sampling), then a reservation of the record's bytes against
 GATEWAY_PAYLOAD_LOG_QUEUE_BYTES, taken before the record is queued. A record that does not
-fit is dropped and counted (detection_gateway_payload_log_records_total{result="dropped"});
+fit is dropped and counted (vision_gateway_payload_log_records_total{result="dropped"});
 nothing waits. The record holds references only (the image's bytes, the outcome): hashing,
 base64 and JSON happen in the writer thread, which gives a record's reservation back once
 its sink has it. A stalled sink (an HTTP endpoint that never answers, a FIFO nobody reads)
@@ -43,14 +43,14 @@ CLOSE_SECONDS = 5.0
 _KEEP = 4096  # callers' sampling cached (identities seen once fall out with the rest)
 
 RECORDS = Counter(
-    "detection_gateway_payload_log_records",
+    "vision_gateway_payload_log_records",
     "Payload log records (one per image logged) by result: queued; dropped (the queue's byte "
     "budget was full); written; failed (the sink refused or did not answer); unsent (left in "
     "the queue at shutdown).",
     ["result"],
 )
 QUEUE_BYTES = Gauge(
-    "detection_gateway_payload_log_queue_bytes",
+    "vision_gateway_payload_log_queue_bytes",
     "Bytes reserved by payload log records queued or being written.",
     multiprocess_mode="livesum",
 )

@@ -37,13 +37,13 @@ _KEEP = 4096
 _HINT_FLOOR, _HINT_CEILING = 0.01, 10.0  # seconds: a retry delay stays in this range
 
 ADMISSIONS = Counter(
-    "detection_gateway_caller_requests",
+    "vision_gateway_caller_requests",
     "Requests (images) by caller (its quota table; other: callers the quota file does not "
     "name) and decision: admitted, or refused for rate, concurrency or fair_share.",
     ["caller", "decision"],
 )
 IN_FLIGHT = Gauge(
-    "detection_gateway_caller_in_flight_requests",
+    "vision_gateway_caller_in_flight_requests",
     "Requests (images) in flight by caller (its quota table; other: the rest).",
     ["caller"],
     multiprocess_mode="livesum",

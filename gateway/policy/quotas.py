@@ -18,7 +18,7 @@ table naming it exactly, else the longest pattern that matches it (fnmatch: `*`,
 but the gateway's fair share
 (gateway.policy.fairshare). A key that does not exist, or a value that cannot be one, is
 refused naming it: at startup the gateway does not start, on a reload the previous quotas
-stay (logged, and counted in detection_gateway_quota_reloads_total{result="error"}).
+stay (logged, and counted in vision_gateway_quota_reloads_total{result="error"}).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ CHECK_SECONDS = 1.0
 _PATTERN = re.compile(r"[*?\[]")
 
 RELOADS = Counter(
-    "detection_gateway_quota_reloads",
+    "vision_gateway_quota_reloads",
     "Quota file loads after a change, by result: ok, or error (the previous quotas stay).",
     ["result"],
 )

@@ -26,41 +26,41 @@ from gateway.models.rollout import RolloutConfig, Target
 from gateway.policy.compare import ClassificationComparison, Comparison, DetectionComparison
 
 ROUTED = Counter(
-    "detection_gateway_rollout_requests",
+    "vision_gateway_rollout_requests",
     "Requests of a model with a rollout, by the side they were routed to: canary (the "
     "candidate named by its canary) or current (the rest); counted when routed, whatever "
     "the answer.",
     ["model", "candidate", "side"],
 )
 SHADOW_CALLS = Counter(
-    "detection_gateway_shadow_calls",
+    "vision_gateway_shadow_calls",
     "Copies of requests for a model's shadow candidate: sent, failed (the candidate gave no "
     "answer), or dropped (too many pending, or the gateway near its concurrency limit).",
     ["model", "candidate", "outcome"],
 )
 PRECISION = Summary(
-    "detection_gateway_shadow_detection_precision",
+    "vision_gateway_shadow_detection_precision",
     "Per compared image: the share of the shadow candidate's boxes that match one of the "
     "current model's (same label, IoU >= 0.5). Mean = _sum / _count.",
     ["model", "candidate"],
 )
 RECALL = Summary(
-    "detection_gateway_shadow_detection_recall",
+    "vision_gateway_shadow_detection_recall",
     "Per compared image: the share of the current model's boxes the shadow candidate matched.",
     ["model", "candidate"],
 )
 SCORE_DELTA = Summary(
-    "detection_gateway_shadow_detection_score_delta",
+    "vision_gateway_shadow_detection_score_delta",
     "Per matched box pair: the candidate's score minus the current model's.",
     ["model", "candidate"],
 )
 TOP1 = Summary(
-    "detection_gateway_shadow_classification_top1_agreement",
+    "vision_gateway_shadow_classification_top1_agreement",
     "Per compared image: 1 when the shadow candidate's top class is the current model's, else 0.",
     ["model", "candidate"],
 )
 TOPK = Summary(
-    "detection_gateway_shadow_classification_topk_overlap",
+    "vision_gateway_shadow_classification_topk_overlap",
     "Per compared image: the classes both top-k lists name, over the longer list's length.",
     ["model", "candidate"],
 )

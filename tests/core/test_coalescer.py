@@ -209,7 +209,7 @@ def test_an_image_cancelled_in_flight_does_not_disturb_its_batch(tmp_path):
 
 def _split_count(reason: str) -> float:
     value = metrics.REGISTRY.get_sample_value(
-        "detection_gateway_batch_splits_total", {"model": "scores", "reason": reason}
+        "vision_gateway_batch_splits_total", {"model": "scores", "reason": reason}
     )
     return value or 0.0
 

@@ -145,7 +145,7 @@ async def pipeline(target: str, tmp: Path) -> AsyncIterator[Pipeline]:
 
 def batch_count(model: str) -> tuple[float, float]:
     labels = {"model": model}
-    name = "detection_gateway_upstream_batch_size"
+    name = "vision_gateway_upstream_batch_size"
     count = metrics.REGISTRY.get_sample_value(name + "_count", labels) or 0.0
     total = metrics.REGISTRY.get_sample_value(name + "_sum", labels) or 0.0
     return count, total

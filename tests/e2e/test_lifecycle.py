@@ -233,7 +233,7 @@ def test_workers_share_the_port_sum_their_metrics_and_drain_on_sigterm(tfs, tmp_
             f"http://127.0.0.1:{gw.metrics_port}/metrics", timeout=5
         ).read()
         # The supervisor's figure is the sum over both workers: every call, once.
-        total = f'detection_gateway_requests_total{{code="OK",method="Detect"}} {calls}.0'
+        total = f'vision_gateway_requests_total{{code="OK",method="Detect"}} {calls}.0'
         assert total.encode() in metrics
 
         # Summed over both workers.

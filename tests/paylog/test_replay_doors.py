@@ -227,13 +227,13 @@ def test_a_sink_nobody_reads_costs_no_request_and_drops_are_counted(
                 assert result.model.name == "detector"
         records = 'result="{}"'
         queued = metric(
-            gateway, "detection_gateway_payload_log_records_total", records.format("queued")
+            gateway, "vision_gateway_payload_log_records_total", records.format("queued")
         )
         dropped = metric(
-            gateway, "detection_gateway_payload_log_records_total", records.format("dropped")
+            gateway, "vision_gateway_payload_log_records_total", records.format("dropped")
         )
         assert queued >= 1 and dropped >= 1 and queued + dropped == 20
-        assert metric(gateway, "detection_gateway_payload_log_queue_bytes", "") <= 1 << 20
+        assert metric(gateway, "vision_gateway_payload_log_queue_bytes", "") <= 1 << 20
 
 
 @pytest.mark.parametrize(

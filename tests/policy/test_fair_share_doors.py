@@ -148,7 +148,7 @@ def caller_count(gw: GatewayProcess, caller: str, decision: str) -> float:
     url = f"http://127.0.0.1:{gw.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    wanted = f'detection_gateway_caller_requests_total{{caller="{caller}",decision="{decision}"}}'
+    wanted = f'vision_gateway_caller_requests_total{{caller="{caller}",decision="{decision}"}}'
     for line in text.splitlines():
         if line.startswith(wanted + " "):
             return float(line.rsplit(" ", 1)[1])

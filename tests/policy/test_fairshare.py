@@ -30,7 +30,7 @@ def refused(share: FairShare, caller: str) -> GatewayError:
 
 def sample(caller: str, decision: str) -> float:
     value = REGISTRY.get_sample_value(
-        "detection_gateway_caller_requests_total", {"caller": caller, "decision": decision}
+        "vision_gateway_caller_requests_total", {"caller": caller, "decision": decision}
     )
     return value or 0.0
 
@@ -105,7 +105,7 @@ def test_metrics_fold_callers_the_file_does_not_name_into_other() -> None:
     after = sample(STEADY, "admitted"), sample("other", "admitted"), sample("other", "rate")
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 3, 1]
     assert REGISTRY.get_sample_value(
-        "detection_gateway_caller_in_flight_requests", {"caller": "other"}
+        "vision_gateway_caller_in_flight_requests", {"caller": "other"}
     ) == pytest.approx(3.0, abs=64)  # other tests share the process's gauge
 
 

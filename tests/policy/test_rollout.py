@@ -11,8 +11,9 @@ from gateway.policy.rollout import Rollouts
 
 
 def rollouts(name: str = "m", **rollout: object) -> Rollouts:
-    config = ModelConfig(name, rollout=RolloutConfig(**rollout))  # type: ignore[arg-type]
-    return Rollouts(ModelRegistry({name: config, "plain": ModelConfig("plain")}, name, {}))
+    config = ModelConfig(name, "detection", rollout=RolloutConfig(**rollout))  # type: ignore[arg-type]
+    plain = ModelConfig("plain", "detection")
+    return Rollouts(ModelRegistry({name: config, "plain": plain}, name, {}, "detection"))
 
 
 def test_explicit_versions_labels_and_other_models_are_never_rerouted():

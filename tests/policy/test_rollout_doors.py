@@ -214,7 +214,7 @@ def test_a_canary_at_weight_10_serves_10_percent_of_2000_requests(canary_gateway
     routed = canary + again.count(2)
     assert served["served"] == {"canary": routed, "current": 2100 - routed}
     labels = {"model": "detector", "candidate": "version:2"}
-    assert metric(canary_gateway, "detection_gateway_rollout_requests_total", side="canary",
+    assert metric(canary_gateway, "vision_gateway_rollout_requests_total", side="canary",
                   **labels) == routed  # fmt: skip
 
 
@@ -289,9 +289,9 @@ def test_a_shadow_that_differs_shows_the_difference(shadow_gateway):
     assert after["detection"]["matched_pairs"] > before["detection"]["matched_pairs"]
     assert after["detection"]["mean_score_delta"] == pytest.approx(0.0, abs=1e-4)
     labels = {"model": "detector", "candidate": "version:3"}
-    count = metric(shadow_gateway, "detection_gateway_shadow_detection_precision_count", **labels)
+    count = metric(shadow_gateway, "vision_gateway_shadow_detection_precision_count", **labels)
     assert count == after["detection"]["images"]
-    total = metric(shadow_gateway, "detection_gateway_shadow_detection_recall_sum", **labels)
+    total = metric(shadow_gateway, "vision_gateway_shadow_detection_recall_sum", **labels)
     assert total == pytest.approx(after["detection"]["recall"] * count, abs=1e-3)
 
 
@@ -316,7 +316,7 @@ def test_a_held_shadow_never_delays_the_caller_and_extra_copies_are_dropped(
             assert calls["dropped"] - before["calls"]["dropped"] == 3
             labels = {"model": "detector", "candidate": "version:3", "outcome": "dropped"}
             assert (
-                metric(shadow_gateway, "detection_gateway_shadow_calls_total", **labels)
+                metric(shadow_gateway, "vision_gateway_shadow_calls_total", **labels)
                 == (calls["dropped"])
             )
         finally:

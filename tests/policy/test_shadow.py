@@ -15,8 +15,9 @@ from gateway.tasks.detection.nouns import Box, Detection, Detections, Normalized
 
 
 def rollout() -> ModelRollout:
-    config = ModelConfig("m", rollout=RolloutConfig(shadow=Target(version=2), share=1.0))
-    return Rollouts(ModelRegistry({"m": config}, "m", {})).models["m"]
+    shadow = RolloutConfig(shadow=Target(version=2), share=1.0)
+    config = ModelConfig("m", "detection", rollout=shadow)
+    return Rollouts(ModelRegistry({"m": config}, "m", {}, "detection")).models["m"]
 
 
 def outcome(*scores: float) -> Outcome:

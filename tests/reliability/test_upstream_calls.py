@@ -41,11 +41,11 @@ def detect(gw: GatewayProcess, request: pb.DetectRequest, timeout: float = 60) -
 
 
 def retries(gw: GatewayProcess) -> dict[tuple[str, str], float]:
-    """detection_gateway_upstream_retries_total by (rpc, decision), from /metrics."""
+    """vision_gateway_upstream_retries_total by (rpc, decision), from /metrics."""
     url = f"http://127.0.0.1:{gw.metrics_port}/metrics"
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     found = {}
-    pattern = r'^detection_gateway_upstream_retries_total\{decision="(\w+)",rpc="(\w+)"\} (\S+)$'
+    pattern = r'^vision_gateway_upstream_retries_total\{decision="(\w+)",rpc="(\w+)"\} (\S+)$'
     for decision, rpc, value in re.findall(pattern, text, re.MULTILINE):
         found[(rpc, decision)] = float(value)
     return found

@@ -79,9 +79,9 @@ class GatewayProcess:
         """The gateway's own count of images in flight, from its metrics endpoint."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         text = urllib.request.urlopen(url, timeout=5).read()
-        match = re.search(rb"^detection_gateway_in_flight_requests (\S+)$", text, re.MULTILINE)
+        match = re.search(rb"^vision_gateway_in_flight_requests (\S+)$", text, re.MULTILINE)
         if match is None:
-            raise AssertionError(f"no detection_gateway_in_flight_requests in {url}")
+            raise AssertionError(f"no vision_gateway_in_flight_requests in {url}")
         return float(match.group(1))
 
     def records(self) -> list[dict[str, Any]]:

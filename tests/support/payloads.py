@@ -39,6 +39,6 @@ def refused() -> GatewayError:
 
 def count(result: str) -> float:
     value = REGISTRY.get_sample_value(
-        "detection_gateway_payload_log_records_total", {"result": result}
+        "vision_gateway_payload_log_records_total", {"result": result}
     )
     return value or 0.0

@@ -35,10 +35,10 @@ def test_prometheus_metrics_count_requests_and_stage_latency(stub, gateway):
     detect(stub, scenes.encode(scene_for(97).pixels, "PNG"))
     url = f"http://127.0.0.1:{gateway.metrics_port}/metrics"
     text = urllib.request.urlopen(url, timeout=5).read().decode()
-    assert 'detection_gateway_requests_total{code="OK",method="Detect"}' in text
+    assert 'vision_gateway_requests_total{code="OK",method="Detect"}' in text
     for stage in ("decode", "upstream", "total"):
-        assert f'detection_gateway_latency_seconds_count{{method="Detect",stage="{stage}"}}' in text
-    assert "detection_gateway_in_flight_requests" in text
+        assert f'vision_gateway_latency_seconds_count{{method="Detect",stage="{stage}"}}' in text
+    assert "vision_gateway_in_flight_requests" in text
 
 
 def test_running_gateway_never_loads_tensorflow(stub, gateway):

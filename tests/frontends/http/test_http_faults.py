@@ -294,7 +294,7 @@ def test_workers_share_the_http_port_too(http_tfs: LocalServer, tmp_path: Path) 
             .read()
             .decode()
         )
-        assert 'detection_gateway_requests_total{code="OK",method="POST :detect"} 6.0' in text
+        assert 'vision_gateway_requests_total{code="OK",method="POST :detect"} 6.0' in text
         assert gw.stop() == 0
 
 

@@ -192,9 +192,8 @@ def test_metrics_count_http_requests_by_route(gateway) -> None:
     call(gateway, "/invocations", b"", "text/csv")
     url = f"http://127.0.0.1:{gateway.metrics_port}/metrics"
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    assert 'detection_gateway_requests_total{code="OK",method="POST /invocations"}' in text
+    assert 'vision_gateway_requests_total{code="OK",method="POST /invocations"}' in text
     assert (
-        'detection_gateway_requests_total{code="INVALID_ARGUMENT",method="POST /invocations"}'
-        in text
+        'vision_gateway_requests_total{code="INVALID_ARGUMENT",method="POST /invocations"}' in text
     )
     assert 'method="POST :detect"' in text
