@@ -134,6 +134,17 @@ def _bound_port(process: subprocess.Popen[bytes], log_path: Path, timeout: float
         time.sleep(0.02)
 
 
+def with_path(root: Path) -> dict[str, str]:
+    """The environment for a process that runs `root`'s code, whatever its working directory
+    (python -m puts only the working directory first on the path)."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        ),
+    }
+
+
 @contextmanager
 def run_gateway(
     upstream: str,
@@ -141,6 +152,7 @@ def run_gateway(
     log_dir: Path | None = None,
     wait_ready: bool = True,
     http: bool = False,
+    root: Path = ROOT,
 ) -> Iterator[GatewayProcess]:
     """Starts `python -m gateway` on 127.0.0.1 and yields it once it listens (and, with
     `wait_ready`, once health is SERVING); always stops it.
@@ -150,7 +162,8 @@ def run_gateway(
     reserve_port() while the gateway runs (both bind with SO_REUSEPORT, so a port merely
     found free could be shared silently with another test's gateway). The metrics port is
     bound without SO_REUSEPORT: a collision stops the gateway at startup, and then it is
-    started again on new ports.
+    started again on new ports. `root` is the checkout whose `gateway` package runs (a copy
+    with a task added: tests/support/newtask.py).
     """
     workers = any(a.startswith("--workers") and a not in ("--workers=1",) for a in args)
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
@@ -158,7 +171,7 @@ def run_gateway(
         with ExitStack() as ports:
             fixed_port = ports.enter_context(reserve_port()) if workers else 0
             http_port = ports.enter_context(reserve_port()) if http else 0
-            gateway = _start(upstream, args, log_dir, fixed_port, free_port(), http_port)
+            gateway = _start(upstream, args, log_dir, fixed_port, free_port(), http_port, root)
             try:
                 if not fixed_port:
                     gateway.port = _bound_port(gateway.process, gateway.log_path, timeout=120)
@@ -187,6 +200,7 @@ def _start(
     port: int,
     metrics_port: int,
     http_port: int,
+    root: Path = ROOT,
 ) -> GatewayProcess:
     log_path = Path(tempfile.mkstemp(prefix="gateway-", suffix=".log", dir=log_dir)[1])
     command = [
@@ -201,5 +215,7 @@ def _start(
         *args,
     ]  # fmt: skip
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, cwd=root, env=with_path(root), stdout=log, stderr=subprocess.STDOUT
+        )
     return GatewayProcess(process, port, metrics_port, log_path, http_port)
