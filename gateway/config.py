@@ -250,6 +250,10 @@ class Settings:
     # concurrency; gateway/policy/quotas.py), looked at for changes every second. Empty:
     # no per-caller quotas; the concurrency limit is still shared fairly among callers.
     quotas: str = ""
+    # Callers the fair share keeps state for (~250 bytes each); past it, new callers the
+    # quota file does not name exactly share one entry per quota table (policy/fairshare.py).
+    # 10,000: far more teams than one gateway serves; a few MiB whatever a flood of names.
+    max_callers: int = 10_000
     # The payload log (gateway/paylog): each image's request and answer as a CloudEvent,
     # to a file (a path or file:///path), object storage (any fsspec URL: s3://bucket/prefix)
     # or an HTTP sink (http(s)://, one POST per event). Empty: off. Operator-set only: the
@@ -306,6 +310,7 @@ class Settings:
             "max_image_bytes",
             "max_pixels",
             "max_concurrent_requests",
+            "max_callers",
             "grpc_max_concurrent_streams",
             "http_max_metadata_bytes",
             "http_max_metadata_keys",

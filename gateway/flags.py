@@ -131,6 +131,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "who may do how much, and what is logged (gateway/policy, gateway/paylog)",
         (
             "quotas",
+            "max_callers",
             "payload_log",
             "payload_log_config",
             "payload_log_queue_bytes",
@@ -238,6 +239,7 @@ _HELP = {
     "batch_cpu": "kubernetes executor: runner pod CPU request,limit",
     "batch_memory": "kubernetes executor: runner pod memory request,limit",
     "quotas": "TOML quota file: rate, burst, concurrency per caller (reloaded on change)",
+    "max_callers": "callers the fair share keeps state for; past it new ones share an entry",
     "payload_log": "payload log sink: a file path, an fsspec URL or http(s):// (empty: off)",
     "payload_log_config": "TOML payload log sampling per caller: rate, images (reloaded)",
     "payload_log_queue_bytes": "bytes payload log records may hold queued; more are dropped",

@@ -15,6 +15,12 @@ for the concurrency and the limit about one request's time (a moving average).
 Quotas are per gateway process (each replica, each --workers process), held on the event
 loop. Metrics per caller label (the quota table's name; "other" for callers the file does
 not name, "internal" for the gateway's own batch work), so the file bounds them.
+
+The callers kept are bounded in number (--max-callers), not only in time: callers with nothing
+in flight and a full bucket are forgotten first; past the ceiling, a new caller the quota file
+does not name exactly shares one overflow entry per quota table (its rate, burst, concurrency
+and fair share count for all of them together) until room is made. Refusals name the
+caller's quota table, never the file's path on the server or how many others are active.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ INTERNAL_QUOTA = Quota(label="internal", source="the gateway's own work")
 # Callers kept with nothing in flight and a full bucket are the same as new ones: dropped
 # once more than this many are kept, so identities seen once cost no memory for long.
 _KEEP = 4096
+# At the ceiling, the table is swept for room at most this often (a sweep is O(callers)).
+_FULL_SWEEP_SECONDS = 1.0
+# The overflow entries' keys: no identity holds a NUL (gateway.identity refuses them).
+_OVERFLOW = "\0overflow:"
 _HINT_FLOOR, _HINT_CEILING = 0.01, 10.0  # seconds: a retry delay stays in this range
 
 ADMISSIONS = Counter(
@@ -41,6 +51,11 @@ ADMISSIONS = Counter(
     "Requests (images) by caller (its quota table; other: callers the quota file does not "
     "name) and decision: admitted, or refused for rate, concurrency or fair_share.",
     ["caller", "decision"],
+)
+OVERFLOWED = Counter(
+    "vision_gateway_caller_overflow_requests",
+    "Requests (images) counted under a shared overflow entry because the per-caller table "
+    "held --max-callers callers (GATEWAY_MAX_CALLERS); raise it if this grows.",
 )
 IN_FLIGHT = Gauge(
     "vision_gateway_caller_in_flight_requests",
@@ -70,15 +85,18 @@ class FairShare:
         limit: int,
         quotas: QuotaFile | Quotas = NO_QUOTAS,
         clock: Callable[[], float] = time.monotonic,
+        max_callers: int = 10_000,
     ) -> None:
         self.limit = limit
+        self.max_callers = max_callers
         self._file = quotas if isinstance(quotas, QuotaFile) else None
         self._quotas = quotas.quotas if isinstance(quotas, QuotaFile) else quotas
         self._clock = clock
         self.in_flight = 0
         self.active = 0  # callers with requests in flight
         self._callers: dict[str, Caller] = {}
-        self._sweep_at = _KEEP
+        self._sweep_at = min(_KEEP, max_callers)
+        self._full_sweep_at = 0.0  # at the ceiling: no sweep before this time
         self._hold = 0.05  # seconds a request holds its place, moving average
         self._children: dict[str, tuple[Counter, Gauge]] = {}
 
@@ -91,13 +109,33 @@ class FairShare:
         if state is None or state.generation != generation:
             quota = INTERNAL_QUOTA if identity == INTERNAL else self._quotas.of(identity)
             if state is None:
-                if len(self._callers) >= self._sweep_at:
+                if len(self._callers) >= self._sweep_at and now >= self._full_sweep_at:
                     self._sweep(now)
+                if len(self._callers) >= self.max_callers and not self._named(identity):
+                    return self._overflow(quota, generation, now)
                 state = Caller(identity, quota, generation, quota.burst, now)
                 self._callers[identity] = state
             else:  # the file changed: the new quota, the bucket kept within its size
                 state.quota, state.generation = quota, generation
                 state.tokens = min(state.tokens, quota.burst)
+        return state
+
+    def _named(self, identity: str) -> bool:
+        """True for callers always kept: the file names them exactly (so it bounds them),
+        and the gateway's own work."""
+        return identity == INTERNAL or self._quotas.named(identity)
+
+    def _overflow(self, quota: Quota, generation: int, now: float) -> Caller:
+        """The entry shared by new callers of `quota`'s table while the table is full."""
+        OVERFLOWED.inc()
+        key = _OVERFLOW + quota.label
+        state = self._callers.get(key)
+        if state is None:
+            state = Caller(key, quota, generation, quota.burst, now)
+            self._callers[key] = state  # one per table: the file bounds them
+        elif state.generation != generation:
+            state.quota, state.generation = quota, generation
+            state.tokens = min(state.tokens, quota.burst)
         return state
 
     def acquire(self, identity: str) -> Caller:
@@ -132,13 +170,13 @@ class FairShare:
             active = self.active + (0 if state.in_flight else 1)
             share = self.limit / active
             if state.in_flight >= share:
+                # How many others are active is theirs to know, not this caller's.
                 self._refuse(
                     state,
                     "fair_share",
-                    f"the gateway is working on its limit of {self.limit} images and "
-                    f"{_who(identity)} holds {state.in_flight}, at or above its fair share of "
-                    f"{share:.3g} with {active} callers active; retry with backoff, add "
-                    "gateway replicas or raise GATEWAY_MAX_CONCURRENT_REQUESTS",
+                    f"the gateway is at its limit of images in flight and {_who(identity)} "
+                    f"holds {state.in_flight}, at or above its fair share of that limit; "
+                    "retry with backoff, or ask the gateway's operators for more replicas",
                     self._hold,
                 )
         if quota.rate != INF:
@@ -182,13 +220,15 @@ class FairShare:
             )
             if state.in_flight == 0 and full:
                 del self._callers[identity]
-        self._sweep_at = max(_KEEP, 2 * len(self._callers))
+        self._sweep_at = min(max(_KEEP, 2 * len(self._callers)), self.max_callers)
+        if len(self._callers) >= self.max_callers:
+            self._full_sweep_at = now + _FULL_SWEEP_SECONDS
 
     @classmethod
     def for_settings(cls, settings: Settings) -> FairShare:
         """The limit and quota file (QuotaError when it cannot be used) of `settings`."""
         quotas = QuotaFile(settings.quotas) if settings.quotas else NO_QUOTAS
-        return cls(settings.max_concurrent_requests, quotas)
+        return cls(settings.max_concurrent_requests, quotas, max_callers=settings.max_callers)
 
     @property
     def callers(self) -> int:

@@ -10,7 +10,7 @@ from gateway.errors import GatewayError, Kind
 from gateway.policy.fairshare import INTERNAL, FairShare
 from gateway.policy.quotas import parse
 
-BURSTER, STEADY = "spiffe://test.local/sa/burster", "spiffe://test.local/sa/steady"
+BURSTER, STEADY = "uri:spiffe://test.local/sa/burster", "uri:spiffe://test.local/sa/steady"
 
 
 class Clock:
@@ -44,7 +44,7 @@ def test_a_caller_over_its_rate_is_refused_with_the_time_to_its_next_token() -> 
     error = refused(share, BURSTER)
     assert error.retry_after == pytest.approx(0.25)
     assert "over its rate of 4 requests per second (burst 2" in error.message
-    assert f'[callers."{BURSTER}"] of q.toml' in error.message
+    assert f'[callers."{BURSTER}"] of the quota file' in error.message
     clock.now += 0.1
     assert refused(share, BURSTER).retry_after == pytest.approx(0.15)
     clock.now += 0.15
@@ -56,7 +56,7 @@ def test_a_caller_at_its_concurrency_waits_for_an_answer() -> None:
     share = FairShare(64, parse("[default]\nconcurrency = 2\n", "q.toml"), Clock())
     first, _ = share.acquire(BURSTER), share.acquire(BURSTER)
     error = refused(share, BURSTER)
-    assert "has 2 images in flight, its limit ([default] of q.toml)" in error.message
+    assert "has 2 images in flight, its limit ([default] of the quota file)" in error.message
     assert error.retry_after is not None and error.retry_after > 0
     share.acquire(STEADY)
     share.release(first, 0.01)
@@ -67,8 +67,8 @@ def test_at_the_limit_only_callers_above_their_fair_share_are_refused() -> None:
     share = FairShare(4, clock=Clock())
     tickets = [share.acquire(BURSTER) for _ in range(4)]  # alone, it may take the whole limit
     error = refused(share, BURSTER)
-    assert "limit of 4 images and caller " + BURSTER + " holds 4" in error.message
-    assert "fair share of 4 with 1 callers active" in error.message
+    assert "at its limit of images in flight and caller " + BURSTER + " holds 4" in error.message
+    assert "callers active" not in error.message and "4 images" not in error.message
     # A second caller is within its share (4 / 2 callers): it goes in, past the limit ...
     steady = [share.acquire(STEADY), share.acquire(STEADY)]
     assert share.in_flight == 6
@@ -119,3 +119,28 @@ def test_callers_seen_once_are_forgotten_once_their_bucket_is_full_again() -> No
     for n in range(3500):
         share.release(share.acquire(f"again-{n}"), 0.001)
     assert share.callers == 3500
+
+
+def test_past_its_ceiling_new_callers_share_one_overflow_entry_per_table() -> None:
+    """100k identities cannot make the table hold 100k entries: past --max-callers the new
+    ones share their table's entry (its rate and concurrency count for all of them), while
+    callers the file names exactly keep their own."""
+    clock = Clock()
+    quotas = parse(f'[callers."{STEADY}"]\nrate = 10\n[default]\nrate = 5\n', "q.toml")
+    share = FairShare(64, quotas, clock, max_callers=100)
+    for n in range(100_000):
+        ticket = share.acquire(f"uri:spiffe://flood/{n}") if n < 100 else None
+        if ticket is not None:
+            share.release(ticket, 0.001)
+        elif n < 105:  # the overflow entry has the [default] table's 5 tokens, for all
+            share.release(share.acquire(f"uri:spiffe://flood/{n}"), 0.001)
+        else:
+            refused(share, f"uri:spiffe://flood/{n}")
+    assert share.callers <= 101
+    for _ in range(10):  # a caller the file names keeps its own entry and rate
+        share.release(share.acquire(STEADY), 0.001)
+    clock.now += 10  # buckets are full again: the next sweep makes room for new callers
+    share.release(share.acquire("uri:spiffe://late"), 0.001)
+    assert share.callers <= 100 and share.acquire("uri:spiffe://late").identity == (
+        "uri:spiffe://late"
+    )

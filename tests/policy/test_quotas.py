@@ -15,37 +15,37 @@ FILE = """
 rate = 10
 concurrency = 4
 
-[callers."spiffe://test.local/ns/shop/sa/checkout"]
+[callers."uri:spiffe://test.local/ns/shop/sa/checkout"]
 rate = 200
 burst = 50
 
-[callers."spiffe://test.local/ns/shop/*"]
+[callers."uri:spiffe://test.local/ns/shop/*"]
 concurrency = 2
 
-[callers."spiffe://test.local/*"]
+[callers."uri:spiffe://test.local/*"]
 rate = inf
 """
 
 
 def test_callers_get_their_table_then_the_longest_pattern_then_the_default() -> None:
     quotas = parse(FILE, "quotas.toml")
-    checkout = quotas.of("spiffe://test.local/ns/shop/sa/checkout")
+    checkout = quotas.of("uri:spiffe://test.local/ns/shop/sa/checkout")
     assert (checkout.rate, checkout.burst, checkout.concurrency) == (200, 50, 4)
-    assert checkout.label == "spiffe://test.local/ns/shop/sa/checkout"
-    cart = quotas.of("spiffe://test.local/ns/shop/sa/cart")  # both patterns match: the longer
+    assert checkout.label == "uri:spiffe://test.local/ns/shop/sa/checkout"
+    cart = quotas.of("uri:spiffe://test.local/ns/shop/sa/cart")  # both patterns match: the longer
     assert (cart.rate, cart.burst, cart.concurrency) == (10, 10, 2)
-    assert cart.label == "spiffe://test.local/ns/shop/*"
-    other = quotas.of("spiffe://test.local/ns/ads/sa/x")
+    assert cart.label == "uri:spiffe://test.local/ns/shop/*"
+    other = quotas.of("uri:spiffe://test.local/ns/ads/sa/x")
     assert (other.rate, other.burst, other.concurrency) == (INF, INF, 4)
     stranger = quotas.of("anonymous")
     assert (stranger.rate, stranger.burst, stranger.concurrency) == (10, 10, 4)
-    assert stranger.label == "other" and stranger.source == "[default] of quotas.toml"
+    assert stranger.label == "other" and stranger.source == "[default] of the quota file"
 
 
 def test_no_file_and_empty_tables_mean_no_limit() -> None:
     quota = parse("", "q.toml").of("anyone")
     assert (quota.rate, quota.burst, quota.concurrency) == (INF, INF, INF)
-    assert parse('[callers."a"]\n', "q.toml").of("a").rate == INF
+    assert parse('[callers."cn:a"]\n', "q.toml").of("cn:a").rate == INF
 
 
 def test_burst_defaults_to_one_seconds_worth_of_the_rate() -> None:
@@ -58,7 +58,7 @@ def test_burst_defaults_to_one_seconds_worth_of_the_rate() -> None:
     [
         ("[defaults]\nrate = 1\n", "q.toml: unknown key 'defaults'"),
         ("[default]\nrps = 1\n", "q.toml: [default]: unknown key 'rps'"),
-        ('[callers."a"]\nrate = 0\n', '[callers."a"]: rate must be a number > 0'),
+        ('[callers."cn:a"]\nrate = 0\n', '[callers."cn:a"]: rate must be a number > 0'),
         ("[default]\nrate = -3\n", "[default]: rate must be a number > 0"),
         ("[default]\nrate = nan\n", "rate must be a number > 0"),
         ("[default]\nconcurrency = 1.5\n", "concurrency must be a whole number >= 1"),
@@ -74,6 +74,43 @@ def test_a_bad_file_is_refused_naming_the_key(text: str, message: str) -> None:
     with pytest.raises(QuotaError) as info:
         parse(text, "q.toml")
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        (
+            "spiffe://test.local/ns/shop/sa/checkout",
+            '"uri:spiffe://test.local/ns/shop/sa/checkout"',
+        ),
+        ("spiffe://test.local/ns/batch/*", '"uri:spiffe://test.local/ns/batch/*"'),
+        ("CN=worker-7", '"cn:worker-7"'),
+        ("worker-7", "write uri:<URI SAN>, cn:<common name> or anonymous"),
+        ("uri:", "not a typed identity"),
+        ("*", "not a typed identity"),
+    ],
+)
+def test_a_table_not_named_by_a_typed_identity_is_refused_naming_it(name: str, hint: str) -> None:
+    """Identities always carry their type: an untyped table would silently match nobody."""
+    with pytest.raises(QuotaError) as info:
+        parse(f'[default]\nrate = 1\n[callers."{name}"]\nrate = 5\n', "q.toml")
+    message = str(info.value)
+    assert f'q.toml: [callers."{name}"]: not a typed identity' in message or (
+        name == "" and "empty" in message
+    )
+    assert hint in message
+
+
+def test_typed_names_patterns_and_anonymous_are_taken() -> None:
+    quotas = parse(
+        '[callers."cn:worker-*"]\nrate = 3\n[callers.anonymous]\nrate = 1\n'
+        '[callers."uri:spiffe://x/[ab]"]\nrate = 2\n',
+        "q.toml",
+    )
+    assert quotas.of("cn:worker-7").rate == 3
+    assert quotas.of("uri:worker-7").rate == INF  # a CN pattern never matches a URI SAN
+    assert quotas.of("anonymous").rate == 1
+    assert quotas.of("uri:spiffe://x/b").rate == 2
 
 
 def test_a_missing_or_oversized_file_is_refused(tmp_path: Path) -> None:
