@@ -8,9 +8,12 @@ MODELS := models
 BUF    := .tools/node_modules/.bin/buf
 K8S_NODE := k8s/validate/node_modules/.package-lock.json
 
+# `make run`'s ports and model directory (`make run GATEWAY_PORT=50052 MODELS=/tmp/m` runs a
+# second one beside the first; the tests run it on free ports, tests/support/makerun.py).
 GATEWAY_PORT ?= 50051
 SERVING_PORT ?= 8500
 HTTP_PORT ?= 8080
+METRICS_PORT ?= 9090
 
 .PHONY: venv proto models test lint typecheck pytest run bench clean k8s-check zoo-venv
 
@@ -112,7 +115,8 @@ k8s-check: $(STAMP) $(K8S_NODE)
 	$(PY) k8s/validate/check.py
 
 run: $(STAMP) models
-	$(PY) -m tools.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) --serving-port $(SERVING_PORT) --http-port $(HTTP_PORT)
+	$(PY) -m tools.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) \
+	  --serving-port $(SERVING_PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT)
 
 # Writes bench/results.md (a few minutes). h2load (Debian's nghttp2-client) generates the load
 # when it is installed or installable here; otherwise bench falls back to Python clients.

@@ -164,6 +164,12 @@ def generate_scene(
     return Scene(pixels=pixels, boxes=boxes, background=background, noise_sigma=noise_sigma)
 
 
+def sample_scene() -> Scene:
+    """`make run`'s sample picture (tools/devrun.py writes it as models/samples/scene.jpg):
+    five rectangles on a noisy 640x480 background, the same every time."""
+    return generate_scene(np.random.default_rng(7), 640, 480, 5, noise_sigma=6.0)
+
+
 def encode(pixels: np.ndarray, fmt: Literal["PNG", "JPEG"] = "PNG", quality: int = 90) -> bytes:
     """Encodes an RGB uint8 image as PNG or JPEG (Pillow's default 4:2:0 chroma subsampling)."""
     buffer = io.BytesIO()

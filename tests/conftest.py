@@ -10,8 +10,9 @@ import pytest
 
 from tests.support import models
 
-# The run's last line: what was skipped and why (tests/support/skipsummary.py).
-pytest_plugins = ["tests.support.skipsummary"]
+# The run's last line: what was skipped and why (tests/support/skipsummary.py); the
+# session's `make run` (the `make_run` fixture, tests/support/makerun.py).
+pytest_plugins = ["tests.support.skipsummary", "tests.support.makerun"]
 
 TESTS = Path(__file__).parent
 E2E = TESTS / "e2e"

@@ -23,9 +23,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import GET_MODEL_STATUS
+from serving import scenes
 
 # The gateway's model config for the reference models (tasks, labels, input preparation).
 MODEL_CONFIG = Path("serving/gateway-models.toml")
+# The local server's model repository; its base paths are rewritten under --models.
+SERVING_CONFIG = Path("serving/models.config")
 
 
 def wait_available(
@@ -79,15 +82,24 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _sample_image(models: Path) -> Path:
-    import numpy as np
-
-    from serving import scenes
-
     path = models / "samples" / "scene.jpg"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        scene = scenes.generate_scene(np.random.default_rng(7), 640, 480, 5, noise_sigma=6.0)
-        path.write_bytes(scenes.encode(scene.pixels, "JPEG"))
+        path.write_bytes(scenes.encode(scenes.sample_scene().pixels, "JPEG"))
+    return path
+
+
+def _serving_config(models: Path) -> Path:
+    """serving/models.config with its base paths under `models` (the config names them
+    relative to the repository root, as `models/<name>`), written as <models>/models.config,
+    so `make run MODELS=dir` serves the models of that directory."""
+    text = SERVING_CONFIG.read_text()
+    rewritten = text.replace("base_path: 'models/", f"base_path: '{models.resolve()}/")
+    if rewritten == text:
+        raise SystemExit(f"{SERVING_CONFIG} names no base_path under models/")
+    models.mkdir(parents=True, exist_ok=True)
+    path = models / "models.config"
+    path.write_text(rewritten)
     return path
 
 
@@ -100,7 +112,7 @@ def main() -> None:
     parser.add_argument("--http-port", type=int, default=8080)
     args = parser.parse_args()
 
-    config = Path("serving/models.config")
+    config = _serving_config(args.models)
     models = list(tomllib.loads(MODEL_CONFIG.read_text())["models"])
     serving_cmd = [
         sys.executable,
