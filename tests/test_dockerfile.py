@@ -21,12 +21,17 @@ import pytest
 from packaging.requirements import Requirement
 
 from gateway.config import Settings
+from tests.support.dockerimage import (
+    JOBS_LOCK,
+    LOCK,
+    closure,
+    lock,
+    lock_entries,
+    normalize,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile.gateway").read_text()
-LOCK = ROOT / "requirements-gateway.txt"
-# The `jobs` extra: what the runtime lock does not already pin.
-JOBS_LOCK = ROOT / "requirements-jobs.txt"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Programs a RUN line may start: the base image's Python tools and user management.
 BASE_IMAGE_COMMANDS = {"pip", "python", "useradd"}
@@ -42,46 +47,6 @@ def instructions() -> list[tuple[str, str]]:
             keyword, _, rest = line.partition(" ")
             result.append((keyword.upper(), rest.strip()))
     return result
-
-
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def lock_entries(path: Path = LOCK) -> list[list[str]]:
-    """A lock's requirements, each as its words (continuation lines joined)."""
-    text = re.sub(r"\\\n", " ", path.read_text())
-    return [line.split() for line in text.splitlines() if line.strip() and line[0] != "#"]
-
-
-def lock(path: Path = LOCK) -> dict[str, str]:
-    pins = {}
-    for words in lock_entries(path):
-        name, _, version = words[0].partition("==")
-        pins[normalize(name)] = version
-    return pins
-
-
-def image_distributions() -> dict[str, str]:
-    """Every distribution the image installs besides the gateway, with its version."""
-    return {**lock(LOCK), **lock(JOBS_LOCK)}
-
-
-def closure(requirements: list[str]) -> set[str]:
-    """The requirements and theirs (with the extras they ask for), as installed here."""
-    pending = [(Requirement(r), "") for r in requirements]
-    seen: set[tuple[str, frozenset[str]]] = set()
-    while pending:
-        requirement, extra = pending.pop()
-        if requirement.marker and not requirement.marker.evaluate({"extra": extra}):
-            continue
-        key = (normalize(requirement.name), frozenset(requirement.extras))
-        if key in seen:
-            continue
-        seen.add(key)
-        for needed in metadata.requires(requirement.name) or []:
-            pending += [(Requirement(needed), e) for e in ("", *requirement.extras)]
-    return {name for name, _ in seen}
 
 
 def runtime_closure() -> set[str]:

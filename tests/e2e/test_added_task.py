@@ -12,13 +12,10 @@ embedding is known exactly (the shares, normalised).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,16 +26,15 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from gateway import app
 from gateway.api import bindings as api
 from gateway.api.task import TaskRegistry
 from gateway.client import TaskClient
 from gateway.client.cli import main as client_main
-from gateway.config import Settings
 from gateway.flags import parse_settings
 from gateway.tasks import embedding
-from tests.e2e.test_embedding import IMAGE, SIDE, shares, stripes, unit
+from tests.support.appthread import GatewayThread
 from tests.support.localserver import reserve_port, run_local_server
+from tests.support.stripes import IMAGE, SIDE, shares, stripes, unit
 
 MODEL = "classifier_scores"
 MODEL_CONFIG = f"""
@@ -84,45 +80,12 @@ def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             ],
             environ={},
         )
-        with _gateway_thread(settings, tasks) as gateway:
+        with GatewayThread(settings, tasks) as gateway:
             yield Served(
                 f"127.0.0.1:{gateway.grpc_port}",
                 f"http://127.0.0.1:{gateway.http_port}",
                 bindings,
             )
-
-
-class _gateway_thread:
-    """The app started in its own event loop on a thread; stopped (drained) on exit."""
-
-    def __init__(self, settings: Settings, tasks: TaskRegistry) -> None:
-        self._args = (settings, tasks)
-        self._started: Future[app.Gateway] = Future()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
-
-    async def _run(self) -> None:
-        settings, tasks = self._args
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        try:
-            gateway = await app.start(settings, tasks=tasks)
-        except BaseException as exc:
-            self._started.set_exception(exc)
-            raise
-        self._started.set_result(gateway)
-        await self._stop.wait()
-        await gateway.stop()
-
-    def __enter__(self) -> app.Gateway:
-        self._thread.start()
-        return self._started.result(timeout=120)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=60)
-        assert not self._thread.is_alive()
 
 
 def test_the_given_task_answers_over_grpc_and_http(served: Served) -> None:

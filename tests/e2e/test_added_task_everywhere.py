@@ -34,10 +34,10 @@ from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.tasks.builtin import BUILT_IN
 from gateway.tasks.embedding import EmbeddingTask
-from tests.e2e.test_added_task import _gateway_thread
-from tests.e2e.test_embedding import IMAGE, OTHER, shares, stripes, unit
+from tests.support.appthread import GatewayThread
 from tests.support.jobs import Client, State, metadata, options
 from tests.support.localserver import reserve_port, run_local_server
+from tests.support.stripes import IMAGE, OTHER, shares, stripes, unit
 
 MODEL = "classifier_scores"
 MODEL_CONFIG = f"""
@@ -99,7 +99,7 @@ def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             ],
             environ={},
         )
-        with _gateway_thread(settings, tasks) as gateway:
+        with GatewayThread(settings, tasks) as gateway:
             target = f"127.0.0.1:{gateway.grpc_port}"
             yield Served(target, f"http://127.0.0.1:{gateway.http_port}", settings, tasks, root)
 

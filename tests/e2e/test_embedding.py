@@ -13,7 +13,6 @@ says normalize = false; as `classifier_scores` it is a classifier.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import subprocess
 import sys
@@ -30,18 +29,15 @@ import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from PIL import Image
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.proto.embedding.v1 import embedding_pb2_grpc as epb_grpc
-from serving.reference import CLASSIFIER_PALETTE, read_labels
 from tests.support.gatewayproc import CHANNEL_OPTIONS, SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
+from tests.support.stripes import IMAGE, LABELS, OTHER, SIDE, shares, stripes, unit
 
 ROOT = Path(__file__).resolve().parents[2]
-LABELS = read_labels()
-SIDE = 224  # the model's input size: the image reaches it unresized, its shares exact
 MODEL_CONFIG = """
 default_model = "embedder"
 [models.embedder]
@@ -58,32 +54,6 @@ normalize = false
 [models.classifier_scores]
 task = "classification"
 """
-IMAGE = ((LABELS[0], 168), (LABELS[1], 56))  # 3/4 and 1/4 of the first two classes
-OTHER = ((LABELS[2], SIDE),)
-
-
-def stripes(*shares: tuple[str, int], fmt: str = "PNG") -> bytes:
-    """A SIDE x SIDE image of vertical stripes: (palette colour, columns) from the left."""
-    pixels = np.zeros((SIDE, SIDE, 3), np.uint8)
-    left = 0
-    for colour, columns in shares:
-        pixels[:, left : left + columns] = CLASSIFIER_PALETTE[colour]
-        left += columns
-    assert left == SIDE
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format=fmt)
-    return out.getvalue()
-
-
-def shares(*stripes: tuple[str, int]) -> np.ndarray:
-    vector = np.zeros(len(LABELS))
-    for colour, columns in stripes:
-        vector[LABELS.index(colour)] = columns / SIDE
-    return vector
-
-
-def unit(vector: np.ndarray) -> np.ndarray:
-    return vector / np.linalg.norm(vector)
 
 
 @pytest.fixture(scope="module")

@@ -94,12 +94,14 @@ def served(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def test_adding_the_task_touched_its_folder_its_proto_and_one_line(served: Served) -> None:
-    generated = [f"gateway/proto/palette/{p}" for p in ("__init__.py", "v1/__init__.py")]
-    generated += [f"gateway/proto/palette/v1/palette_pb2{e}" for e in
+    name = newtask.NAME
+    generated = [f"gateway/proto/{name}/{p}" for p in ("__init__.py", "v1/__init__.py")]
+    generated += [f"gateway/proto/{name}/v1/{name}_pb2{e}" for e in
                   (".py", ".pyi", "_grpc.py", "_grpc.pyi")]  # fmt: skip
-    folder = [f"gateway/tasks/palette/{name}" for name in newtask.FILES]
+    folder = [f"gateway/tasks/{name}/{file}" for file in newtask.FILES]
+    proto = f"proto/{name}/v1/{name}.proto"
     assert newtask.changed(served.copy) == sorted(
-        [*generated, *folder, "gateway/tasks/builtin.py", "proto/palette/v1/palette.proto"]
+        [*generated, *folder, "gateway/tasks/builtin.py", proto]
     )
     diff = subprocess.run(
         ["git", "diff", "--numstat", "gateway/tasks/builtin.py"],

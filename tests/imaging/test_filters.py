@@ -16,7 +16,7 @@ from PIL import Image, ImageOps
 from gateway.imaging import filters
 from gateway.imaging.header import ImageLimits
 from gateway.imaging.resize import decode_to_size, decode_within
-from tests.imaging.test_resize import encoded
+from tests.support.pictures import encoded
 
 LIMITS = ImageLimits(max_bytes=64 * 2**20, max_pixels=50_000_000)
 # (height, width) in -> (height, width) out: shrinking by 1.3x to 13x, enlarging, stretching

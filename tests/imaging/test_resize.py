@@ -12,8 +12,6 @@ orientation, size or scale differs by tens of levels on these images.
 
 from __future__ import annotations
 
-import functools
-import io
 import random
 import subprocess
 import sys
@@ -26,7 +24,7 @@ import numpy as np
 import pytest
 import pyvips
 import simplejpeg
-from PIL import ExifTags, Image, ImageDraw
+from PIL import Image
 
 from gateway.imaging import resize
 from gateway.imaging.decode import decode_image, decode_stored
@@ -34,6 +32,7 @@ from gateway.imaging.errors import CorruptImage, EmptyImage, ImageTooLarge
 from gateway.imaging.header import ImageLimits, inspect_image
 from gateway.imaging.resize import decode_to_size, decode_within, fit_within
 from tests.support.pictures import EXIF_TRANSPOSE as TRANSPOSE  # Pillow's, independent of ours
+from tests.support.pictures import encoded, scene
 
 LIMITS = ImageLimits(max_bytes=64 * 2**20, max_pixels=50_000_000)
 BILINEAR = Image.Resampling.BILINEAR
@@ -42,49 +41,6 @@ PHOTO_12MP = ROOT / "bench" / "images" / "photo_4032x3024.jpg"
 
 
 # --- images -------------------------------------------------------------------------------
-
-
-@functools.cache
-def scene(width: int, height: int, seed: int = 0) -> Image.Image:
-    """Shading, sensor-like noise and hard-edged shapes: any resampling difference shows."""
-    rng = np.random.default_rng(seed)
-    y, x = np.ogrid[0:height, 0:width]
-    shading = np.empty((height, width, 3), np.int16)
-    shading[..., 0] = x * 255 // max(width - 1, 1)
-    shading[..., 1] = y * 255 // max(height - 1, 1)
-    shading[..., 2] = (x + 2 * y) % 256
-    shading += rng.integers(-40, 41, (height, width, 3), dtype=np.int16)
-    image = Image.fromarray(np.clip(shading, 0, 255).astype(np.uint8))
-    draw = ImageDraw.Draw(image)
-    for _ in range(12):
-        left, top = int(rng.integers(0, width)), int(rng.integers(0, height))
-        box = (left, top, left + width // 6, top + height // 5)
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-        (draw.rectangle if rng.random() < 0.5 else draw.ellipse)(box, fill=colour)
-    return image
-
-
-def exif(orientation: int) -> Image.Exif:
-    tags = Image.Exif()
-    tags[ExifTags.Base.Orientation] = orientation
-    return tags
-
-
-@functools.cache
-def encoded(
-    width: int,
-    height: int,
-    fmt: str = "JPEG",
-    orientation: int = 1,
-    mode: str = "RGB",
-    **options: Any,
-) -> bytes:
-    image = scene(width, height).convert(mode)
-    out = io.BytesIO()
-    if orientation != 1:
-        options["exif"] = exif(orientation)
-    image.save(out, fmt, **options)
-    return out.getvalue()
 
 
 def jpeg(width: int, height: int, orientation: int = 1, **options: Any) -> bytes:

@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 from google.longrunning import operations_pb2 as lro
 
-from tests.jobs.test_replicas import wait_for
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.jobs import Client, State, gateway, make_images, metadata
+from tests.support.waiting import wait_for
 
 LIMIT = 3
 RACERS = 12  # creates sent at once, half through each replica

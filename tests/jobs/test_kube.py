@@ -19,8 +19,8 @@ from google.longrunning import operations_pb2 as lro
 
 from gateway.batch.__main__ import run_parser
 from gateway.proto.detection.v1 import detection_pb2 as pb
-from tests.k8s.test_apiserver import render
 from tests.support.apiserver import ApiServer
+from tests.support.dryrun import render
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import Client, State, gateway, make_images, metadata, options, result
 from tests.support.kubejobs import OPERATION_LABEL, kube_job, now, write_job_status

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.jobs.test_replicas import wait_for
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import Client, State, gateway, make_images, metadata, ran, runner_pids
+from tests.support.waiting import wait_for
 
 COUNT = 200
 PASSES = 40  # images TF Serving answers before it holds the rest

@@ -8,7 +8,6 @@ store and with S3 (moto's server on loopback, through s3fs)."""
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -24,6 +23,7 @@ from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import Client, State, gateway, make_images, metadata, ran
 from tests.support.localserver import LocalServer, free_port
+from tests.support.waiting import wait_for
 
 COUNT = 600
 # JOBS_REPLICA_ROUNDS=N repeats each test N times (as BATCH_KILL_ROUNDS for the runner).
@@ -62,13 +62,6 @@ def replicas(
             stack.enter_context(gateway(upstream, store, log_dir, [*LEASE, *extra]))
             for _ in range(count)
         ]
-
-
-def wait_for(check: Any, what: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"{what} did not happen within {seconds} s"
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("round_", ROUNDS)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gateway.batch import __main__ as runner
-from tests.k8s.test_apiserver import namespace_for, render
 from tests.support.apiserver import ApiServer
+from tests.support.dryrun import namespace_for, render
 
 Obj = dict[str, Any]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.k8s.test_apiserver import render
+from tests.support.dryrun import render
 
 Obj = dict[str, Any]
 DNS = {("UDP", 53), ("TCP", 53)}

@@ -16,7 +16,8 @@ import fsspec.core
 import pytest
 from fsspec.registry import known_implementations
 
-from tests.k8s.test_apiserver import render as render_kustomization
+from tests.support.dockerimage import closure, image_distributions
+from tests.support.dryrun import render as render_kustomization
 from tests.support.renders import (
     GATEWAY,
     ROOT,
@@ -31,7 +32,6 @@ from tests.support.renders import (
     pod_spec,
     rendered,
 )
-from tests.test_dockerfile import closure, image_distributions
 
 OVERLAYS = [t for t in TARGETS if t != "base"]
 MIB = 1024 * 1024

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.test_apiserver import TARGETS, render
+from tests.support.dryrun import TARGETS, render
 
 Obj = dict[str, Any]
 PROXY_CONFIG = "proxy.istio.io/config"

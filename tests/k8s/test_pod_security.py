@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.test_apiserver import ROOT
 from tests.k8s.test_runner_policy import runner_job
 from tests.support.apiserver import KUBECTL, ApiServer
+from tests.support.renders import ROOT
 
 Obj = dict[str, Any]
 NAMESPACE = "psa-restricted"

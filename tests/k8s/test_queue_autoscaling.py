@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from gateway import metrics
-from tests.k8s.test_apiserver import dry_run, namespace_for, render
 from tests.support.apiserver import ApiServer
+from tests.support.dryrun import dry_run, namespace_for, render
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "k8s" / "components" / "queue-autoscaling"

@@ -25,8 +25,8 @@ from gateway.domain import ModelRef
 from gateway.jobs import kube
 from gateway.jobs.records import Job
 from gateway.tasks.builtin import BUILT_IN
-from tests.k8s.test_apiserver import render
 from tests.support.apiserver import ApiServer
+from tests.support.dryrun import render
 
 # Slow (make test-fast leaves it out): 28 checks against the API server, about 70 s on a
 # loaded machine.

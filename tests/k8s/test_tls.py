@@ -21,8 +21,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.k8s.test_apiserver import render
 from tests.support.certs import Certificates, make_certificates
+from tests.support.dryrun import render
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.localserver import closed_port, free_port, stop_process
 

@@ -27,8 +27,16 @@ import pytest
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from tests.reliability.conftest import SOAK, Figures, scaled
 from tests.support.faultupstream import FaultyUpstream
-from tests.support.gatewayproc import NOT_SERVING, SERVICE, SERVING, GatewayProcess, run_gateway
+from tests.support.gatewayproc import (
+    NOT_SERVING,
+    SERVICE,
+    SERVING,
+    GatewayProcess,
+    memory_kib,
+    run_gateway,
+)
 from tests.support.localserver import HOST, LocalServer, free_port
+from tests.support.waiting import wait_for
 
 OK = grpc.StatusCode.OK
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -62,24 +70,6 @@ def in_threads(count: int, work) -> list[threading.Thread]:  # type: ignore[no-u
     for t in threads:
         t.start()
     return threads
-
-
-def memory_kib(pid: int) -> dict[str, int]:
-    """VmRSS (now) and VmHWM (peak) of a process, in KiB (Linux /proc)."""
-    values = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            values[key] = int(rest.split()[0])
-    return values
-
-
-def wait_for(condition, what: str, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    """Polls `condition()` until it is true; fails naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.02)
 
 
 def wait_port(port: int, timeout: float = 120.0) -> float:

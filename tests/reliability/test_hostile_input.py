@@ -16,10 +16,9 @@ from gateway import memory
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from tests.reliability.conftest import Figures, scaled
-from tests.reliability.test_faults import memory_kib
 from tests.support import hostile
 from tests.support.faultupstream import FaultyUpstream
-from tests.support.gatewayproc import GatewayProcess, run_gateway
+from tests.support.gatewayproc import GatewayProcess, memory_kib, run_gateway
 from tests.support.localserver import LocalServer
 
 # The gateway's default limits (50 MP) allow a 150 MB decoded image; nothing in the corpus

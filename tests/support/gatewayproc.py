@@ -219,3 +219,13 @@ def _start(
             command, cwd=root, env=with_path(root), stdout=log, stderr=subprocess.STDOUT
         )
     return GatewayProcess(process, port, metrics_port, log_path, http_port)
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak) of a process, in KiB (Linux /proc)."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0])
+    return values

@@ -1,7 +1,8 @@
 """A task written from scratch into a copy of the gateway, as docs/adding-a-task.md says to add
-one: its folder (gateway/tasks/palette/: task, config keys, nouns, binding, drawing, page.js),
-its proto (proto/palette/v1/palette.proto) with the generated code (proto/generate.py), and
-one line in gateway/tasks/builtin.py. Nothing else of the copy changes; `changed` tells.
+one: its folder (the copy's gateway/tasks/<NAME>/: task, config keys, nouns, binding, drawing,
+page.js), its proto (<NAME>/v1/<NAME>.proto under proto/) with the generated code
+(proto/generate.py), and one line in gateway/tasks/builtin.py. Nothing else of the copy
+changes; `changed` tells.
 
 The task, `palette` (verb `palette`): a model's float [batch, classes] output read as the share
 of the image in each class (the reference `classifier_scores` gives each palette colour's

@@ -5,13 +5,14 @@ hand-made PNG chunks and headers, and what Pillow displays for a file.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zlib
 from typing import Any
 
 import numpy as np
-from PIL import ExifTags, Image, ImageOps
+from PIL import ExifTags, Image, ImageDraw, ImageOps
 
 from gateway.imaging.header import ImageLimits
 
@@ -114,3 +115,40 @@ EXIF_TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+
+
+@functools.cache
+def scene(width: int, height: int, seed: int = 0) -> Image.Image:
+    """Shading, sensor-like noise and hard-edged shapes: any resampling difference shows."""
+    rng = np.random.default_rng(seed)
+    y, x = np.ogrid[0:height, 0:width]
+    shading = np.empty((height, width, 3), np.int16)
+    shading[..., 0] = x * 255 // max(width - 1, 1)
+    shading[..., 1] = y * 255 // max(height - 1, 1)
+    shading[..., 2] = (x + 2 * y) % 256
+    shading += rng.integers(-40, 41, (height, width, 3), dtype=np.int16)
+    image = Image.fromarray(np.clip(shading, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(12):
+        left, top = int(rng.integers(0, width)), int(rng.integers(0, height))
+        box = (left, top, left + width // 6, top + height // 5)
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.rectangle if rng.random() < 0.5 else draw.ellipse)(box, fill=colour)
+    return image
+
+
+@functools.cache
+def encoded(
+    width: int,
+    height: int,
+    fmt: str = "JPEG",
+    orientation: int = 1,
+    mode: str = "RGB",
+    **options: Any,
+) -> bytes:
+    image = scene(width, height).convert(mode)
+    out = io.BytesIO()
+    if orientation != 1:
+        options["exif"] = exif_with(orientation)
+    image.save(out, fmt, **options)
+    return out.getvalue()

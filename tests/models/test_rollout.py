@@ -7,7 +7,7 @@ import pytest
 
 from gateway.models import ModelConfigError, load_registry
 from gateway.models.rollout import RolloutConfig, Target
-from tests.test_models import TASKS, config
+from tests.support.modelconfigs import TASKS, config
 
 HEAD = '[models.a]\ntask = "detection"\n[models.a.rollout]\n'
 
