@@ -10,6 +10,14 @@
   the client's part: its URI, else its subject's CN.
 - Else "anonymous".
 
+Every door reads it with the same function: `of_grpc` (a gRPC call's auth context and
+metadata) and `of_http` (an aiohttp request's peer certificate and headers) hand the
+certificate and every x-forwarded-client-cert value, in the order they came, to `caller`. A
+proxy that appends (Envoy's APPEND_FORWARD, Istio's sidecar) puts its element last, after
+anything the client sent, whether it joins values or adds a header; so the last element of
+all the values joined is the only one a proxy vouched for, at the inference doors and the
+jobs doors alike.
+
 Identities are typed, so a URI SAN and a common name never collide: `uri:<URI SAN>` and
 `cn:<common name>` (what records, logs and GATEWAY_BATCH_ADMINS hold); `shown` is the form
 for people. "anonymous" has no type: no certificate can give it, and it is never an admin.
@@ -40,6 +48,27 @@ def caller(certificate: str | None, xfcc: str | None, trust_xfcc: bool) -> str:
         if found:
             return found
     return ANONYMOUS
+
+
+def of_grpc(context: Any, trust_xfcc: bool) -> str:
+    """The caller of a gRPC call (`grpc.aio.ServicerContext`): its client certificate, or the
+    x-forwarded-client-cert metadata when trusted, or "anonymous"; PERMISSION_DENIED for a
+    certificate or element naming an identity the gateway cannot take."""
+    certificate = from_auth_context(context.auth_context())
+    values = (
+        value
+        for key, value in context.invocation_metadata() or ()
+        if key == XFCC and isinstance(value, str)
+    )
+    return caller(certificate, joined(values), trust_xfcc)
+
+
+def of_http(request: Any, trust_xfcc: bool) -> str:
+    """The caller of an HTTP request (`aiohttp.web.Request`), by the same rules as of_grpc."""
+    transport = request.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    certificate = ssl_object.getpeercert() if ssl_object is not None else None
+    return caller(from_peercert(certificate), joined(request.headers.getall(XFCC, ())), trust_xfcc)
 
 
 def joined(values: Iterable[str]) -> str | None:

@@ -29,13 +29,7 @@ def caller_of(context: grpc.aio.ServicerContext, settings: Settings) -> str:
     """Who is calling (gateway.identity): the client certificate in the auth context, or a
     trusted x-forwarded-client-cert header; PERMISSION_DENIED for an anonymous caller
     unless GATEWAY_BATCH_ALLOW_ANONYMOUS."""
-    certificate = identity.from_auth_context(context.auth_context())
-    header = identity.joined(
-        value
-        for key, value in context.invocation_metadata() or ()
-        if key == identity.XFCC and isinstance(value, str)
-    )
-    found = identity.caller(certificate, header, settings.trust_xfcc)
+    found = identity.of_grpc(context, settings.trust_xfcc)
     return identity.for_jobs(found, settings.batch_allow_anonymous)
 
 

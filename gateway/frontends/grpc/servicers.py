@@ -15,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
 from google.rpc import status_pb2
 
-from gateway import identity
+from gateway import identity, logs, metrics
+from gateway.api import strings
 from gateway.api.bindings import TRACE_HEADERS, Binding, ToRequest
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.domain import Outcome, Trace
@@ -29,6 +31,7 @@ from gateway.errors import GatewayError, Kind
 from gateway.frontends.grpc.status import STATUS, abort
 
 log = logging.getLogger("gateway.pipeline")
+request_log = logs.RequestLog()
 
 DRAINING = "the gateway is shutting down and takes no new requests; retry (another replica answers)"
 
@@ -99,19 +102,43 @@ def _converted(to_result: Callable[[Outcome], ResultT], outcome: Outcome) -> Res
 
 def _metadata(context: grpc.aio.ServicerContext, trust_xfcc: bool) -> tuple[str, Trace, str]:
     """The caller's x-request-id (or ""), the trace headers to pass on, and who is calling
-    (gateway.identity: the client certificate, or a trusted x-forwarded-client-cert)."""
+    (gateway.identity); GatewayError when a header breaks its rule (gateway.api.strings) or
+    the identity cannot be taken."""
     request_id = ""
     trace = []
-    xfcc = None
     for key, value in context.invocation_metadata() or ():
         if key in TRACE_HEADERS and isinstance(value, str):
             trace.append((key, value))
             if key == "x-request-id":
                 request_id = value
-        elif key == identity.XFCC and isinstance(value, str):
-            xfcc = value
-    certificate = identity.from_auth_context(context.auth_context())
-    return request_id, tuple(trace), identity.caller(certificate, xfcc, trust_xfcc)
+    strings.trace(trace)
+    return request_id, tuple(trace), identity.of_grpc(context, trust_xfcc)
+
+
+def _check(request: Any) -> None:
+    """The request message's own strings (every binding's request has request_id and model)."""
+    model = request.model
+    strings.request(request.request_id, model.name, model.label)
+
+
+async def _failed(error: GatewayError) -> Outcome:
+    raise error
+
+
+async def _refuse(
+    context: grpc.aio.ServicerContext, method: str, error: GatewayError, started: float
+) -> None:
+    """Ends a call refused before any work, under a request id of the gateway's (the
+    caller's may be what was refused), counted and logged like the pipeline's answers."""
+    request_id = new_request_id()
+    total = time.perf_counter() - started
+    metrics.record(method, error.code, total, 0.0, 0.0)
+    if request_log.enabled():
+        latency = {"total": round(total * 1000, 2)}
+        fields = {"method": method, "code": error.code, "request_id": request_id}
+        request_log.write({**fields, "latency_ms": latency})
+    context.set_trailing_metadata((("x-request-id", request_id),))
+    await abort(context, error, (("x-request-id", request_id),))
 
 
 async def _unary(
@@ -127,7 +154,12 @@ async def _unary(
     if not drain.enter():
         await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
     try:
-        header_id, trace, caller = _metadata(context, pipeline.settings.trust_xfcc)
+        try:
+            header_id, trace, caller = _metadata(context, pipeline.settings.trust_xfcc)
+            _check(request)
+        except GatewayError as exc:
+            await _refuse(context, method, exc, time.perf_counter())
+            raise  # unreachable: abort raises
         request_id = getattr(request, "request_id", "") or header_id or new_request_id()
         context.set_trailing_metadata((("x-request-id", request_id),))
         try:
@@ -159,7 +191,11 @@ async def _stream(
     to gRPC (which waits on the client's flow control), so a slow reader slows the sender.
     A client that waits for each answer before sending the next frame gets it at once.
     """
-    header_id, trace, caller = _metadata(context, pipeline.settings.trust_xfcc)
+    try:
+        header_id, trace, caller = _metadata(context, pipeline.settings.trust_xfcc)
+    except GatewayError as exc:
+        await _refuse(context, method, exc, time.perf_counter())
+        raise  # unreachable: abort raises
     stream_id = header_id or new_request_id()
     context.set_trailing_metadata((("x-request-id", stream_id),))
     window = asyncio.Semaphore(pipeline.settings.stream_window)
@@ -171,8 +207,16 @@ async def _stream(
         index = 0
         async for request in requests:
             await window.acquire()
-            request_id = getattr(request, "request_id", "") or f"{stream_id}-{index}"
+            frame_id = f"{stream_id}-{index}"
             index += 1
+            try:
+                _check(request)
+            except GatewayError as exc:  # this frame's own: its result says so, under frame_id
+                started = asyncio.ensure_future(_failed(exc))
+                in_flight.add(started)
+                pending.put_nowait((frame_id, started))
+                continue
+            request_id = getattr(request, "request_id", "") or frame_id
             timeout = context.time_remaining()
             domain = to_request(request, request_id, method, timeout, trace)
             work = pipeline.run(task, domain._replace(caller=caller))

@@ -23,6 +23,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from google.rpc import code_pb2
 
 from gateway import errors, identity, logs, metrics
+from gateway.api import strings
 from gateway.api.bindings import TRACE_HEADERS, Binding, Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline, new_request_id
@@ -102,7 +103,7 @@ class Handlers:
         except Exception:
             # A bug in the door (the pipeline turns its own into INTERNAL): logged with its
             # traceback, answered without details, as the pipeline does.
-            request_id = request.headers.get(REQUEST_ID, "") or new_request_id()
+            request_id = strings.echoed(request.headers.get(REQUEST_ID, "")) or new_request_id()
             log.exception("unexpected error", extra={"fields": {"request_id": request_id}})
             message = f"internal error in the gateway; quote request id {request_id}"
             return error_response(
@@ -130,7 +131,9 @@ class Handlers:
             limit = bodies.body_limit(self._settings, body_format)
             if length > limit:
                 error = bodies.too_large(length, limit)
-                request_id = request.headers.get(REQUEST_ID, "") or new_request_id()
+                request_id = strings.echoed(request.headers.get(REQUEST_ID, "")) or (
+                    new_request_id()
+                )
                 self._record_rejection(method, error.code, request_id, time.perf_counter(), 413)
                 as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
                 response = error_response(413, error.code, error.message, request_id, as_msgpack)
@@ -152,23 +155,26 @@ class Handlers:
         body_format = bodies.body_kind(request.content_type.lower())
         as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
         try:
+            # The caller's strings and identity first: refused before the body is read.
+            strings.trace(trace)
+            caller = self._caller(request)
             decoded = await self._request_message(binding, request, body_format, path_model)
+            message = decoded.message
+            strings.request(message.request_id, message.model.name, message.model.label)
         except (GatewayError, HttpError) as exc:
-            # Refused before the pipeline: counted and logged here, like the pipeline does.
-            request_id = header_id or new_request_id()
+            # Refused before the pipeline: counted and logged here, like the pipeline does,
+            # under the caller's request id only when it is one the rule takes.
+            request_id = strings.echoed(header_id) or new_request_id()
             status = exc.status if isinstance(exc, HttpError) else STATUS[exc.kind]
             self._record_rejection(method, exc.code, request_id, started, status)
             response = error_response(status, exc.code, exc.message, request_id, as_msgpack)
             if status in (408, 413):
                 response.force_close()  # the rest of the body is not read
             return response
-        message = decoded.message
         request_id = message.request_id or header_id or new_request_id()
         try:
             domain = binding.to_request(message, request_id, method, None, trace)
-            outcome = await self._pipeline.run(
-                binding.task, domain._replace(caller=self._caller(request))
-            )
+            outcome = await self._pipeline.run(binding.task, domain._replace(caller=caller))
         except GatewayError as exc:
             status = STATUS[exc.kind]
             return error_response(
@@ -204,16 +210,8 @@ class Handlers:
         return decoded
 
     def _caller(self, request: web.Request) -> str:
-        """Who is calling (gateway.identity): the client certificate, or a trusted
-        x-forwarded-client-cert."""
-        transport = request.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-        certificate = ssl_object.getpeercert() if ssl_object is not None else None
-        return identity.caller(
-            identity.from_peercert(certificate),
-            request.headers.get(identity.XFCC),
-            self._settings.trust_xfcc,
-        )
+        """Who is calling (gateway.identity, the same reader as every door)."""
+        return identity.of_http(request, self._settings.trust_xfcc)
 
     def _record_rejection(
         self, method: str, code: str, request_id: str, started: float, status: int
@@ -292,7 +290,7 @@ class Handlers:
 
 
 def _http_error(request: web.Request, error: HttpError) -> web.Response:
-    request_id = request.headers.get(REQUEST_ID, "") or new_request_id()
+    request_id = strings.echoed(request.headers.get(REQUEST_ID, "")) or new_request_id()
     return error_response(
         error.status, error.code, error.message, request_id, wants_msgpack(request, False)
     )

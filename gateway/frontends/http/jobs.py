@@ -130,14 +130,7 @@ class JobHandlers:
         self._jobs = jobs
 
     def caller(self, request: web.Request) -> str:
-        transport = request.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-        certificate = ssl_object.getpeercert() if ssl_object is not None else None
-        found = identity.caller(
-            identity.from_peercert(certificate),
-            identity.joined(request.headers.getall(identity.XFCC, ())),
-            self._settings.trust_xfcc,
-        )
+        found = identity.of_http(request, self._settings.trust_xfcc)
         return identity.for_jobs(found, self._settings.batch_allow_anonymous)
 
     @staticmethod
