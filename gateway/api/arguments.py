@@ -1,13 +1,18 @@
 """Command-line flags of the gateway's clients (the client command, detection-batch): TLS to
-the gateway, and one flag per task option, read from the bindings they are given."""
+the gateway, one flag per task option read from the bindings they are given, and the generic
+`--option NAME=VALUE` (a task option by its field name, typed by the task's request message),
+which is what the kubernetes executor passes to runner pods: one argv shape for every task."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from gateway.api.bindings import Bindings
+from gateway import errors
+from gateway.api.bindings import Binding, Bindings
 from gateway.tls import TLS
 
 
@@ -50,3 +55,77 @@ def add_option_arguments(parser: argparse.ArgumentParser, bindings: Bindings) ->
         parser.add_argument(
             "--" + name.replace("_", "-"), dest=name, type=kind, default=kind(), help=text
         )
+
+
+OPTION = "--option"
+_FLOATS = (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE)
+
+
+def add_generic_option(parser: argparse.ArgumentParser) -> None:
+    """--option NAME=VALUE, repeatable: any option of the task by its request message's field."""
+    parser.add_argument(
+        OPTION,
+        dest="generic_options",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a task option by its field name in the task's request message (min_score=0.4, "
+        "top_k=3, mask_format=polygon), typed as that field; repeatable. The same as the "
+        "option's own flag; the kubernetes executor passes options this way",
+    )
+
+
+def option_args(options: Mapping[str, Any]) -> list[str]:
+    """The `--option=NAME=VALUE` arguments of the options set (0, "" and false are the
+    model's defaults and are left out), in name order: what runner pods are given."""
+    args = []
+    for name, value in sorted(options.items()):
+        if value:
+            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+            args.append(f"{OPTION}={name}={text}")
+    return args
+
+
+def parse_options(binding: Binding, pairs: Iterable[str]) -> dict[str, Any]:
+    """The options of `--option NAME=VALUE` pairs, each typed by the field of the task's
+    request message; GatewayError INVALID_INPUT naming the pair for an option the task does
+    not have, a value its field cannot hold, or an option given twice."""
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        name, equals, text = pair.partition("=")
+        name = name.strip()
+        if not equals or not name:
+            raise errors.invalid_input(f"{OPTION} {pair!r}: write NAME=VALUE, e.g. min_score=0.4")
+        if name not in binding.options:
+            raise errors.invalid_input(
+                f"{OPTION} {pair!r}: {name} is not an option of task {binding.verb} (its "
+                f"options: {', '.join(binding.options) or 'none'})"
+            )
+        if name in found:
+            raise errors.invalid_input(f"{OPTION} {name} is given twice")
+        found[name] = _typed(binding, name, text, pair)
+    return found
+
+
+def _typed(binding: Binding, name: str, text: str, pair: str) -> Any:
+    field = binding.request_type.DESCRIPTOR.fields_by_name[name]
+    try:
+        if field.type in _FLOATS:
+            return float(text)
+        if field.type == FieldDescriptor.TYPE_BOOL:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError("true or false")
+            return text.lower() in ("true", "1")
+        if field.type == FieldDescriptor.TYPE_STRING:
+            return text
+        if field.type == FieldDescriptor.TYPE_ENUM and field.enum_type is not None:
+            value = field.enum_type.values_by_name.get(text)
+            return value.number if value is not None else int(text)
+        return int(text)
+    except ValueError:
+        kind = {FieldDescriptor.TYPE_BOOL: "true or false"}.get(
+            field.type, "a number" if field.type in _FLOATS else "an integer"
+        )
+        raise errors.invalid_input(
+            f"{OPTION} {pair!r}: {name} of task {binding.verb} takes {kind}"
+        ) from None

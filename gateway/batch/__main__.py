@@ -12,9 +12,17 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from gateway.api.arguments import add_option_arguments, add_tls_arguments, tls_from_args
-from gateway.api.bindings import Bindings
+from gateway import errors
+from gateway.api.arguments import (
+    add_generic_option,
+    add_option_arguments,
+    add_tls_arguments,
+    parse_options,
+    tls_from_args,
+)
+from gateway.api.bindings import Binding, Bindings
 from gateway.batch import job, sources, storage
 from gateway.batch.access import Guard
 from gateway.batch.limits import LimitExceeded, Limits
@@ -66,6 +74,7 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
     choice.add_argument("--version", type=int, help="model version")
     choice.add_argument("--label", help="model version label, e.g. stable")
     add_option_arguments(parser, bindings)
+    add_generic_option(parser)
     parser.add_argument("--concurrency", type=int, default=64, help="images in flight")
     parser.add_argument(
         "--stream-window",
@@ -167,12 +176,12 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
     if bool(a.cert_file) != bool(a.key_file):
         parser.error("--cert-file and --key-file go together")
     binding = bindings.for_verb(a.task)
-    spec = JobSpec(
-        input=a.input, output=a.output, format=a.format, task=binding.task,
-        model=ModelRef(a.model, a.version, a.label),
-        options={name: getattr(a, name) for name in binding.options}, shards=shard_count,
-    )  # fmt: skip
     try:
+        options = _options(parser, a, binding)
+        spec = JobSpec(
+            input=a.input, output=a.output, format=a.format, task=binding.task,
+            model=ModelRef(a.model, a.version, a.label), options=options, shards=shard_count,
+        )  # fmt: skip
         spec.check()
     except GatewayError as e:
         parser.error(e.message)
@@ -208,6 +217,20 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
     summary = asyncio.run(job.run_shard(spec, connect, knobs.concurrency, settings, guard))
     print(json.dumps(summary), flush=True)
     return 0
+
+
+def _options(
+    parser: argparse.ArgumentParser, a: argparse.Namespace, binding: Binding
+) -> dict[str, Any]:
+    """Every option of the task: its own flag's value, or --option's (not both)."""
+    options = {name: getattr(a, name) for name in binding.options}
+    generic = parse_options(binding, a.generic_options)
+    for name, value in generic.items():
+        if options[name] != parser.get_default(name):
+            flag = "--" + name.replace("_", "-")
+            raise errors.invalid_input(f"{flag} and --option {name}=... both set {name}: give one")
+        options[name] = value
+    return options
 
 
 def _finalize(argv: Sequence[str]) -> int:

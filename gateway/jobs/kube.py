@@ -35,6 +35,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from gateway.api.arguments import option_args
 from gateway.api.bindings import Binding
 from gateway.batch import job as batch_job
 from gateway.batch import status, storage
@@ -87,9 +88,9 @@ def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
         args.append(f"--version={model.version}")
     if model.label is not None:
         args.append(f"--label={model.label}")
-    for key, value in spec.options.items():
-        if value:
-            args.append(f"--{key.replace('_', '-')}={value}")
+    # One shape for every task's options (`--option=NAME=VALUE`), so the admission policy
+    # names no task's option (k8s/components/jobs/runner-policy.yaml).
+    args += option_args(spec.options)
     # The pods read only where a job started through the API may read.
     guard = input_guard(settings, job)
     args.append(f"--allowed-input-uris={','.join(guard.urls())}")

@@ -186,6 +186,8 @@ def test_bad_inputs_and_arguments_are_clear_errors(tmp_path: Path, gateway) -> N
     assert inside.returncode == 2 and "inside INPUT" in inside.stderr
     score = run([str(tmp_path / "in"), str(tmp_path / "out"), *target, "--min-score", "2"])
     assert score.returncode == 2 and "min_score must be in [0, 1]" in score.stderr
+    generic = run([str(tmp_path / "in"), str(tmp_path / "out"), *target, "--option=min_score=2"])
+    assert generic.returncode == 2 and "min_score must be in [0, 1]" in generic.stderr
     ok(run([str(tmp_path / "in"), str(tmp_path / "out"), *target]))
     other = run([str(tmp_path / "in"), str(tmp_path / "out"), *target, "--max-detections", "3"])
     assert other.returncode == 2 and "max_detections: 0 before, 3 now" in other.stderr

@@ -139,7 +139,9 @@ def test_the_job_it_creates_is_the_template_with_the_jobs_values(apiserver, clie
     ]
     assert c["image"] == "registry.example/detection-gateway:test"
     args = run_parser().parse_args(c["args"])
-    assert (args.input, args.shard_count, args.min_score) == (str(setup["images"]), 3, 0.25)
+    assert (args.input, args.shard_count) == (str(setup["images"]), 3)
+    # The options in the one generic shape (the admission policy names no task's option).
+    assert args.generic_options == ["min_score=0.25"]
     assert args.output == metadata(op).output_uri
     assert stored["metadata"]["labels"][OPERATION_LABEL] == op.name.removeprefix("operations/")
 
