@@ -250,25 +250,26 @@ class Settings:
     # concurrency; gateway/policy/quotas.py), looked at for changes every second. Empty:
     # no per-caller quotas; the concurrency limit is still shared fairly among callers.
     quotas: str = ""
-    # Callers the fair share keeps state for (~250 bytes each); past it, new callers the
-    # quota file does not name exactly share one entry per quota table (policy/fairshare.py).
-    # 10,000: far more teams than one gateway serves; a few MiB whatever a flood of names.
+    # Callers the fair share keeps state for (~250 bytes each; policy/fairshare.py says what
+    # happens past it). 10,000: far more teams than one gateway serves; a few MiB at most.
     max_callers: int = 10_000
-    # The payload log (gateway/paylog): each image's request and answer as a CloudEvent,
-    # to a file (a path or file:///path), object storage (any fsspec URL: s3://bucket/prefix)
-    # or an HTTP sink (http(s)://, one POST per event). Empty: off. Operator-set only: the
-    # log holds callers' images and results (docs/security.md).
+    # Typed identities (uri:..., cn:...) that may read rollout statistics. Empty: anyone
+    # while the gateway knows no caller (no client CA, no trusted XFCC), else no one.
+    operator_identities: str = ""
+    # Secret salting sticky canary hashes, so a caller cannot pick its side; the same on
+    # every replica (from a Secret). Empty: a random salt per process.
+    rollout_salt: str = ""
+    # The payload log (gateway/paylog): each image's request and answer as a CloudEvent, to
+    # a file (path or file:///path), object storage (any fsspec URL: s3://bucket/prefix) or
+    # an HTTP sink (http(s)://, one POST per event). Empty: off. Operator-set only.
     payload_log: str = ""
-    # Which callers' requests are logged and how (TOML: [default] and [callers."<identity>"]
-    # with rate, a share 0..1, and images, "hash" or "full"; gateway/paylog/sampling.py),
+    # Which callers' requests are logged and how (TOML, gateway/paylog/sampling.py),
     # reloaded on change. Empty: every request, images as their SHA-256.
     payload_log_config: str = ""
-    # Bytes records may hold while queued or being written (their images included); past it
-    # records are dropped and counted, never waited for. 64 MiB holds a few hundred camera
-    # JPEGs: minutes of a stalled sink at a typical sample rate, and a bounded cost in memory.
+    # Bytes records may hold while queued or being written (whole records); past it records
+    # are dropped and counted. 64 MiB: minutes of a stalled sink, a bounded cost in memory.
     payload_log_queue_bytes: int = 64 * MIB
-    # A log file is rotated at this size, and an object holds at most this much (or 10 s of
-    # events, whichever comes first). 64 MiB objects keep the count of objects low.
+    # Log files rotate, and objects close, at this size (or after 10 s of events).
     payload_log_rotate_bytes: int = 64 * MIB
     # Seconds one POST to an HTTP sink may take in all; then that event is dropped (counted).
     # 5 s outlasts a healthy collector's slowest answer by far.

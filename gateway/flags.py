@@ -132,6 +132,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         (
             "quotas",
             "max_callers",
+            "operator_identities",
+            "rollout_salt",
             "payload_log",
             "payload_log_config",
             "payload_log_queue_bytes",
@@ -240,6 +242,8 @@ _HELP = {
     "batch_memory": "kubernetes executor: runner pod memory request,limit",
     "quotas": "TOML quota file: rate, burst, concurrency per caller (reloaded on change)",
     "max_callers": "callers the fair share keeps state for; past it new ones share an entry",
+    "operator_identities": "comma-separated typed identities that may read rollout statistics",
+    "rollout_salt": "secret salting sticky canary assignment (the same on every replica)",
     "payload_log": "payload log sink: a file path, an fsspec URL or http(s):// (empty: off)",
     "payload_log_config": "TOML payload log sampling per caller: rate, images (reloaded)",
     "payload_log_queue_bytes": "bytes payload log records may hold queued; more are dropped",

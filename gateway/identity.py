@@ -105,25 +105,53 @@ class AdminsError(ValueError):
     """GATEWAY_BATCH_ADMINS names something that is not a typed identity (refused at start)."""
 
 
-def parse_admins(entries: Iterable[str]) -> frozenset[str]:
-    """GATEWAY_BATCH_ADMINS' entries, each typed (`uri:...` or `cn:...`); AdminsError for
-    anything else, "anonymous" included."""
+def parse_admins(
+    entries: Iterable[str], setting: str = "GATEWAY_BATCH_ADMINS", role: str = "admins"
+) -> frozenset[str]:
+    """A setting's identities (GATEWAY_BATCH_ADMINS, GATEWAY_OPERATOR_IDENTITIES), each typed
+    (`uri:...` or `cn:...`); AdminsError for anything else, "anonymous" included."""
     admins = set()
     for entry in entries:
         if entry == ANONYMOUS:
             raise AdminsError(
-                "GATEWAY_BATCH_ADMINS names 'anonymous': callers without an identity cannot be "
-                "admins"
+                f"{setting} names 'anonymous': callers without an identity cannot be {role}"
             )
         kind = URI if entry.startswith(URI) else CN if entry.startswith(CN) else ""
         if not kind or not entry.removeprefix(kind) or len(entry) > len(kind) + MAX_LENGTH:
             raise AdminsError(
-                f"GATEWAY_BATCH_ADMINS entry {entry!r} is not a typed identity: write "
+                f"{setting} entry {entry!r} is not a typed identity: write "
                 "uri:<URI SAN> (e.g. uri:spiffe://cluster.local/ns/ops/sa/admin) or "
                 "cn:<certificate common name>"
             )
         admins.add(entry)
     return frozenset(admins)
+
+
+class Operators:
+    """Who may read operator views (rollout statistics): the identities of
+    GATEWAY_OPERATOR_IDENTITIES. With none set, a gateway that can know no caller (no client
+    CA, no trusted x-forwarded-client-cert: a laptop's `make run`) lets anyone read them, and
+    one that can know callers lets no one."""
+
+    def __init__(self, entries: Iterable[str], callers_known: bool) -> None:
+        setting = "GATEWAY_OPERATOR_IDENTITIES"
+        self.identities = parse_admins(entries, setting, "operators")
+        self.open = not self.identities and not callers_known
+
+    def check(self, identity: str, what: str) -> None:
+        """PERMISSION_DENIED unless `identity` may read `what`."""
+        if self.open or identity in self.identities:
+            return
+        if not self.identities:
+            fix = "an operator may list identities in GATEWAY_OPERATOR_IDENTITIES"
+        elif identity == ANONYMOUS:
+            fix = (
+                "call with a client certificate (mTLS), or through a proxy that verified one, "
+                "naming an identity in GATEWAY_OPERATOR_IDENTITIES"
+            )
+        else:
+            fix = f"{shown(identity)} is not in GATEWAY_OPERATOR_IDENTITIES"
+        raise GatewayError(Kind.PERMISSION_DENIED, f"{what} are for the gateway's operators: {fix}")
 
 
 def from_auth_context(auth: Mapping[str, Sequence[bytes]]) -> str | None:

@@ -12,7 +12,11 @@ datacontenttype "application/json", subject (the model's name). Extensions (lowe
 letters and digits, as the spec asks; KServe's logger adds its own the same way): task,
 model, modelversion (the version that answered; absent when none did), caller (the typed
 identity), requestid, code (the status name, "OK" for a result) and, when the call had
-one, traceparent (the W3C header: the CloudEvents distributed tracing extension).
+one, traceparent (the W3C header: the CloudEvents distributed tracing extension). An
+attribute whose value would pass MAX_ATTRIBUTE characters as an HTTP header (percent-encoded)
+is left out, and named in data's "omitted_attributes": its value is in data already (the
+request id, caller and model under "request", the trace id as "trace_id"), so an HTTP
+collector never refuses an event for a header's size, and nothing is lost from the record.
 
 `data`:
     {"request": {"method", "request_id", "trace_id", "caller", "model": {"name", "version",
@@ -47,6 +51,11 @@ CONTENT_TYPE = "application/json"
 SOURCE = f"/detection-gateway/{socket.gethostname()}"
 # Context attributes besides data; the rest of an event's members are extensions.
 CONTEXT = ("specversion", "type", "source", "id", "time", "datacontenttype", "subject")
+# The longest attribute value kept as an attribute: far above a SPIFFE ID, a request id or a
+# traceparent, and far below the 4-8 KiB a proxy or collector takes for all headers.
+MAX_ATTRIBUTE = 256
+# Attributes whose values come from the caller or its request (the rest are the gateway's).
+_CALLERS = ("subject", "model", "caller", "requestid", "traceparent")
 
 
 class Record(NamedTuple):
@@ -116,7 +125,17 @@ def event(record: Record, bindings: Bindings) -> dict[str, Any]:
         found["modelversion"] = outcome.model_version
     if "traceparent" in trace:
         found["traceparent"] = trace["traceparent"]
-    found["data"] = {"request": data_request, "response": response}
+    data: dict[str, Any] = {"request": data_request, "response": response}
+    omitted = [
+        name
+        for name in _CALLERS
+        if name in found and len(_header_value(str(found[name]))) > MAX_ATTRIBUTE
+    ]
+    if omitted:
+        for name in omitted:
+            del found[name]
+        data["omitted_attributes"] = omitted
+    found["data"] = data
     return found
 
 

@@ -81,7 +81,7 @@ class Group:
         elif self.label:
             args += ["--label", self.label]
         for name, value in sorted(self.options.items()):
-            args += ["--" + name.replace("_", "-"), repr(value)]
+            args += ["--" + name.replace("_", "-"), str(value)]  # as the flag takes it
         return args
 
 

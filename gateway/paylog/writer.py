@@ -3,23 +3,29 @@ budget and written by one thread, so logging never blocks or fails a request.
 
 On the request path (the pipeline's observer, on the event loop): the caller's sampling
 (gateway.paylog.sampling), then a reservation of the record's bytes against
-GATEWAY_PAYLOAD_LOG_QUEUE_BYTES, taken before the record is queued. A record that does not
-fit is dropped and counted (vision_gateway_payload_log_records_total{result="dropped"});
-nothing waits. The record holds references only (the image's bytes, the outcome): hashing,
-base64 and JSON happen in the writer thread, which gives a record's reservation back once
-its sink has it. A stalled sink (an HTTP endpoint that never answers, a FIFO nobody reads)
-stalls only that thread: the queue fills and further records are dropped.
+GATEWAY_PAYLOAD_LOG_QUEUE_BYTES, taken before the record is made. The reservation counts the
+whole record, as it is held and as it is written (`cost`): the image and, with images =
+"full", its base64 twice (in the event and in its JSON), the caller's strings, and the answer
+three times (the outcome kept, its JSON-ready form and its JSON text, alive together while the
+event is written), the answer measured by walking it (`held`). A record that does not fit is
+dropped and counted (vision_gateway_payload_log_records_total{result="dropped"}); nothing
+waits. Hashing, base64 and JSON happen in the writer thread, which gives a record's
+reservation back once its sink has it. A stalled sink (an HTTP endpoint that never answers,
+a FIFO nobody reads) stalls only that thread: the queue fills and further records are dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
+import numpy as np
 from prometheus_client import Counter, Gauge
 
 from gateway.api.bindings import Bindings
@@ -56,10 +62,47 @@ QUEUE_BYTES = Gauge(
 )
 
 
-def cost(image_bytes: int, full: bool) -> int:
-    """The bytes a record reserves: its image, held until written, and with images = "full"
-    the image's base64 too."""
-    return RECORD_OVERHEAD + image_bytes + ((image_bytes + 2) // 3 * 4 if full else 0)
+# CPython's sizes: a number object, a list's slot, an empty list or str (about).
+_NUMBER, _SLOT, _EMPTY = 32, 8, 56
+# A walk deeper than this is not an answer the tasks make; it is counted as its top only.
+_DEPTH = 12
+
+
+def held(value: Any, depth: int = 0) -> int:
+    """About the bytes `value` holds in memory: strings and bytes by their length, arrays by
+    theirs, numbers and containers by CPython's sizes; a list of numbers by its length alone
+    (never element by element), so a walk costs one step per object that holds others."""
+    if isinstance(value, str | bytes | bytearray):
+        return _EMPTY + len(value)
+    if value is None or isinstance(value, int | float | bool):
+        return _NUMBER
+    if isinstance(value, np.ndarray):
+        return _EMPTY + int(value.nbytes)
+    if depth >= _DEPTH:
+        return _EMPTY
+    if isinstance(value, list | tuple):
+        if value and isinstance(value[0], int | float) and isinstance(value[-1], int | float):
+            return _EMPTY + len(value) * (_SLOT + _NUMBER)
+        return _EMPTY + sum(_SLOT + held(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return _EMPTY + sum(
+            held(k, depth + 1) + held(v, depth + 1) + 2 * _SLOT for k, v in value.items()
+        )
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _EMPTY + sum(
+            _SLOT + held(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)
+        )
+    return _EMPTY
+
+
+def cost(image_bytes: int, full: bool, answer_bytes: int = 0, strings: Iterable[str] = ()) -> int:
+    """The bytes a record reserves: the image held until written (with images = "full" its
+    base64 in the event and in the JSON text too), the caller's strings (request id, trace
+    headers, error message) twice (kept and written), and the answer's `answer_bytes` three
+    times: the outcome, its JSON-ready form and its JSON text."""
+    base64_bytes = (image_bytes + 2) // 3 * 4 if full else 0
+    texts = sum(len(text) for text in strings)
+    return RECORD_OVERHEAD + image_bytes + 2 * base64_bytes + 2 * texts + 3 * answer_bytes
 
 
 class PayloadLog:
@@ -140,9 +183,12 @@ class PayloadLog:
             if sampling.rate <= 0 or (sampling.rate < 1 and random.random() >= sampling.rate):
                 return
             full = sampling.images == FULL
-            size = cost(len(request.image), full)
             code = failure.code if failure is not None else "OK"
             message = failure.message if failure is not None else ""
+            answer = held(outcome.result) if outcome is not None else 0
+            texts = (request_id, request.caller, request.method, message,
+                     *(value for _, value in request.trace))  # fmt: skip
+            size = cost(len(request.image), full, answer, texts)
             record = Record(
                 task, request, request_id, model, outcome, code, message, full, seconds,
                 time.time(),

@@ -20,6 +20,6 @@ def build(settings: Settings, registry: ModelRegistry) -> Policy:
     limit = FairShare.for_settings(settings)
     return Policy(
         limit=limit,
-        rollouts=Rollouts(registry),
+        rollouts=Rollouts(registry, settings.rollout_salt),
         shadows=Shadows(settings.max_concurrent_requests, lambda: limit.in_flight),
     )

@@ -174,9 +174,10 @@ class FairShare:
                 self._refuse(
                     state,
                     "fair_share",
-                    f"the gateway is at its limit of images in flight and {_who(identity)} "
-                    f"holds {state.in_flight}, at or above its fair share of that limit; "
-                    "retry with backoff, or ask the gateway's operators for more replicas",
+                    f"the gateway is working on its limit of {self.limit} images and "
+                    f"{_who(identity)} holds {state.in_flight}, at or above its fair share "
+                    "of that limit; retry with backoff, add gateway replicas or raise "
+                    "GATEWAY_MAX_CONCURRENT_REQUESTS",
                     self._hold,
                 )
         if quota.rate != INF:

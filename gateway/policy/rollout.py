@@ -2,10 +2,13 @@
 request gets, and whether a copy of it goes to a shadow candidate (gateway.policy.shadow).
 
 Only a request that names neither a version nor a label takes part; one that names either is
-never rerouted. Of the others, `weight` percent go to the canary: decided by a stable hash of
-the request id or the caller with `sticky` (so one key always lands on one side), at random
-otherwise; the rest go to `current` (the latest version without it). Of the requests served
-by the current side, a `share` is copied to the shadow candidate once answered.
+never rerouted. Of the others, `weight` percent go to the canary, the rest to `current` (the
+latest version without it): decided by a stable hash of the request id or the caller with
+`sticky` (so one key always lands on one side), at random otherwise. The hash is keyed with a
+secret salt (GATEWAY_ROLLOUT_SALT, the same on every replica; without it a random one per
+process), so no caller can work out offline which request ids land on which side, nor carry
+what it learnt to another deployment. Of the requests served by the current side, a `share`
+is copied to the shadow candidate once answered.
 
 Metrics per model and candidate (both from the model config, so the file bounds the series);
 the same counts, per process, make the summary (`GET /v1/models/{name}/rollout`).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,17 +81,25 @@ def _label(target: Target | None) -> str:
     return f"version:{target.version}" if target.version is not None else f"label:{target.label}"
 
 
-def _slot(model: str, key: str) -> int:
-    digest = hashlib.blake2b(f"{model}\0{key}".encode(), digest_size=8).digest()
+def _slot(salt: bytes, model: str, key: str) -> int:
+    digest = hashlib.blake2b(f"{model}\0{key}".encode(), digest_size=8, key=salt).digest()
     return int.from_bytes(digest, "big") % _SLOTS
+
+
+def salt_of(secret: str) -> bytes:
+    """The hash key from GATEWAY_ROLLOUT_SALT (any length); a random one when it is empty."""
+    if not secret:
+        return secrets.token_bytes(32)
+    return hashlib.sha256(secret.encode()).digest()
 
 
 class ModelRollout:
     """One model's rollout: its config, where its requests go, and what was counted."""
 
-    def __init__(self, name: str, config: RolloutConfig) -> None:
+    def __init__(self, name: str, config: RolloutConfig, salt: bytes = b"") -> None:
         self.name = name
         self.config = config
+        self._salt = salt or salt_of("")
         self.current = _ref(name, config.current) if config.current else ModelRef(name)
         self.canary = _ref(name, config.canary) if config.canary else None
         self.shadow = _ref(name, config.shadow) if config.shadow else None
@@ -121,7 +133,7 @@ class ModelRollout:
         if sticky is None:
             return random.randrange(_SLOTS) < self._canary_slots
         key = caller if sticky == "caller" else request_id
-        return _slot(self.name, key) < self._canary_slots
+        return _slot(self._salt, self.name, key) < self._canary_slots
 
     def served(self, canary: bool) -> None:
         self.counts["canary" if canary else "current"] += 1
@@ -197,9 +209,10 @@ class ModelRollout:
 class Rollouts:
     """Every model's rollout; `route` is asked once per request."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, salt: str = "") -> None:
+        key = salt_of(salt)
         self.models = {
-            name: ModelRollout(name, config.rollout)
+            name: ModelRollout(name, config.rollout, key)
             for name, config in registry.models.items()
             if config.rollout is not None
         }

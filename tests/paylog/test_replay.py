@@ -6,13 +6,16 @@ test_replay_doors.py)."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import fsspec
 import pytest
 
+from gateway.batch.__main__ import run_parser
 from gateway.paylog import sinks
 from gateway.paylog.__main__ import main
+from gateway.paylog.replay import Group
 from gateway.paylog.sampling import FULL, HASH, Policy, Sampling
 from gateway.paylog.writer import PayloadLog
 from gateway.tasks.builtin import BUILT_IN
@@ -95,3 +98,18 @@ def test_a_log_in_object_storage_replays_from_its_prefix() -> None:
     assert [json.loads(x)["id"] for x in manifest.splitlines()] == [f"r{i}" for i in range(5)]
     fs.rm("/paylog-objects", recursive=True)
     fs.rm("/paylog-replayed", recursive=True)
+
+
+def test_a_groups_command_gives_each_option_as_detection_batch_reads_it() -> None:
+    """A string option is its value, not its repr (`--mask-format polygon`, never
+    `"'polygon'"`), and the command parses back to the logged options."""
+    group = Group(
+        "inputs/000-segment-masks", "segment", "masks", None, None,
+        {"mask_format": "polygon", "mask_threshold": 0.3, "max_detections": 5},
+    )  # fmt: skip
+    command = shlex.split(shlex.join(group.command("out")))
+    assert command[command.index("--mask-format") + 1] == "polygon"
+    args = run_parser().parse_args(command[1:])
+    assert (args.task, args.mask_format, args.mask_threshold, args.max_detections) == (
+        "segment", "polygon", 0.3, 5,
+    )  # fmt: skip

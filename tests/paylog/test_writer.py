@@ -22,9 +22,9 @@ import pytest
 from gateway.config import Settings
 from gateway.paylog import sinks
 from gateway.paylog.sampling import FULL, PaylogError, Policy, Sampling
-from gateway.paylog.writer import PayloadLog, cost
+from gateway.paylog.writer import PayloadLog
 from gateway.tasks.builtin import BUILT_IN
-from tests.support.payloads import count, offer
+from tests.support.payloads import count, offer, record_cost
 
 A, B, C = "uri:spiffe://test/sa/a", "uri:spiffe://test/sa/b", "cn:c"
 
@@ -65,9 +65,10 @@ def test_a_sink_that_never_reads_costs_no_request_and_drops_are_counted(tmp_path
     log.start()
     dropped, queued = count("dropped"), count("queued")
     for i in range(100):  # the writer is stuck opening the FIFO: nothing waits for it
-        offer(log, image=image, request_id=f"r{i}")
-    fits = budget // cost(len(image), False)
-    assert log.reserved == fits * cost(len(image), False) <= budget
+        offer(log, image=image, request_id=f"r{i:02d}")
+    each = record_cost(image, "r00")
+    fits = budget // each
+    assert log.reserved == fits * each <= budget
     assert count("queued") - queued == fits
     assert count("dropped") - dropped == 100 - fits
     written = count("written")
@@ -79,7 +80,9 @@ def test_a_sink_that_never_reads_costs_no_request_and_drops_are_counted(tmp_path
             got += chunk
         wait_for(lambda: count("written") - written == fits, "the records written")
         log.close()
-    assert [json.loads(x)["requestid"] for x in got.splitlines()] == [f"r{i}" for i in range(fits)]
+    assert [json.loads(x)["requestid"] for x in got.splitlines()] == [
+        f"r{i:02d}" for i in range(fits)
+    ]
     assert log.reserved == 0
 
 
@@ -114,9 +117,9 @@ def test_an_http_sink_that_never_answers_fails_each_post_once_and_drops(silent_s
     log.start()
     failed, dropped, queued = count("failed"), count("dropped"), count("queued")
     for i in range(20):
-        offer(log, image=image, request_id=f"r{i}")
+        offer(log, image=image, request_id=f"r{i:02d}")
     took = int(count("queued") - queued)
-    assert took == (1 << 20) // cost(len(image), False)
+    assert took == (1 << 20) // record_cost(image, "r00")
     assert count("dropped") - dropped == 20 - took
     wait_for(lambda: count("failed") - failed == took, "each queued POST to time out")
     assert log.reserved == 0

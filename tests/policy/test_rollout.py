@@ -3,6 +3,8 @@ never rerouted, shadow share; and the summary's counts."""
 
 from __future__ import annotations
 
+import hashlib
+
 from gateway.domain import ModelRef
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.models.rollout import RolloutConfig, Target
@@ -81,3 +83,27 @@ def test_summary_counts_requests_calls_and_comparisons():
     assert shadow["detection"] == {"images": 2, "precision": 0.75, "recall": 0.75,
                                    "matched_pairs": 2, "mean_score_delta": 0.1}  # fmt: skip
     assert shadow["classification"] == {"images": 1, "top1_agreement": 1.0, "topk_overlap": 0.5}
+
+
+def test_sticky_sides_depend_on_the_deployments_secret_salt_not_only_the_request_id():
+    """A caller who knows the hash cannot pick its side: the same salt gives every replica
+    the same assignment, another salt (or none: a random one per process) another."""
+    config = RolloutConfig(canary=Target(version=2), weight=50.0, sticky="request_id")
+    models = {"m": ModelConfig("m", "detection", rollout=config)}
+
+    def canary_ids(salt: str) -> set[str]:
+        routes = Rollouts(ModelRegistry(models, "m", {}, "detection"), salt)
+        return {i for i in map(str, range(400)) if routes.route(ModelRef("m"), "", i)[0].version}
+
+    replica_a, replica_b = canary_ids("s3cret"), canary_ids("s3cret")
+    assert replica_a == replica_b and 150 <= len(replica_a) <= 250
+    other = canary_ids("another")
+    assert 100 <= len(replica_a ^ other) <= 300  # about half the ids change side
+    unsalted = {str(i) for i in range(400) if _slot_unkeyed(str(i)) < 5000}
+    assert 100 <= len(replica_a ^ unsalted) <= 300 and canary_ids("") != canary_ids("")
+
+
+def _slot_unkeyed(key: str) -> int:
+    """What a caller could compute before the salt: the hash of the model and its id."""
+    digest = hashlib.blake2b(f"m\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 10_000

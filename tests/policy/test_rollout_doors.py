@@ -45,6 +45,7 @@ from tests.support.localserver import LocalServer, run_local_server
 pytestmark = pytest.mark.slow  # gateway processes and the local TF Serving
 SWAPPED = {1: 2, 2: 1}  # class ids version 3 gives each other's label
 XFCC = "x-forwarded-client-cert"
+OPERATOR = "spiffe://test.local/ns/ops/sa/operator"
 
 
 def export_swapped(root: Path) -> None:
@@ -140,7 +141,10 @@ def shadow_gateway(
         shadow = { version = 3, share = 1.0 }
     """
     log_dir = tmp_path_factory.mktemp("shadow")
-    yield from gateway_with(upstream.target, repo, rollout, log_dir, "--trust-xfcc=true")
+    yield from gateway_with(
+        upstream.target, repo, rollout, log_dir, "--trust-xfcc=true",
+        f"--operator-identities=uri:{OPERATOR}",
+    )  # fmt: skip
 
 
 def image(seed: int) -> bytes:
@@ -162,10 +166,26 @@ def detect(
     return result
 
 
-def summary(gateway: GatewayProcess) -> dict:
+def summary(gateway: GatewayProcess, caller: str = OPERATOR) -> dict:
+    """The rollout summary, read as `caller` (the shadow gateway's operator by default; the
+    canary gateway knows no caller and lets anyone read it)."""
     url = f"{gateway.http_url}/v1/models/detector/rollout"
-    with urllib.request.urlopen(url, timeout=10) as response:
+    headers = {XFCC: f'By=spiffe://gw;URI="{caller}"'} if caller else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+def test_rollout_statistics_are_for_operators_only(shadow_gateway):
+    """Where the gateway knows its callers, only GATEWAY_OPERATOR_IDENTITIES read them."""
+    for caller in ("", "spiffe://test.local/ns/shop/sa/app"):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            summary(shadow_gateway, caller)
+        assert info.value.code == 403
+        body = info.value.read().decode()
+        assert "GATEWAY_OPERATOR_IDENTITIES" in body
+        assert "precision" not in body and "served" not in body
+    assert "shadow" in summary(shadow_gateway)
 
 
 def metric(gateway: GatewayProcess, name: str, **labels: str) -> float:

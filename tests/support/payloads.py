@@ -6,7 +6,7 @@ from prometheus_client import REGISTRY
 
 from gateway.domain import ModelRef, Outcome, Request
 from gateway.errors import GatewayError, Kind
-from gateway.paylog.writer import PayloadLog
+from gateway.paylog.writer import PayloadLog, cost, held
 from gateway.tasks.detection.nouns import Box, Detection, Detections, DetectOptions, NormalizedBox
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -31,6 +31,12 @@ def offer(
     if failure is None:
         outcome = Outcome(DETECTIONS, 32, 20, "detector", 2, request_id, {})
     log("detection", request, request_id, model, outcome, failure, 0.0125)
+
+
+def record_cost(image: bytes, request_id: str, caller: str = "anonymous") -> int:
+    """What one record `offer` makes reserves (images as their hash, an answer)."""
+    texts = (request_id, caller, "Detect", "", TRACEPARENT)
+    return cost(len(image), False, held(DETECTIONS), texts)
 
 
 def refused() -> GatewayError:

@@ -74,6 +74,11 @@ class Handlers:
             settings.http_max_metadata_bytes, settings.http_max_metadata_keys
         )
         self.draining = False  # set on SIGTERM: /ping answers 503 from then on
+        # Who reads operator views; AdminsError (the gateway does not start) for a bad entry.
+        self._operators = identity.Operators(
+            (e.strip() for e in settings.operator_identities.split(",") if e.strip()),
+            callers_known=bool(settings.tls_client_ca_file) or settings.trust_xfcc,
+        )
 
     # --- unknown routes, wrong methods, unexpected failures as JSON errors (middleware) -----
 
@@ -260,6 +265,10 @@ class Handlers:
 
     async def rollout(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["model"]
+        try:  # before anything about the model is told
+            self._operators.check(self._caller(request), "rollout statistics")
+        except GatewayError as exc:
+            return error_response(STATUS[exc.kind], exc.code, exc.message, "", False)
         summary = self._pipeline.rollouts.summary(name)
         if summary is None:
             message = (

@@ -306,7 +306,7 @@ def document(registry: ModelRegistry, bindings: Bindings, jobs: bool = False) ->
         "get": {
             "summary": "the model's rollout ([models.NAME.rollout]): its canary and shadow, "
             "requests per side, shadow calls and how the shadow's answers compared (counts of "
-            "the gateway process that answers)",
+            "the gateway process that answers); for the operators' identities",
             "parameters": [
                 {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
             ],
@@ -314,6 +314,10 @@ def document(registry: ModelRegistry, bindings: Bindings, jobs: bool = False) ->
                 "200": {
                     "description": "the rollout summary",
                     "content": {bodies.JSON: {"schema": {"type": "object"}}},
+                },
+                "403": {
+                    **_ERROR,
+                    "description": "the caller is not an operator (GATEWAY_OPERATOR_IDENTITIES)",
                 },
                 "404": {**_ERROR, "description": "the model config gives the model no rollout"},
             },
