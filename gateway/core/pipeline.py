@@ -128,6 +128,11 @@ class Pipeline:
     def in_flight(self) -> int:
         return self._limit.in_flight
 
+    def admits(self, caller: str) -> None:
+        """OVERLOADED when the limit would refuse `caller` now (its quota, its fair share),
+        taking nothing: a door asks before it reads a body; run() still takes the slot."""
+        self._limit.check(caller)
+
     async def run(self, task_name: str, request: Request) -> Outcome:
         """Runs `task_name` on one image; raises GatewayError on failure."""
         task = self._tasks[task_name]

@@ -19,6 +19,10 @@ class Limit(Protocol):
     def acquire(self, caller: str) -> Any:  # a ticket for release()
         ...
 
+    def check(self, caller: str) -> None:
+        """Raises OVERLOADED when acquire() would refuse `caller` now, taking nothing."""
+        ...
+
     def release(self, ticket: Any, held: float) -> None:
         """The request admitted with `ticket` is done, after `held` seconds."""
         ...

@@ -138,11 +138,34 @@ class FairShare:
             state.tokens = min(state.tokens, quota.burst)
         return state
 
+    def check(self, identity: str) -> None:
+        """Raises OVERLOADED when acquire() would refuse `identity` now, taking nothing: a
+        door asks before it reads a request's body, so a caller over its quota or share costs
+        the gateway no read and no parse (acquire still decides when the work starts)."""
+        now = self._clock()
+        self._admit(self._caller(identity, now), identity, now, take=False)
+
     def acquire(self, identity: str) -> Caller:
         """Admits one request of `identity` (a caller) or raises OVERLOADED; the ticket it
         returns goes back to release()."""
         now = self._clock()
         state = self._caller(identity, now)
+        quota = state.quota
+        self._admit(state, identity, now, take=True)
+        if quota.rate != INF:
+            state.tokens -= 1
+        if state.in_flight == 0:
+            self.active += 1
+        state.in_flight += 1
+        self.in_flight += 1
+        admitted, in_flight = self._metrics(quota.label)
+        admitted.inc()
+        in_flight.inc()
+        return state
+
+    def _admit(self, state: Caller, identity: str, now: float, take: bool) -> None:
+        """Refuses (OVERLOADED) what the caller's quota or fair share does not allow now;
+        `take`: the bucket's refill is kept (acquire), else nothing changes (check)."""
         quota = state.quota
         if state.in_flight >= quota.concurrency:
             self._refuse(
@@ -154,10 +177,11 @@ class FairShare:
                 self._hold,
             )
         if quota.rate != INF:
-            state.tokens = min(quota.burst, state.tokens + (now - state.stamp) * quota.rate)
-            state.stamp = now
-            if state.tokens < 1:
-                delay = (1 - state.tokens) / quota.rate
+            tokens = min(quota.burst, state.tokens + (now - state.stamp) * quota.rate)
+            if take:
+                state.tokens, state.stamp = tokens, now
+            if tokens < 1:
+                delay = (1 - tokens) / quota.rate
                 self._refuse(
                     state,
                     "rate",
@@ -180,16 +204,6 @@ class FairShare:
                     "GATEWAY_MAX_CONCURRENT_REQUESTS",
                     self._hold,
                 )
-        if quota.rate != INF:
-            state.tokens -= 1
-        if state.in_flight == 0:
-            self.active += 1
-        state.in_flight += 1
-        self.in_flight += 1
-        admitted, in_flight = self._metrics(quota.label)
-        admitted.inc()
-        in_flight.inc()
-        return state
 
     def release(self, state: Caller, held: float) -> None:
         """A request admitted by acquire() is done, after `held` seconds."""

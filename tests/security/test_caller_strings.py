@@ -13,6 +13,7 @@ import base64
 import http.client
 import json
 import logging
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.support.pictures import encode, pattern
 Code = grpc.StatusCode
 FORGED = "spiffe://test.local/ns/evil/sa/forged"
 VOUCHED = "spiffe://test.local/ns/shop/sa/vouched"
+SLOW = "spiffe://test.local/ns/slow/sa/app"  # one request, then over its rate for 1000 s
 # Each a request id the rule refuses: too long, or a character headers cannot carry.
 BAD_IDS = {
     "8MiB": "a" * (8 << 20),
@@ -47,7 +49,10 @@ def doors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessDoors]:
     root = tmp_path_factory.mktemp("strings")
     config = write_model_config(root)
     quotas = root / "quotas.toml"
-    quotas.write_text(f'[callers."uri:{FORGED}"]\nrate = 1000\n[callers."uri:{VOUCHED}"]\n')
+    quotas.write_text(
+        f'[callers."uri:{FORGED}"]\nrate = 1000\n[callers."uri:{VOUCHED}"]\n'
+        f'[callers."uri:{SLOW}"]\nrate = 0.001\nburst = 1\n'
+    )
     with InProcessDoors(
         models(),
         model_config=str(config),
@@ -227,3 +232,25 @@ def test_one_function_reads_the_caller_at_every_door() -> None:
         text = path.read_text(encoding="utf-8")
         for reader in ("from_auth_context", "from_peercert", "identity.XFCC", "identity.caller("):
             assert reader not in text, f"{path} reads the caller itself ({reader})"
+
+
+def test_a_caller_over_its_quota_is_refused_before_its_body_is_read(
+    doors: InProcessDoors, image: bytes
+) -> None:
+    """HTTP: the quota is asked before the body is read, so a caller over it costs no read
+    and no parse: a request announcing 10 MB and sending none of it gets its 429 at once."""
+    xfcc = ("x-forwarded-client-cert", f"By=spiffe://test.local/gw;URI={SLOW}")
+    status, _, _ = _post(
+        doors, "/v1/models/detector:detect", image, [("Content-Type", "image/png"), xfcc]
+    )
+    assert status == 200  # its one token
+    with socket.create_connection(("127.0.0.1", doors.http_port), timeout=30) as raw:
+        raw.sendall(
+            b"POST /v1/models/detector:detect HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: image/png\r\nContent-Length: 10000000\r\n"
+            + f"{xfcc[0]}: {xfcc[1]}\r\n\r\n".encode()
+        )
+        answer = raw.recv(65536).decode()  # the body is never sent: no read waits for it
+    assert answer.startswith("HTTP/1.1 429"), answer[:200]
+    assert f"caller uri:{SLOW} is over its rate" in answer
+    assert "retry-after" in answer.lower()

@@ -160,9 +160,11 @@ class Handlers:
         body_format = bodies.body_kind(request.content_type.lower())
         as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
         try:
-            # The caller's strings and identity first: refused before the body is read.
+            # The caller's strings, identity and quota first: refused before the body is
+            # read, so a caller over its quota costs no read and no parse.
             strings.trace(trace)
             caller = self._caller(request)
+            self._pipeline.admits(caller)
             decoded = await self._request_message(binding, request, body_format, path_model)
             message = decoded.message
             strings.request(message.request_id, message.model.name, message.model.label)
@@ -172,7 +174,8 @@ class Handlers:
             request_id = strings.echoed(header_id) or new_request_id()
             status = exc.status if isinstance(exc, HttpError) else STATUS[exc.kind]
             self._record_rejection(method, exc.code, request_id, started, status)
-            response = error_response(status, exc.code, exc.message, request_id, as_msgpack)
+            retry = exc.retry_after if isinstance(exc, GatewayError) else None
+            response = error_response(status, exc.code, exc.message, request_id, as_msgpack, retry)
             if status in (408, 413):
                 response.force_close()  # the rest of the body is not read
             return response
