@@ -28,7 +28,9 @@ $(STAMP): pyproject.toml constraints.txt
 # The exporters' own venv: Keras 3, keras-hub, TF Model Garden and Hugging Face transformers
 # build the model zoo the tests serve (tests/zoo/build.py). Apart from .venv because
 # tf-models-official pins TensorFlow 2.20 (the gateway's tests run 2.21); a few minutes to
-# install, once.
+# install, once per machine: .venv-zoo is a link to ~/.cache/tfs-detection-gateway/zoo-venv/<key>
+# (the key a hash of constraints-zoo.txt and the packages), shared by every checkout and CI run
+# (tests/support/machinecache.py). A checkout's own .venv-zoo directory is updated in place.
 ZOO_VENV  := .venv-zoo
 ZOO_STAMP := $(ZOO_VENV)/.installed
 ZOO_PACKAGES := tensorflow tf-models-official tensorflow-text tf-keras keras keras-hub transformers
@@ -36,10 +38,14 @@ ZOO_PACKAGES := tensorflow tf-models-official tensorflow-text tf-keras keras ker
 zoo-venv: $(ZOO_STAMP)
 
 $(ZOO_STAMP): constraints-zoo.txt
-	test -x $(ZOO_VENV)/bin/python || $(PYTHON) -m venv $(ZOO_VENV)
-	$(ZOO_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(ZOO_VENV)/bin/python -m pip install --quiet -c constraints-zoo.txt $(ZOO_PACKAGES)
+	$(PYTHON) -m tests.support.machinecache zoo-venv $(ZOO_VENV) $(ZOO_PACKAGES)
 	touch $(ZOO_STAMP)
+
+# The zoo (tests/zoo/cache.py), built once per machine and content of its builder and pins,
+# before pytest starts so the build counts against no test's timeout.
+.PHONY: zoo
+zoo: $(STAMP) zoo-venv
+	$(PY) -m tests.zoo.cache
 
 # Regenerates gateway/proto/ from proto/*.proto (committed; tests fail when it is stale).
 proto: $(STAMP)
@@ -75,11 +81,16 @@ lint: $(STAMP) $(BUF)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-# The reference models are exported (or found in .cache/models) before pytest starts, so the
-# export counts against no test's timeout.
-pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv peers
+# The reference models for the tests, exported once per machine and version of serving/
+# (~/.cache/tfs-detection-gateway/models, tests/support/models.py) before pytest starts, so
+# the export counts against no test's timeout.
+.PHONY: test-models
+test-models: $(STAMP)
 	$(PY) -m tests.support.models
-	$(PY) -m pytest
+
+# PYTEST_ARGS: more options for pytest (`python -m tests.support.suitetime` passes --junitxml).
+pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv peers test-models zoo
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck k8s-check pytest
 
@@ -87,11 +98,10 @@ test: lint typecheck k8s-check pytest
 # (tests/conftest.py SLOW: the process-heavy files, from measured durations), under 5 minutes
 # on 2 cores from a built venv. `make test` stays the full gate.
 .PHONY: test-fast
-test-fast: $(STAMP)
+test-fast: $(STAMP) test-models
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m tests.support.models
-	$(PY) -m pytest -m "not slow" -q -p no:cacheprovider
+	$(PY) -m pytest -m "not slow" -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The HTTP door is tested with the real curl and its page in Debian's chromium (headless);
 # installed when root and missing, like h2load for bench. Without chromium the browser test
@@ -108,6 +118,9 @@ http-test-tools:
 # strict schemas and Istio kinds with npm @kubernetes-models/istio (k8s/validate/).
 $(K8S_NODE): k8s/validate/package.json k8s/validate/package-lock.json
 	npm ci --silent --no-audit --no-fund --prefix k8s/validate
+
+.PHONY: k8s-node
+k8s-node: $(K8S_NODE)
 
 k8s-check: $(STAMP) $(K8S_NODE)
 	$(PY) -m yamllint --strict -c k8s/.yamllint.yaml k8s

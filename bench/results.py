@@ -35,6 +35,8 @@ SECTIONS = {
     "batching": "python -m bench.batching",
     "rollout": "python -m bench.rollout",
     "hotpath": "python -m bench.hotpath",
+    "suite": "python -m tests.support.suitetime",
+    "suite-fast": "python -m tests.support.suitetime --fast",
 }
 _END = "<!-- end "
 

@@ -1,11 +1,13 @@
 """The reference SavedModels for the tests, exported once per version of what makes them.
 
 Exporting the seven reference models (serving.export) takes about 20 s on an idle machine and
-minutes on a loaded one. They are exported once into .cache/models/<key>, where the key is a
-hash of the files under serving/ that the export reads and of TensorFlow's version, so a change
-to a model's code exports them again. `make test` exports before pytest starts
-(`python -m tests.support.models`), outside any test's timeout; the tests' `model_repo` fixture
-copies them from there, and exports them itself when the cache is missing.
+minutes on a loaded one. They are exported once per machine into
+~/.cache/tfs-detection-gateway/models/<key> (tests/support/machinecache.py: shared by every
+checkout and CI run), where the key is a hash of the files under serving/ that the export reads
+and of TensorFlow's version, so a change to a model's code exports them again. `make test`
+exports before pytest starts (`make test-models`), outside any test's timeout; the tests'
+`model_repo` fixture copies them from there, and exports them itself when the cache is missing.
+A checkout's own .cache/models/<key> from before the machine cache is still read.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import shutil
 import sys
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from tests.support import machinecache
+
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "models"
+LEGACY_CACHE = ROOT / ".cache" / "models"  # read, never written
 VERSION = 1
 _COMPLETE = ".complete"
 
@@ -44,37 +47,26 @@ def export(directory: Path) -> Path:
     return directory
 
 
-def cached(cache: Path = CACHE) -> Path:
-    """The exported models for the current sources, exporting them if they are not there yet.
-    Concurrent callers each export into a directory of their own; the first one in place wins."""
-    target = cache / key()
-    if (target / _COMPLETE).exists():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="export-", dir=cache))
-    try:
-        export(scratch)
-        (scratch / _COMPLETE).touch()
-        try:
-            scratch.rename(target)
-        except OSError:  # another run put its export there first
-            if not (target / _COMPLETE).exists():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+def cached() -> Path:
+    """The exported models for the current sources, exporting them if they are not there yet
+    (once per machine: concurrent callers wait for the one export)."""
+    name = key()
+    legacy = LEGACY_CACHE / name
+    if (legacy / _COMPLETE).exists():
+        return legacy
+    return machinecache.build_once("models", name, export)
 
 
 def copy_to(directory: Path) -> Path:
     """The cached models copied into `directory` (a test may change its copy)."""
-    skip = shutil.ignore_patterns(_COMPLETE)
+    skip = shutil.ignore_patterns(_COMPLETE, machinecache.USED, ".lock")
     shutil.copytree(cached(), directory, dirs_exist_ok=True, ignore=skip)
     return directory
 
 
 def main() -> None:
     path = cached()
-    sys.stdout.write(f"reference models for the tests: {path.relative_to(ROOT)}\n")
+    sys.stdout.write(f"reference models for the tests: {path}\n")
 
 
 if __name__ == "__main__":

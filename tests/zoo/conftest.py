@@ -1,18 +1,14 @@
 """The model zoo: SavedModels made by the exporters people use, with random weights, and what
 each gives when run directly in TensorFlow by its own library (tests/zoo/build.py).
 
-Built by the exporters' venv (`.venv-zoo`, `make zoo-venv`) and cached under `.cache/zoo/<key>`
-(gitignored), the key being a hash of the builder's source and the venv's pinned versions
-(constraints-zoo.txt): a change to either builds the zoo again (about 5 minutes on 2 cores).
+Built by the exporters' venv (`.venv-zoo`, `make zoo-venv`) once per machine and content
+(tests/zoo/cache.py: `make zoo`, the key being a hash of the builder's source and the venv's
+pinned versions): a change to either builds the zoo again (about 5 minutes on 2 cores).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,67 +16,19 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.support import tools
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
+from tests.zoo.cache import ZooBuildError, build_zoo
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILDER = Path(__file__).with_name("build.py")
-# The builder and the modules it imports: a change to any builds the zoo again.
-SOURCES = [
-    BUILDER,
-    *(
-        BUILDER.with_name(f"{m}.py")
-        for m in ("classifiers", "detectors", "embedders", "keypointers")
-    ),
-]
-ZOO_PYTHON = ROOT / ".venv-zoo" / "bin" / "python"
-CONSTRAINTS = ROOT / "constraints-zoo.txt"
-CACHE = ROOT / ".cache" / "zoo"
-BUILD_TIMEOUT = 3600  # seconds; about 5 minutes on an idle 2-core machine
-
-
-def zoo_key() -> str:
-    digest = hashlib.sha256()
-    for path in (*SOURCES, CONSTRAINTS):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def build_zoo() -> Path:
-    """The zoo's directory, built first when the cache has none for this key."""
-    target = CACHE / zoo_key()
-    if (target / "expected.json").exists():
-        return target
-    if not ZOO_PYTHON.exists():
-        tools.missing(str(ZOO_PYTHON), "run `make zoo-venv` (make test does)")
-    partial = CACHE / f"{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    log = partial.with_suffix(".log")
-    with log.open("wb") as out:
-        result = subprocess.run(
-            [str(ZOO_PYTHON), str(BUILDER), str(partial)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=BUILD_TIMEOUT,
-            check=False,
-        )
-    if result.returncode != 0:
-        tail = log.read_text(errors="replace")[-4000:]
-        pytest.fail(f"building the zoo failed (exit {result.returncode}); {log}:\n{tail}")
-    # Old zoos go: each is a few hundred MB.
-    for old in CACHE.iterdir():
-        if old.is_dir() and old != partial:
-            shutil.rmtree(old, ignore_errors=True)
-    partial.rename(target)
-    log.unlink(missing_ok=True)
-    return target
+__all__ = ["build_zoo"]  # tests/zoo/deviation.py imports it from here
 
 
 @pytest.fixture(scope="session")
 def zoo() -> Path:
-    return build_zoo()
+    try:
+        return build_zoo()
+    except ZooBuildError as error:
+        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="session")
