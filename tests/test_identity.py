@@ -143,3 +143,20 @@ def test_admins_are_typed_identities_and_never_anonymous(admins: str, refusal: s
     with pytest.raises(identity.AdminsError, match=refusal):
         identity.parse_admins(entries)
     assert identity.parse_admins([f"uri:{SPIFFE}", "cn:ops"]) == {f"uri:{SPIFFE}", "cn:ops"}
+
+
+def test_operator_views_are_open_only_where_the_gateway_can_know_no_caller() -> None:
+    laptop = identity.Operators([], callers_known=False)
+    laptop.check(identity.ANONYMOUS, "rollout statistics")  # make run: anyone
+    mesh = identity.Operators([], callers_known=True)
+    with pytest.raises(GatewayError) as info:
+        mesh.check(f"uri:{SPIFFE}", "rollout statistics")
+    assert info.value.kind is Kind.PERMISSION_DENIED
+    assert "GATEWAY_OPERATOR_IDENTITIES" in info.value.message
+    ops = identity.Operators(["uri:spiffe://x/ops"], callers_known=True)
+    ops.check("uri:spiffe://x/ops", "rollout statistics")
+    for caller in (identity.ANONYMOUS, "cn:spiffe://x/ops"):
+        with pytest.raises(GatewayError):
+            ops.check(caller, "rollout statistics")
+    with pytest.raises(identity.AdminsError, match="GATEWAY_OPERATOR_IDENTITIES entry 'ops'"):
+        identity.Operators(["ops"], callers_known=False)
