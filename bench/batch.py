@@ -37,7 +37,7 @@ MODELS = {"pixel": "pixels", "string": "encoded"}
 
 def runner(target: str, source: Path, out: Path, model: str, concurrency: int) -> dict:
     command = [
-        sys.executable, "-m", "gateway.batch", str(source), str(out),
+        sys.executable, "-m", "gateway.jobs.runner", str(source), str(out),
         f"--target={target}", f"--model={model}", f"--concurrency={concurrency}",
     ]  # fmt: skip
     started = time.perf_counter()

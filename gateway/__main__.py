@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 from gateway import logs, modelcheck
 from gateway.app import load_models, serve
-from gateway.batch.access import PlacesError
 from gateway.flags import parse_settings
 from gateway.identity import AdminsError
+from gateway.jobs.runner.access import PlacesError
 from gateway.labels import LabelsError
 from gateway.models import ModelConfigError
 from gateway.paylog.sampling import PaylogError

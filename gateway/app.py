@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING
 from gateway import memory, metrics, modelcheck, policy, tracing
 from gateway.api import bindings as api
 from gateway.api.task import TaskRegistry
-from gateway.batch.in_process import Lane
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import server as grpc_door
 from gateway.imaging import resize
-from gateway.jobs.admission import Admission
-from gateway.jobs.local import LocalExecutor
-from gateway.jobs.service import Executor, JobService
-from gateway.jobs.store import JobStore
+from gateway.jobs.control.admission import Admission
+from gateway.jobs.control.executor import Executor
+from gateway.jobs.control.service import JobService
+from gateway.jobs.control.store import JobStore
+from gateway.jobs.executors.local import LocalExecutor
+from gateway.jobs.transports.in_process import Lane
 from gateway.labels import Labels
 from gateway.models import ModelRegistry, default_registry, load_registry
 from gateway.paylog.writer import PayloadLog
@@ -145,7 +146,7 @@ async def start(
     if payload_log is not None:
         pipeline.observers.append(payload_log)
         payload_log.start()
-    jobs = build_jobs(settings, pipeline, client, bindings)
+    jobs = build_jobs(settings, pipeline, bindings)
     grpc = grpc_door.build(settings, pipeline, bindings, jobs)
     await grpc.statuses.start()
     readiness = Readiness(
@@ -217,20 +218,19 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await gateway.stop()
 
 
-def build_jobs(
-    settings: Settings, pipeline: Pipeline, client: TFServingClient, bindings: api.Bindings
-) -> JobService:
+def build_jobs(settings: Settings, pipeline: Pipeline, bindings: api.Bindings) -> JobService:
     """Batch jobs over the API and their executor (the local one runs them on `pipeline`)."""
     store = JobStore(settings.job_store, settings.job_store_max_bytes)
 
     def executor(service: JobService) -> Executor:
         if settings.batch_executor == "kubernetes":
-            from gateway.jobs.kube import KubernetesExecutor  # imports the kubernetes client
+            # imports the kubernetes client
+            from gateway.jobs.executors.kube import KubernetesExecutor
 
             return KubernetesExecutor(service, settings)
         return LocalExecutor(service, settings, Lane(pipeline, settings.batch_yield_threshold))
 
-    return JobService(Admission(settings, store, pipeline, client, bindings), executor)
+    return JobService(Admission(settings, store, pipeline, bindings), executor)
 
 
 def _tls_mode(tls: object, mutual: object) -> str:

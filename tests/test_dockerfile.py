@@ -166,7 +166,7 @@ def test_the_import_checks_name_modules_that_exist() -> None:
         for m in re.finditer(r'python -c "import ([^"]+)"', rest)
     ]
     modules = [name.strip() for check in checks for name in check.split(",")]
-    assert "gateway.app" in modules and "gateway.jobs.kube" in modules
+    assert "gateway.app" in modules and "gateway.jobs.executors.kube" in modules
     for name in modules:
         assert importlib.util.find_spec(name) is not None, f"the image imports {name}: not found"
 
@@ -186,7 +186,8 @@ def test_runs_the_gateway_as_non_root_on_its_ports() -> None:
 
 def test_the_built_gateway_has_the_page_s_scripts(tmp_path: Path) -> None:
     """The build stage's copies, built as its `pip install .` builds them: the wheel holds every
-    .js file under gateway/ (the page's and each task's renderer, read at import)."""
+    .js and .html file under gateway/ (the page's and each task's renderer, the jobs view,
+    read at import)."""
     steps = instructions()
     build_from, runtime_from = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"][:2]
     stage = steps[build_from:runtime_from]
@@ -209,6 +210,10 @@ def test_the_built_gateway_has_the_page_s_scripts(tmp_path: Path) -> None:
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     built = set(zipfile.ZipFile(wheel).namelist())
-    scripts = {str(p.relative_to(ROOT)) for p in (ROOT / "gateway").rglob("*.js")}
-    assert "gateway/frontends/http/page.js" in scripts
+    scripts = {
+        str(p.relative_to(ROOT))
+        for pattern in ("*.js", "*.html")
+        for p in (ROOT / "gateway").rglob(pattern)
+    }
+    assert {"gateway/frontends/http/page.js", "gateway/frontends/http/jobs_page.html"} <= scripts
     assert scripts <= built, scripts - built

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "gateway"
 # placed late to dodge a cycle hides a layering problem).
 DEFERRED = {
     ("gateway.app", "gateway.frontends.http.server"): "aiohttp only when the HTTP port is on",
-    ("gateway.app", "gateway.jobs.kube"): "the kubernetes client only for that executor",
+    ("gateway.app", "gateway.jobs.executors.kube"): "the kubernetes client only for that executor",
     ("gateway.workers", "gateway.metrics"): "after PROMETHEUS_MULTIPROC_DIR is set",
 }
 
@@ -35,7 +35,6 @@ FORBIDDEN = {
         "gateway.policy",
         "gateway.frontends",
         "gateway.jobs",
-        "gateway.batch",
         "gateway.client",
     ],
     # The core is handed its tasks (gateway.api.task's contract) and its policy
@@ -45,22 +44,12 @@ FORBIDDEN = {
         "gateway.policy",
         "gateway.frontends",
         "gateway.jobs",
-        "gateway.batch",
         "gateway.client",
     ],
     "gateway.frontends.grpc": ["gateway.frontends.http"],
     "gateway.frontends.http": ["gateway.frontends.grpc"],
-    # The contract sits below the doors, batch, jobs and the client: they import it, it
-    # imports none of them (and the client imports it: it stays light, no pipeline).
-    "gateway.api.bindings": [
-        "gateway.frontends",
-        "gateway.core.pipeline",
-        "gateway.batch",
-        "gateway.jobs",
-        "gateway.client",
-    ],
-    # The contract: below the doors, batch, jobs, the client and check-models. Of batch and
-    # jobs it takes only the plain types it converts to (PLAIN, below).
+    # The contract: below the doors, the jobs wing, the client and check-models; it imports
+    # none of them (the jobs' conversions live in the wing, gateway.jobs.spec.conversions).
     "gateway.api": [
         "gateway.frontends",
         "gateway.client",
@@ -69,24 +58,20 @@ FORBIDDEN = {
         "gateway.core",
         "gateway.tasks",
         "gateway.policy",
-    ],
-    # Batch reads datasets and runs them through a transport (in process: the pipeline; over
-    # gRPC: a gateway, with the contract's calls); it knows no door, no job service, no client.
-    "gateway.batch": [
-        "gateway.frontends",
-        "gateway.client",
         "gateway.jobs",
-        "gateway.app",
-        "gateway.modelcheck",
     ],
-    # The job service runs batch work for the doors; it knows no door and no client.
+    # The jobs wing runs batch work for the doors; it knows no door, no client, no app. Its
+    # sub-packages' arrows among themselves: WING, below.
     "gateway.jobs": ["gateway.frontends", "gateway.client", "gateway.app", "gateway.modelcheck"],
+    # The runner (what detection-batch runs) reads datasets and writes outputs: no pipeline
+    # in it (the in-process transport brings that), no policy.
+    "gateway.jobs.runner": ["gateway.core", "gateway.policy"],
+    "gateway.jobs.spec": ["gateway.core", "gateway.policy"],
     "gateway.client": [
         "gateway.core.pipeline",
         "gateway.frontends.grpc",
         "gateway.frontends.http",
         "gateway.jobs",
-        "gateway.batch",
         "gateway.app",
     ],
 }
@@ -147,19 +132,47 @@ def test_data_flows_down(owner: str) -> None:
     assert not wrong, "\n".join(wrong)
 
 
-# What the contract may take from batch and jobs: the plain types its conversions make.
-PLAIN = {"gateway.api": ("gateway.batch.spec", "gateway.jobs.views")}
+# The jobs wing's sub-packages and what each may import of the others: spec (the job, its
+# record and views, the API's conversions) is its floor; the runner (datasets, outputs,
+# shards, and the Transport it runs over) and the control (service, store, leases,
+# admission) stand on it; transports implement the runner's Transport; executors run jobs
+# with all of them. The runner's two entry points compose it with a transport.
+WING = {
+    "spec": set(),
+    "runner": {"spec"},
+    "transports": {"spec", "runner"},
+    "control": {"spec", "runner"},
+    "executors": {"spec", "runner", "transports", "control"},
+}
+ENTRY_POINTS = {
+    "gateway.jobs.runner.__main__": "transports",
+    "gateway.jobs.runner.child": "transports",
+}
 
 
-def test_the_contract_takes_only_plain_types_from_batch_and_jobs() -> None:
+def _wing(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["gateway", "jobs"] else None
+
+
+def test_the_jobs_wing_imports_down_its_own_floors() -> None:
+    assert {_wing(module) for module, *_ in IMPORTS} >= set(WING)
     wrong = [
         f"{module}:{line} imports {name}"
         for module, name, _, line in IMPORTS
-        if _is(module, "gateway.api")
-        and (_is(name, "gateway.batch") or _is(name, "gateway.jobs"))
-        and not any(_is(name, plain) for plain in PLAIN["gateway.api"])
+        if _wing(module) in WING
+        and _wing(name) is not None
+        and _wing(name) != _wing(module)
+        and _wing(name) not in WING[str(_wing(module))]
+        and ENTRY_POINTS.get(module) != _wing(name)
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_two_modules_of_the_wing_share_a_name() -> None:
+    modules = {m for m, *_ in IMPORTS if _wing(m) and m.count(".") > 2}
+    names = [m.rsplit(".", 1)[-1] for m in modules]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
 
 
 def test_no_module_below_the_app_imports_it() -> None:

@@ -1,8 +1,8 @@
 """The one table between the error vocabulary (gateway.errors.Kind) and the API's status
 codes (google.rpc.Code), for what speaks those codes without being a door: an operation's
-error and a result line's (gateway.api.jobs), the batch runner reading the statuses a gateway
-answers with (gateway.batch.over_grpc). The doors' own tables (frontends/grpc/status.py,
-frontends/http/status.py) agree with it (tests/api/test_status.py)."""
+error and a result line's (gateway.jobs.spec.conversions), the batch runner reading the
+statuses a gateway answers with (gateway.jobs.transports.over_grpc). The doors' own tables
+(frontends/grpc/status.py, frontends/http/status.py) agree with it (tests/api/test_status.py)."""
 
 from __future__ import annotations
 

@@ -220,6 +220,18 @@ class Pipeline:
             raise errors.invalid_input(f"version must be a positive integer, got {model.version}")
         return await self._client.model_status(model, self.settings.upstream_timeout)
 
+    async def check(self, task_name: str, request: Request) -> None:
+        """What every image like `request` would fail on, judged once without an image (batch
+        job admission asks this before a job exists): the model (the request's, else the
+        task's default) configured for the task, the options valid for it, its signature one
+        the task can read. Raises the GatewayError run() would."""
+        task = self._tasks[task_name]
+        model = self.model_ref(task.name, request.model)
+        config = self._config(task, model)
+        task.resolve(request.options, config, self.settings)
+        signature = await self._client.signature(model, self._timeout(None), request.trace)
+        self._plan(task, signature, config)
+
     def _config(self, task: Task, model: ModelRef) -> ModelConfig:
         config = self.registry.get(model.name, task.name)
         if config.task != task.name:

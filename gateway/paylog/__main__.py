@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from gateway.api.bindings import Bindings
-from gateway.batch.storage import StorageError
+from gateway.jobs.runner.storage import StorageError
 from gateway.paylog.replay import DEFAULT_MAX_LINE, ReplayError, replay
 from gateway.tasks.builtin import BUILT_IN
 

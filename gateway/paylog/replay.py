@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.api.bindings import Bindings
-from gateway.batch import storage
+from gateway.jobs.runner import storage
 from gateway.paylog.events import SPECVERSION, TYPE
 
 # A log line holds at most one image (32 MiB by default) as base64, plus the rest.

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gateway.api.arguments import option_args, parse_options
-from gateway.batch.__main__ import main as batch_main
 from gateway.errors import GatewayError, Kind
+from gateway.jobs.runner.__main__ import main as batch_main
 from gateway.tasks.builtin import BUILT_IN
 
 

@@ -9,9 +9,9 @@ import pytest
 from google.rpc import code_pb2
 
 from gateway.api import status
-from gateway.batch.over_grpc import kind_of
 from gateway.errors import Kind
 from gateway.frontends.grpc.status import STATUS
+from gateway.jobs.transports.over_grpc import kind_of
 
 
 @pytest.mark.parametrize("kind", list(Kind))

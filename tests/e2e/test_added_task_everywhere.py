@@ -25,11 +25,11 @@ from gateway import modelcheck
 from gateway.api import bindings as api
 from gateway.api.task import TaskRegistry
 from gateway.app import load_models
-from gateway.batch.__main__ import main as batch_main
 from gateway.client.cli import main as client_main
 from gateway.client.http_client import HttpClient
 from gateway.config import Settings
 from gateway.flags import parse_settings
+from gateway.jobs.runner.__main__ import main as batch_main
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.tasks.builtin import BUILT_IN

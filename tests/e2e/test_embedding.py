@@ -308,7 +308,7 @@ def test_detection_batch_writes_the_http_doors_fields(gateway: GatewayProcess, r
     (images / "c.png").write_bytes(stripes(*OTHER))
     out = root / "batch-out"
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.batch", str(images), str(out),
+        [sys.executable, "-m", "gateway.jobs.runner", str(images), str(out),
          f"--target={gateway.target}", "--task=embed", "--model=embedder"],
         capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
     )  # fmt: skip

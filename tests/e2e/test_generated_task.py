@@ -162,7 +162,7 @@ def test_check_models_shows_the_new_tasks_plan(served: Served) -> None:
 
 def test_detection_batch_runs_the_new_task(served: Served, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = served.run("gateway.batch", str(served.images), str(out),
+    done = served.run("gateway.jobs.runner", str(served.images), str(out),
                       f"--target={served.gateway.target}", "--task=palette",
                       "--min-share=0.3")  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -271,7 +271,7 @@ def test_detection_batch_writes_the_http_doors_fields(
     (images / "d.png").write_bytes(picture(320, 240, other))
     out = tmp_path / "batch-out"
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.batch", str(images), str(out),
+        [sys.executable, "-m", "gateway.jobs.runner", str(images), str(out),
          f"--target={gateway.target}", "--task=keypoints", "--model=pose_od",
          "--min-score=0.5"],
         capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,

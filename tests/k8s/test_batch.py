@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.batch import __main__ as runner
+from gateway.jobs.runner import __main__ as runner
 from tests.support.apiserver import ApiServer
 from tests.support.dryrun import namespace_for, render
 

@@ -257,7 +257,7 @@ def run_shard(server: ApiServer, job: dict[str, Any], index: int, target: str) -
         "PATH": os.environ["PATH"],
     }
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.batch", *args],
+        [sys.executable, "-m", "gateway.jobs.runner", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -39,8 +39,9 @@ MIB = 1024 * 1024
 # and the files being written when the bound is reached (base/gateway.yaml says so too).
 STORE_HEADROOM = 256 * MIB
 # The module the gateway imports for `--batch-executor kubernetes` (gateway/app.py).
-EXECUTOR_MODULES = {"local": [], "kubernetes": ["gateway.jobs.kube"]}
-# The Secret the runner pods of gateway/jobs/kube.py and k8s/jobs/batch read (optional there).
+EXECUTOR_MODULES = {"local": [], "kubernetes": ["gateway.jobs.executors.kube"]}
+# The Secret the runner pods of gateway/jobs/executors/kube.py and k8s/jobs/batch read
+# (optional there).
 CREDENTIALS = "detection-batch-credentials"
 RUNNER_ACCOUNT = "detection-batch"
 
@@ -177,7 +178,7 @@ def test_runner_pods_run_the_gateways_image_against_its_service(target: str) -> 
     objs = rendered(target)
     settings = gateway_settings(objs)
     c = container(find(objs, "Deployment", GATEWAY), "gateway")
-    # Empty: the gateway reads its own pod's image (gateway/jobs/kube.py), so an overlay's
+    # Empty: the gateway reads its own pod's image (gateway/jobs/executors/kube.py), so an overlay's
     # `images` reach the runner pods with nothing to copy; the pod is named by the downward
     # API, and the Role lets the gateway read pods.
     assert settings.batch_image == ""

@@ -1,7 +1,8 @@
 """Pod Security `restricted` enforced (components/pod-security-restricted) on a real API server
 (envtest): Pods made from the prod render's pod templates, with the containers Istio 1.30's
 injection template adds in CNI mode (istio-validation, istio-proxy: uid 1337, no
-capabilities), and the runner Job's pod as gateway/jobs/kube.py builds it, are admitted in a
+capabilities), and the runner Job's pod as gateway/jobs/executors/kube.py builds it, are admitted
+in a
 namespace labelled as the component labels it; the same pods with the default install's
 istio-init (root, NET_ADMIN, NET_RAW) are refused, which is why overlays/prod only warns."""
 

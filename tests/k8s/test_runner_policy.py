@@ -3,7 +3,8 @@ runner's Jobs (components/jobs/runner-policy.yaml), on a real API server (envtes
 
 The prod overlay's policy, binding, parameter and RBAC are applied for real in a namespace
 labelled as the overlay labels its own; then Jobs are created as the gateway's account: the
-Job gateway/jobs/kube.py builds (every task, every option set) is admitted, and the same Job
+Job gateway/jobs/executors/kube.py builds (every task, every option set) is admitted, and
+the same Job
 with another image, a privileged container, a hostPath volume, another account and so on is
 refused with the policy's message. Other users (an operator) are not subject to it.
 """
@@ -19,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.batch.spec import JobSpec
 from gateway.config import Settings
 from gateway.domain import ModelRef
-from gateway.jobs import kube
-from gateway.jobs.records import Job
+from gateway.jobs.executors import kube
+from gateway.jobs.spec import JobSpec
+from gateway.jobs.spec.records import Job
 from gateway.tasks.builtin import BUILT_IN
 from tests.support.apiserver import ApiServer
 from tests.support.dryrun import render
@@ -70,7 +71,8 @@ def moved(obj: Obj) -> Obj:
 
 
 def runner_job(options: dict[str, float] | None = None, task: str = "detection") -> Obj:
-    """The Job gateway/jobs/kube.py creates for a batch job, with the prod gateway's image."""
+    """The Job gateway/jobs/executors/kube.py creates for a batch job, with the prod
+    gateway's image."""
     spec = JobSpec(
         input="s3://example-bucket/detection-gateway/jobs/uploads/u1/",
         output="s3://example-bucket/detection-gateway/jobs/results/j1/",

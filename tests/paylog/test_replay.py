@@ -12,7 +12,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from gateway.batch.__main__ import run_parser
+from gateway.jobs.runner.__main__ import run_parser
 from gateway.paylog import sinks
 from gateway.paylog.__main__ import main
 from gateway.paylog.replay import Group

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from gateway.batch import tfrecord
+from gateway.jobs.runner import tfrecord
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import gateway, make_images
 from tests.support.localserver import LocalServer

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def command(args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "gateway.batch", *args]
+    return [sys.executable, "-m", "gateway.jobs.runner", *args]
 
 
 def env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

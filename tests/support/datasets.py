@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.batch.tfrecord import encode_record
+from gateway.jobs.runner.tfrecord import encode_record
 from gateway.proto.tfswire.v1 import example_pb2
 from serving import scenes
 

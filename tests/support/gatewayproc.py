@@ -87,7 +87,7 @@ class GatewayProcess:
     def records(self) -> list[dict[str, Any]]:
         """The gateway's JSON log lines. Its batch runners' processes write to the same file,
         so a line may hold two records whose writes met (1 of 20 runs of
-        tests/jobs/test_races.py), and the last one may be still being written."""
+        tests/jobs/control/test_races.py), and the last one may be still being written."""
         decoder = json.JSONDecoder()
         found = []
         for line in self.log_path.read_text().splitlines():

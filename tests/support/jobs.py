@@ -208,7 +208,7 @@ def result(op: lro.Operation) -> bpb.BatchJobResult:
 
 
 def runner_pids(gw: GatewayProcess) -> list[int]:
-    """The batch runner processes (gateway.batch.child) the gateway process runs now."""
+    """The batch runner processes (gateway.jobs.runner.child) the gateway process runs now."""
     found = []
     for task in Path(f"/proc/{gw.process.pid}/task").glob("*"):
         try:
@@ -220,7 +220,7 @@ def runner_pids(gw: GatewayProcess) -> list[int]:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"gateway.batch.child" in command:
+            if b"gateway.jobs.runner.child" in command:
                 found.append(int(pid))
     return sorted(set(found))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.support.apiserver import ApiServer
 
-OPERATION_LABEL = "detection.gateway/operation"  # gateway/jobs/kube.py labels its Jobs so
+OPERATION_LABEL = "detection.gateway/operation"  # gateway/jobs/executors/kube.py labels its Jobs so
 
 
 def kube_job(server: ApiServer, namespace: str, operation: str) -> dict[str, Any]:

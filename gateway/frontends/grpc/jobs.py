@@ -1,6 +1,6 @@
 """detection.v1.BatchService and google.longrunning.Operations over gRPC: the caller from
-the auth context, conversions from gateway.api.jobs, the work in
-gateway.jobs.service, failures through the door's status table."""
+the auth context, conversions from gateway.jobs.spec.conversions, the work in
+gateway.jobs.control.service, failures through the door's status table."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from google.longrunning import operations_pb2_grpc as lro_grpc
 from google.protobuf import empty_pb2
 
 from gateway import identity
-from gateway.api.jobs import to_line, to_operation, to_request, upload_timeout
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.grpc.status import STATUS
-from gateway.jobs.service import JobService
+from gateway.jobs.control.service import JobService
+from gateway.jobs.spec.conversions import to_line, to_operation, to_request, upload_timeout
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
 

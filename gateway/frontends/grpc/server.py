@@ -22,7 +22,7 @@ from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import jobs as jobs_door
 from gateway.frontends.grpc.health import HealthServicer, HealthStatuses
 from gateway.frontends.grpc.servicers import Drain, add_task_services
-from gateway.jobs.service import JobService
+from gateway.jobs.control.service import JobService
 from gateway.tls import server_credentials
 
 REFLECTION_V1ALPHA = reflection.SERVICE_NAME

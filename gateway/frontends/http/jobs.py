@@ -1,6 +1,6 @@
-"""Batch jobs over HTTP: the jobs service (gateway.jobs.service) behind the routes of
+"""Batch jobs over HTTP: the jobs service (gateway.jobs.control.service) behind the routes of
 gateway.frontends.http.routes, converted as the gRPC door converts them
-(gateway.api.jobs), for callers that speak only HTTP.
+(gateway.jobs.spec.conversions), for callers that speak only HTTP.
 
     POST   /v1/uploads                    multipart: `image` parts (and `upload_id` first, to
                                           add to an upload) -> UploadImagesResponse
@@ -34,14 +34,20 @@ from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
 from gateway import errors, identity
-from gateway.api.jobs import from_json, to_line, to_operation, to_request, upload_timeout
 from gateway.api.protojson import to_dict
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.http import bodies
 from gateway.frontends.http.responses import error_response
 from gateway.frontends.http.status import STATUS, HttpError, body_timeout, unsupported_media_type
-from gateway.jobs.service import JobService
+from gateway.jobs.control.service import JobService
+from gateway.jobs.spec.conversions import (
+    from_json,
+    to_line,
+    to_operation,
+    to_request,
+    upload_timeout,
+)
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 
 NDJSON = "application/x-ndjson"

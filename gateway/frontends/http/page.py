@@ -53,7 +53,6 @@ from pathlib import Path
 from google.protobuf.descriptor import FieldDescriptor
 
 from gateway.api.bindings import Binding
-from gateway.frontends.http import jobs_page
 from gateway.models import ModelRegistry
 
 # Boxes are drawn in this colour (the first colour of the palette); the browser tests look for
@@ -62,6 +61,9 @@ BOX_COLOUR = "#ff00ff"
 # The page's own script (after the constants below and the renderers): the model picker, the
 # call, the view the renderers draw with.
 SCRIPT = (Path(__file__).parent / "page.js").read_text(encoding="utf-8")
+# The batch jobs view (with jobs): its HTML and its script, after the page's own.
+JOBS_HTML = (Path(__file__).parent / "jobs_page.html").read_text(encoding="utf-8")
+JOBS_SCRIPT = (Path(__file__).parent / "jobs_page.js").read_text(encoding="utf-8")
 
 _HEAD = """<!doctype html>
 <html lang="en">
@@ -152,7 +154,7 @@ def renderers(bindings: Iterable[Binding]) -> str:
 
 def render(registry: ModelRegistry, bindings: Iterable[Binding], jobs: bool = False) -> str:
     """The page, with each model's task, each task's route verb (`detect`, ...) and renderer;
-    `jobs`: with the batch jobs view (gateway.frontends.http.jobs_page)."""
+    `jobs`: with the batch jobs view (jobs_page.html, jobs_page.js)."""
     bindings = tuple(bindings)
     models = {name: registry.task_of(name) for name in {registry.default_model, *registry.models}}
     constants = (
@@ -165,13 +167,13 @@ def render(registry: ModelRegistry, bindings: Iterable[Binding], jobs: bool = Fa
     return "".join(
         (
             _HEAD,
-            jobs_page.HTML if jobs else "",
+            JOBS_HTML if jobs else "",
             '<script>\n"use strict";\n',
             constants,
             renderers(bindings),
             "\n",
             SCRIPT,
-            jobs_page.SCRIPT if jobs else "",
+            JOBS_SCRIPT if jobs else "",
             "</script>\n</body>\n</html>\n",
         )
     )

@@ -15,7 +15,7 @@ from gateway.core.pipeline import Pipeline
 from gateway.frontends.http.handlers import Handlers
 from gateway.frontends.http.jobs import JobHandlers
 from gateway.frontends.http.routes import register_routes
-from gateway.jobs.service import JobService
+from gateway.jobs.control.service import JobService
 from gateway.readiness import Readiness
 from gateway.tls import server_ssl_context
 

@@ -46,7 +46,7 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
                 built_in_tasks(),
                 policy.build(settings, registry),
             )
-            jobs = build_jobs(settings, pipeline, client, BUILT_IN)
+            jobs = build_jobs(settings, pipeline, BUILT_IN)
             readiness = Readiness(client, registry.default_model, 1.0)
             door = HttpDoor(settings, pipeline, BUILT_IN, readiness, jobs)
             routes = {

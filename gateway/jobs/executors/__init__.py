@@ -1,0 +1,1 @@
+"""How jobs run: local (in the gateway processes) and kube (Kubernetes Jobs): see gateway.jobs."""

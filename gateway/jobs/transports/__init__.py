@@ -1,0 +1,1 @@
+"""The runner's Transports (gRPC, in-process, pipe): see gateway.jobs."""
