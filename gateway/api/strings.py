@@ -8,6 +8,7 @@ string breaks it, without echoing the string back.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 from gateway import errors
@@ -61,6 +62,16 @@ def request(message_id: str, name: str, label: str) -> None:
     """A request message's own strings: its request_id and its model's name and label."""
     request_id(message_id)
     model(name, label)
+
+
+def numbered(name: str, index: int) -> str:
+    """A request id for item `index` of `name` (the batch runner's `file:index`) that keeps
+    the rule: `name` as is when it does, else a 16-digit hash of it."""
+    found = f"{name}:{index}"
+    if problem(found, MAX_REQUEST_ID) is None:
+        return found
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8)
+    return f"{digest.hexdigest()}:{index}"
 
 
 def echoed(value: str) -> str:

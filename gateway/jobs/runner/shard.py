@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gateway.api import strings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.runner import sources
 from gateway.jobs.runner.budget import Budget
@@ -246,7 +247,8 @@ class ShardRun:
         self._submit(seq, state, item, data)
 
     def _submit(self, seq: int, state: UnitState, item: Item, data: bytes) -> None:
-        request_id = f"{state.unit.name}:{item.index}"
+        # Named after its output line; the doors take it (gateway.api.strings' rule).
+        request_id = strings.numbered(state.unit.name, item.index)
         self.transport.submit(Work(seq, data, request_id, (state, item)))
 
     # --- writing ---------------------------------------------------------------------------

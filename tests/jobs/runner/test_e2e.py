@@ -126,6 +126,22 @@ def test_manifest(tmp_path: Path, gateway: GatewayProcess, images, expected) -> 
         check_line(line, image, expected)
 
 
+def test_a_long_non_ascii_file_name_still_makes_request_ids_the_doors_take(
+    tmp_path: Path, gateway: GatewayProcess, images, expected
+) -> None:
+    """The runner names each request `file:index`; a file name the doors' rule refuses (over
+    64 characters, non-ASCII) is hashed instead, so every image is still answered."""
+    few = [image for image in images if image.kind == "good"][:3]  # line 4 is a broken one
+    data.write_directory(tmp_path / "in" / "pictures", few)
+    name = "données-" + "x" * 80 + ".jsonl"
+    manifest = data.write_manifest(tmp_path / "in" / name, few, "pictures")
+    ok(run([str(manifest), str(tmp_path / "out"), "--target", gateway.target]))
+    got = lines(tmp_path / "out" / (name + ".jsonl"))
+    assert len(got) == len(few) and all("result" in line for line in got), got
+    ids = [line["result"]["request_id"] for line in got]
+    assert all(len(i) <= 64 and i.isascii() and i.endswith(f":{n}") for n, i in enumerate(ids))
+
+
 def test_tfrecords(tmp_path: Path, gateway: GatewayProcess, images, expected) -> None:
     source = data.write_tfrecords(tmp_path / "in", images, files=4, corrupt=CORRUPT_RECORD)
     summary = ok(run([str(source), str(tmp_path / "out"), "--target", gateway.target]))
