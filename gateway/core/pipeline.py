@@ -129,8 +129,7 @@ class Pipeline:
         return self._limit.in_flight
 
     def admits(self, caller: str) -> None:
-        """OVERLOADED when the limit would refuse `caller` now (its quota, its fair share),
-        taking nothing: a door asks before it reads a body; run() still takes the slot."""
+        """OVERLOADED if the limit would refuse `caller` now, taking nothing (before a body)."""
         self._limit.check(caller)
 
     async def run(self, task_name: str, request: Request) -> Outcome:
@@ -221,10 +220,8 @@ class Pipeline:
         return await self._client.model_status(model, self.settings.upstream_timeout)
 
     async def check(self, task_name: str, request: Request) -> None:
-        """What every image like `request` would fail on, judged once without an image (batch
-        job admission asks this before a job exists): the model (the request's, else the
-        task's default) configured for the task, the options valid for it, its signature one
-        the task can read. Raises the GatewayError run() would."""
+        """Raises the GatewayError every image like `request` would (batch job admission,
+        before a job exists): its model configured for the task, its options, the signature."""
         task = self._tasks[task_name]
         model = self.model_ref(task.name, request.model)
         config = self._config(task, model)
