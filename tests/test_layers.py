@@ -175,6 +175,51 @@ def test_no_two_modules_of_the_wing_share_a_name() -> None:
     assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
 
 
+def _module_edges() -> dict[str, set[str]]:
+    """Module -> the gateway modules it imports; `from package import module` is an arrow to
+    that module (the package's __init__ runs first, as for any import of a submodule)."""
+    modules = {module for module, *_ in IMPORTS}
+    edges: dict[str, set[str]] = {module: set() for module in modules}
+    for module, name, _, _ in IMPORTS:
+        target = name if name in modules else name.rpartition(".")[0]
+        if target in modules and target != module:
+            edges[module].add(target)
+    return edges
+
+
+def test_no_two_modules_import_each_other_through_any_circle() -> None:
+    edges = _module_edges()
+    assert {"gateway.core.pipeline", "gateway.api.bindings"} <= set(edges["gateway.app"])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(edges[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
 def test_no_module_below_the_app_imports_it() -> None:
     wrong = [
         f"{module}:{line}"

