@@ -68,22 +68,44 @@ _NUMBER, _SLOT, _EMPTY = 32, 8, 56
 _DEPTH = 12
 
 
+_NUMBERS = frozenset({int, float, np.float32, np.float64, np.int32, np.int64})
+_SCALARS = _NUMBERS | {bool, type(None)}
+_TEXTS = frozenset({str, bytes, bytearray})
+
+
 def held(value: Any, depth: int = 0) -> int:
     """About the bytes `value` holds in memory: strings and bytes by their length, arrays by
     theirs, numbers and containers by CPython's sizes; a list of numbers by its length alone
-    (never element by element), so a walk costs one step per object that holds others."""
-    if isinstance(value, str | bytes | bytearray):
+    (never element by element), and scalars inside a container without a call each, so a walk
+    costs about one step per object that holds others."""
+    kind = type(value)
+    if kind in _TEXTS:
         return _EMPTY + len(value)
-    if value is None or isinstance(value, int | float | bool):
+    if kind in _SCALARS:
         return _NUMBER
-    if isinstance(value, np.ndarray):
+    if kind is np.ndarray:
         return _EMPTY + int(value.nbytes)
     if depth >= _DEPTH:
         return _EMPTY
     if isinstance(value, list | tuple):
-        if value and isinstance(value[0], int | float) and isinstance(value[-1], int | float):
+        if not value:
+            return _EMPTY
+        # A plain list or tuple that starts and ends with numbers is a list of numbers (a
+        # polygon, a vector); a named tuple's fields are walked.
+        if (kind is list or kind is tuple) and (
+            type(value[0]) in _NUMBERS and type(value[-1]) in _NUMBERS
+        ):
             return _EMPTY + len(value) * (_SLOT + _NUMBER)
-        return _EMPTY + sum(_SLOT + held(item, depth + 1) for item in value)
+        total = _EMPTY + len(value) * _SLOT
+        for item in value:
+            item_kind = type(item)
+            if item_kind in _SCALARS:
+                total += _NUMBER
+            elif item_kind in _TEXTS:
+                total += _EMPTY + len(item)
+            else:
+                total += held(item, depth + 1)
+        return total
     if isinstance(value, dict):
         return _EMPTY + sum(
             held(k, depth + 1) + held(v, depth + 1) + 2 * _SLOT for k, v in value.items()

@@ -84,6 +84,10 @@ def test_held_counts_strings_arrays_and_lists_of_numbers_without_walking_them() 
     assert held(polygon) >= 100_000 * 40
     assert held("x" * 1000) >= 1000 and held(b"y" * 1000) >= 1000
     assert held({"a": [polygon, "z" * 500]}) > held(polygon) + 500
+    # A named tuple that starts and ends with numbers or None is walked, not taken for a
+    # list of numbers: its polygons count.
+    mask = Mask(3000, 4000, polygons=[polygon, polygon])
+    assert held(mask) >= 2 * held(polygon)
 
 
 @pytest.fixture
