@@ -254,3 +254,25 @@ def test_a_caller_over_its_quota_is_refused_before_its_body_is_read(
     assert answer.startswith("HTTP/1.1 429"), answer[:200]
     assert f"caller uri:{SLOW} is over its rate" in answer
     assert "retry-after" in answer.lower()
+
+
+def test_an_identity_the_gateway_cannot_take_is_refused_at_the_inference_doors(
+    doors: InProcessDoors, image: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trusted x-forwarded-client-cert naming a 1,100-character URI: PERMISSION_DENIED on
+    gRPC and 403 on HTTP, before any work (before this, the gRPC door let the error escape:
+    UNKNOWN and a traceback)."""
+    calls = len(doors.serving.calls)
+    xfcc = ("x-forwarded-client-cert", "By=spiffe://test.local/gw;URI=spiffe://x/" + "a" * 1100)
+    with grpc.insecure_channel(doors.grpc_target) as channel:
+        stub = pb_grpc.DetectionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Detect(pb.DetectRequest(image=image), metadata=(xfcc,), timeout=60)
+    assert info.value.code() == Code.PERMISSION_DENIED
+    assert "at most 1024" in info.value.details()
+    status, _, answer = _post(
+        doors, "/v1/models/detector:detect", image, [("Content-Type", "image/png"), xfcc]
+    )
+    assert status == 403 and answer["error"]["code"] == "PERMISSION_DENIED"
+    assert len(doors.serving.calls) == calls
+    _no_error_logged(caplog)
