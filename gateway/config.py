@@ -137,6 +137,9 @@ class Settings:
     # Identities (comma-separated, typed: uri:<URI SAN> or cn:<common name>) that see and
     # manage every caller's operations.
     batch_admins: str = ""
+    # Typed identities of the kubernetes executor's runner pods (their mesh identity), whose
+    # calls may name the job's owner (x-vision-job-owner) to run as; empty: nobody may.
+    batch_runner_identities: str = ""
     # Callers without an identity (no client certificate, no trusted header) may use jobs and
     # uploads; they are then all one tenant, each seeing the others' work. For development.
     batch_allow_anonymous: bool = False

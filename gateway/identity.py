@@ -27,6 +27,7 @@ An identity over MAX_LENGTH characters is refused (PERMISSION_DENIED), not ignor
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from gateway.errors import GatewayError, Kind
@@ -36,6 +37,10 @@ XFCC = "x-forwarded-client-cert"
 URI = "uri:"
 CN = "cn:"
 MAX_LENGTH = 1024  # no identity a certificate gives is longer; the store keys on it
+# On a batch runner's calls (gRPC metadata): the typed identity of the job's owner, whose
+# quota, fair share and payload log the images count under. Taken only from the callers
+# GATEWAY_BATCH_RUNNER_IDENTITIES names (the runner pods the kubernetes executor starts).
+JOB_OWNER = "x-vision-job-owner"
 
 
 def caller(certificate: str | None, xfcc: str | None, trust_xfcc: bool) -> str:
@@ -152,6 +157,42 @@ class Operators:
         else:
             fix = f"{shown(identity)} is not in GATEWAY_OPERATOR_IDENTITIES"
         raise GatewayError(Kind.PERMISSION_DENIED, f"{what} are for the gateway's operators: {fix}")
+
+
+def runner_identities(setting: str) -> frozenset[str]:
+    """GATEWAY_BATCH_RUNNER_IDENTITIES (comma-separated typed identities) as a set."""
+    return _runners(setting)
+
+
+@lru_cache(maxsize=4)
+def _runners(setting: str) -> frozenset[str]:
+    entries = (p.strip() for p in setting.split(",") if p.strip())
+    return parse_admins(entries, "GATEWAY_BATCH_RUNNER_IDENTITIES", "batch runners")
+
+
+def on_behalf(caller: str, owner: str | None, runners: frozenset[str]) -> str:
+    """Who a call counts as: `caller`, or the job owner a batch runner names (`owner`, the
+    x-vision-job-owner header) when `caller` is one of `runners`. A caller that is no runner
+    naming an owner is refused (PERMISSION_DENIED), never taken at its word: only the runner
+    pods the gateway starts carry another caller's identity."""
+    if owner is None:
+        return caller
+    if caller not in runners:
+        raise GatewayError(
+            Kind.PERMISSION_DENIED,
+            f"{JOB_OWNER} is set by the gateway's batch runners only, and {shown(caller)} is "
+            "not one of them (GATEWAY_BATCH_RUNNER_IDENTITIES); call without it",
+        )
+    kind = URI if owner.startswith(URI) else CN if owner.startswith(CN) else ""
+    typed = bool(kind) and 0 < len(owner) - len(kind) <= MAX_LENGTH
+    if owner != ANONYMOUS and not typed:
+        raise GatewayError(
+            Kind.PERMISSION_DENIED,
+            f"{JOB_OWNER} must be a typed identity (uri:..., cn:...) or anonymous",
+        )
+    if any(ord(c) < 0x20 or c == "\x7f" for c in owner):
+        raise GatewayError(Kind.PERMISSION_DENIED, f"{JOB_OWNER} holds control characters")
+    return owner
 
 
 def from_auth_context(auth: Mapping[str, Sequence[bytes]]) -> str | None:

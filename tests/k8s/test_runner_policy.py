@@ -82,11 +82,13 @@ def runner_job(options: dict[str, float] | None = None, task: str = "detection")
         format="manifest",
         shards=4,
     )
-    job = Job(id="j1", caller="spiffe://cluster.local/ns/a/sa/b", spec=spec,
+    job = Job(id="j1", caller="uri:spiffe://cluster.local/ns/a/sa/b", spec=spec,
               executor="kubernetes", units=[], total=None, upload_id="u1")  # fmt: skip
     settings = Settings(
         batch_runner_target="detection-gateway:50051",
         batch_allowed_input_uris="s3://datasets/images/",
+        # The runner pods' mesh identity: their calls name the job's owner (--owner).
+        batch_runner_identities="uri:spiffe://cluster.local/ns/runner-policy/sa/detection-batch",
     )
     binding = spec.binding(BUILT_IN)
     return kube.job_manifest(job, settings, NAMESPACE, binding, gateway_image(prod_objects()))
@@ -151,6 +153,7 @@ def test_the_job_kube_py_builds_is_admitted_with_every_option(policy: ApiServer,
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     given = {a.split("=")[1] for a in args if a.startswith("--option=")}
     assert set(binding.options) == given  # each as --option=NAME=VALUE, named by no flag
+    assert "--owner=uri:spiffe://cluster.local/ns/a/sa/b" in args  # the owner travels too
     result = create(policy, job, dry_run=True)
     assert result.returncode == 0, result.stderr
 

@@ -25,6 +25,7 @@ from google.rpc import status_pb2
 from gateway import identity, logs, metrics
 from gateway.api import strings
 from gateway.api.bindings import TRACE_HEADERS, Binding, ToRequest
+from gateway.config import Settings
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.domain import Outcome, Trace
 from gateway.errors import GatewayError, Kind
@@ -100,7 +101,7 @@ def _converted(to_result: Callable[[Outcome], ResultT], outcome: Outcome) -> Res
         ) from None
 
 
-def _metadata(context: grpc.aio.ServicerContext, trust_xfcc: bool) -> tuple[str, Trace, str]:
+def _metadata(context: grpc.aio.ServicerContext, settings: Settings) -> tuple[str, Trace, str]:
     """The caller's x-request-id (or ""), the trace headers to pass on, and who is calling
     (gateway.identity); GatewayError when a header breaks its rule (gateway.api.strings) or
     the identity cannot be taken."""
@@ -112,7 +113,17 @@ def _metadata(context: grpc.aio.ServicerContext, trust_xfcc: bool) -> tuple[str,
             if key == "x-request-id":
                 request_id = value
     strings.trace(trace)
-    return request_id, tuple(trace), identity.of_grpc(context, trust_xfcc)
+    return request_id, tuple(trace), _caller(context, settings)
+
+
+def _caller(context: grpc.aio.ServicerContext, settings: Settings) -> str:
+    """The call's identity (gateway.identity), or the job owner a batch runner names."""
+    caller = identity.of_grpc(context, settings.trust_xfcc)
+    owner = next(
+        (v for k, v in context.invocation_metadata() or () if k == identity.JOB_OWNER), None
+    )
+    runners = identity.runner_identities(settings.batch_runner_identities)
+    return identity.on_behalf(caller, owner if isinstance(owner, str) else None, runners)
 
 
 def _check(request: Any) -> None:
@@ -155,7 +166,7 @@ async def _unary(
         await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
     try:
         try:
-            header_id, trace, caller = _metadata(context, pipeline.settings.trust_xfcc)
+            header_id, trace, caller = _metadata(context, pipeline.settings)
             _check(request)
         except GatewayError as exc:
             await _refuse(context, method, exc, time.perf_counter())
@@ -192,7 +203,7 @@ async def _stream(
     A client that waits for each answer before sending the next frame gets it at once.
     """
     try:
-        header_id, trace, caller = _metadata(context, pipeline.settings.trust_xfcc)
+        header_id, trace, caller = _metadata(context, pipeline.settings)
     except GatewayError as exc:
         await _refuse(context, method, exc, time.perf_counter())
         raise  # unreachable: abort raises

@@ -66,6 +66,7 @@ class JobService:
         self.store = admission.store
         self.bindings = admission.bindings
         self.admins = identity.parse_admins(split(self.settings.batch_admins))  # typed
+        identity.runner_identities(self.settings.batch_runner_identities)  # typed, or no start
         self.leases = Leases(self.store, replica_id(), self.settings.job_lease_seconds)
         self.uploads = Uploads(self.settings, self.store, self.admins)
         self._changed = asyncio.Condition()

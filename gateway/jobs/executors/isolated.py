@@ -94,12 +94,14 @@ class Runner:
         checkpoint_seconds: float,
         guard: Guard | None,
         items: ItemCount,
+        owner: str,
         budget: Budget | None = None,
         holds: Holds | None = None,
     ) -> dict[str, Any]:
         """Runs one shard in a child process; its marker's contents, or what the runner
         raised, or RunnerDied. The runner's writes are charged to `budget`, and each commit
-        waits for `holds` to say the job's lease is still this process's (else LeaseLost)."""
+        waits for `holds` to say the job's lease is still this process's (else LeaseLost). Its
+        images run as `owner` (the job's caller): its quota, fair share and payload log."""
         ours, theirs = socket.socketpair()
         try:
             process = await asyncio.create_subprocess_exec(
@@ -118,7 +120,7 @@ class Runner:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         link = Link(reader, writer)
-        pipeline = InProcessTransport(spec, binding, lane, concurrency, lambda *_: None)
+        pipeline = InProcessTransport(spec, binding, lane, concurrency, lambda *_: None, owner)
         calls: dict[str, set[asyncio.Task[None]]] = {"work": set(), "charge": set(), "fence": set()}
         end: dict[str, Any] | None = None
         broken = ""

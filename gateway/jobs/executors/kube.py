@@ -90,6 +90,10 @@ def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
         args.append(f"--version={model.version}")
     if model.label is not None:
         args.append(f"--label={model.label}")
+    # Whose job it is: with the runner pods' identity known to the gateway
+    # (GATEWAY_BATCH_RUNNER_IDENTITIES), their calls count under the job's owner.
+    if settings.batch_runner_identities.strip():
+        args.append(f"--owner={job.caller}")
     # One shape for every task's options (`--option=NAME=VALUE`), so the admission policy
     # names no task's option (k8s/components/jobs/runner-policy.yaml).
     args += option_args(spec.options)

@@ -321,6 +321,7 @@ class LocalExecutor:
                     s.batch_checkpoint_seconds,
                     guard,
                     items,
+                    job.caller,
                     budget,
                     functools.partial(self._held.holds, job.id),
                 )

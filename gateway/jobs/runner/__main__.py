@@ -160,6 +160,13 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
         help="comma-separated places no input may lie in or hold (the gateway's job store), "
         "except below an allowed prefix inside them (the job's own upload)",
     )
+    parser.add_argument(
+        "--owner",
+        default="",
+        help="run the images as this caller (its typed identity: its quota and payload log); "
+        "the gateway takes it only from the identities GATEWAY_BATCH_RUNNER_IDENTITIES names "
+        "(the kubernetes executor sets it for its runner pods)",
+    )
     add_tls_arguments(parser)
     return parser  # fmt: skip
 
@@ -188,7 +195,7 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
     knobs = Knobs(
         target=a.target, concurrency=a.concurrency, stream_window=a.stream_window,
         connections=a.connections, timeout=a.timeout, give_up_after=a.give_up_after,
-        tls=tls_from_args(a),
+        tls=tls_from_args(a), owner=a.owner,
     )  # fmt: skip
     if min(a.max_image_bytes, a.max_items, a.max_input_files, a.max_decompressed_bytes) < 1:
         parser.error("--max-image-bytes, --max-items, --max-input-files and "

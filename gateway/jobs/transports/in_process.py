@@ -5,6 +5,10 @@ Online requests come first. One Lane per process, shared by every running job, l
 image start only while fewer than `yield_threshold` online images are in flight; otherwise
 the image waits, looking again after a short backoff (a threshold of 0 pauses batch work).
 Results are the same proto3 JSON the gRPC transport reads off the wire.
+
+A job's images run as its owner (the job's caller): admitted under the owner's quota and fair
+share, waiting for that share rather than refused for it (Pipeline.run's `waits`), counted in
+the owner's metrics and logged in the payload log under the owner, as the owner's own calls.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class Lane:
                 pause = min(_LAST_LOOK, pause * 2)
         self.in_flight += 1
         try:
-            return await self._pipeline.run(task, request)
+            return await self._pipeline.run(task, request, waits=True)
         finally:
             self.in_flight -= 1
 
@@ -74,6 +78,7 @@ class InProcessTransport(CallTransport):
         lane: Lane,
         concurrency: int,
         deliver: Deliver,
+        owner: str,
         give_up_after: float = 600.0,
     ) -> None:
         super().__init__(
@@ -84,6 +89,7 @@ class InProcessTransport(CallTransport):
         self._lane = lane
         self._model = model_spec(spec.model.name, spec.model.version, spec.model.label)
         self._options = dict(spec.options)
+        self._owner = owner
 
     async def call(self, work: Work) -> Answer:
         outcome = await self._lane.run(self.binding.task, self.request(work.data, work.request_id))
@@ -92,4 +98,5 @@ class InProcessTransport(CallTransport):
     def request(self, data: bytes, request_id: str) -> Request:
         """The pipeline's request, made as a door makes it from the task's message."""
         message = self.binding.request(data, self._model, request_id, **self._options)
-        return self.binding.to_request(message, request_id, METHOD, None, ())
+        request = self.binding.to_request(message, request_id, METHOD, None, ())
+        return request._replace(caller=self._owner)

@@ -36,6 +36,7 @@ from gateway.api.channel import (
 )
 from gateway.api.protojson import to_dict
 from gateway.errors import GatewayError, Kind
+from gateway.identity import JOB_OWNER
 from gateway.jobs.runner.transport import (
     CLOSE,
     RETRY,
@@ -92,6 +93,11 @@ class Knobs:
     timeout: float = 60.0
     give_up_after: float = 120.0
     tls: TLS | None = None
+    owner: str = ""  # the job's owner, named on every call (gateway.identity.JOB_OWNER)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return ((JOB_OWNER, self.owner),) if self.owner else None
 
     @property
     def streams(self) -> int:
@@ -116,11 +122,13 @@ class Calls:
         return self.binding.request(work.data, self.model, work.request_id, **self.options)
 
     def stream(self, index: int) -> Any:
-        return self.stubs[index % len(self.stubs)].stream()
+        return self.stubs[index % len(self.stubs)].stream(metadata=self.knobs.metadata)
 
     def unary(self, index: int, work: Work) -> Awaitable[Any]:
         stub = self.stubs[index % len(self.stubs)]
-        return stub.unary(self.request(work), timeout=self.knobs.timeout)
+        return stub.unary(
+            self.request(work), timeout=self.knobs.timeout, metadata=self.knobs.metadata
+        )
 
     async def close(self) -> None:
         for channel in self.channels:
@@ -144,7 +152,7 @@ def check_options(spec: JobSpec, binding: Binding, knobs: Knobs) -> None:
     with open_channel(knobs.target, knobs.tls, DEFAULT_MAX_MESSAGE_BYTES) as channel:
         unary, _ = task_methods(channel, binding)
         try:
-            unary(request, timeout=knobs.timeout)
+            unary(request, timeout=knobs.timeout, metadata=knobs.metadata)
         except grpc.RpcError as e:
             code, details = e.code(), e.details() or ""
             if code == Code.INVALID_ARGUMENT and not details.startswith("image is empty"):
