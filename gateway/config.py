@@ -130,15 +130,12 @@ class Settings:
     # Output prefixes a caller may name (comma-separated); the job store is always allowed.
     batch_allowed_uris: str = ""
     # Input prefixes a job created through the API may read (comma-separated, with their
-    # scheme: s3://bucket/data, /srv/datasets); anything else, other schemes such as http://
-    # included, is PERMISSION_DENIED. Uploads are always allowed. The command-line runner is
-    # not limited.
+    # scheme: s3://bucket/data, /srv/datasets); anything else (http:// too) is PERMISSION_DENIED.
+    # Uploads are always allowed. The command-line runner is not limited.
     batch_allowed_input_uris: str = ""
     # Identities (comma-separated, typed: uri:<URI SAN> or cn:<common name>) that see and
-    # manage every caller's operations.
+    # manage every caller's operations; the runner pods', which may name a job's owner.
     batch_admins: str = ""
-    # Typed identities of the kubernetes executor's runner pods (their mesh identity), whose
-    # calls may name the job's owner (x-vision-job-owner) to run as; empty: nobody may.
     batch_runner_identities: str = ""
     # Callers without an identity (no client certificate, no trusted header) may use jobs and
     # uploads; they are then all one tenant, each seeing the others' work. For development.

@@ -54,7 +54,6 @@ log = logging.getLogger("gateway.pipeline")
 
 # Input plans kept per (model, version, task); bounded although only served versions get here.
 _MAX_PLANS = 4096
-_SHARE_LOOK = 0.05  # seconds between looks for a waiting caller's share, without a hint
 
 
 def new_request_id() -> str:
@@ -133,10 +132,8 @@ class Pipeline:
         """OVERLOADED if the limit would refuse `caller` now, taking nothing (before a body)."""
         self._limit.check(caller)
 
-    async def run(self, task_name: str, request: Request, waits: bool = False) -> Outcome:
-        """Runs `task_name` on one image; raises GatewayError on failure. With `waits` (a
-        batch job's images) a caller at its quota or fair share waits for its share instead
-        of being refused for it."""
+    async def run(self, task_name: str, request: Request) -> Outcome:
+        """Runs `task_name` on one image; raises GatewayError on failure."""
         task = self._tasks[task_name]
         started = time.perf_counter()
         timings = {"decode": 0.0, "upstream": 0.0}
@@ -148,11 +145,7 @@ class Pipeline:
         failure: GatewayError | None = None
         metrics.start()
         try:
-            ticket = (
-                await self._wait_for_share(request.caller)
-                if waits
-                else (self._limit.acquire(request.caller))
-            )
+            ticket = self._limit.acquire(request.caller)
             try:
                 model = self.model_ref(task.name, request.model)
                 model, shadowed = self.rollouts.route(model, request.caller, request_id)
@@ -184,17 +177,6 @@ class Pipeline:
             self._record(task, request, code, request_id, model, outcome, timings, total, notes)
             for observe in self.observers:
                 observe(task.name, request, request_id, model, outcome, failure, total)
-
-    async def _wait_for_share(self, caller: str) -> object:
-        """A ticket for `caller`, waiting while its quota (rate, concurrency) or its fair share
-        of the limit refuses it, looking again when the refusal says (at most every second)."""
-        while True:
-            try:
-                return self._limit.acquire(caller)
-            except GatewayError as e:
-                if e.kind is not Kind.OVERLOADED:
-                    raise
-                await asyncio.sleep(min(e.retry_after or _SHARE_LOOK, 1.0))
 
     def model_ref(self, task: str, requested: ModelRef) -> ModelRef:
         """The model to call for `task` (a task name): the request's, or the task's default;

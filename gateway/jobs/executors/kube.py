@@ -16,8 +16,7 @@ manifests repeating the image.
 Calls made: create, get and delete of jobs in one namespace, get of the gateway's own pod —
 within the Role of k8s/components/jobs (create/get/list/watch/delete jobs, get/list pods).
 
-This module imports `kubernetes`; the gateway imports it only with --batch-executor
-kubernetes.
+This module imports `kubernetes`; the gateway imports it only with that executor.
 """
 
 from __future__ import annotations
@@ -90,13 +89,10 @@ def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
         args.append(f"--version={model.version}")
     if model.label is not None:
         args.append(f"--label={model.label}")
-    # Whose job it is: with the runner pods' identity known to the gateway
-    # (GATEWAY_BATCH_RUNNER_IDENTITIES), their calls count under the job's owner.
+    # Whose job it is, when the gateway knows the pods' identity (GATEWAY_BATCH_RUNNER_IDENTITIES).
     if settings.batch_runner_identities.strip():
         args.append(f"--owner={job.caller}")
-    # One shape for every task's options (`--option=NAME=VALUE`), so the admission policy
-    # names no task's option (k8s/components/jobs/runner-policy.yaml).
-    args += option_args(spec.options)
+    args += option_args(spec.options)  # one shape for every task's (runner-policy.yaml)
     # The pods read only where a job started through the API may read.
     guard = input_guard(settings, job)
     args.append(f"--allowed-input-uris={','.join(guard.urls())}")

@@ -1,5 +1,4 @@
-"""The `local` executor: batch jobs run inside the gateway processes that share the job
-store, each job in one of them at a time.
+"""The `local` executor: batch jobs run inside the gateway processes sharing the job store.
 
 Each process looks for work in the store (the unfinished jobs, at once when it creates one,
 else every third of a lease's length) and runs a job only under its lease
@@ -8,12 +7,12 @@ runs the batch runner (runner.job.run_shard, shard after shard) with the in-proc
 transport: images go straight to this process's pipeline through one Lane, which starts a
 batch image only while fewer than `--batch-yield-threshold` online images are in flight. So
 online calls keep priority, and jobs run with their own budget: `--batch-concurrency` images
-in flight over all of a process's jobs.
+in flight over all of a process's jobs; each job in one process at a time.
 
 The runner's checkpoints make every image land exactly once in the output, whatever stops a
-process: a job whose holder stopped (its lease released, or expired after a crash) is taken
-by the next process that looks, and resumes where its committed lines end.
-"""
+process: a job whose holder stopped (its lease released, or expired after a crash) is taken by
+the next process that looks, and resumes where its committed lines end. Images run as the job's
+owner (its caller): its quota, fair share and payload log (transports.in_process)."""
 
 from __future__ import annotations
 

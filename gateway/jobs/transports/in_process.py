@@ -7,7 +7,7 @@ the image waits, looking again after a short backoff (a threshold of 0 pauses ba
 Results are the same proto3 JSON the gRPC transport reads off the wire.
 
 A job's images run as its owner (the job's caller): admitted under the owner's quota and fair
-share, waiting for that share rather than refused for it (Pipeline.run's `waits`), counted in
+share, waiting for that share rather than refused for it (Lane: Pipeline.admits), counted in
 the owner's metrics and logged in the payload log under the owner, as the owner's own calls.
 """
 
@@ -28,6 +28,7 @@ log = logging.getLogger("gateway.jobs")
 
 METHOD = "BatchJob"  # how the metrics and the request log name batch images
 _FIRST_LOOK, _LAST_LOOK = 0.005, 0.2  # seconds between looks while online work is in flight
+_SHARE_LOOK = 1.0  # at most this long between looks for the owner's share
 
 
 class Lane:
@@ -44,6 +45,7 @@ class Lane:
         return self._pipeline.in_flight - self.in_flight
 
     async def run(self, task: str, request: Request) -> Outcome:
+        await self._share(request.caller)
         pause = _FIRST_LOOK
         if self._online() >= self.yield_threshold:
             self.waited += 1
@@ -52,9 +54,22 @@ class Lane:
                 pause = min(_LAST_LOOK, pause * 2)
         self.in_flight += 1
         try:
-            return await self._pipeline.run(task, request, waits=True)
+            return await self._pipeline.run(task, request)
         finally:
             self.in_flight -= 1
+
+    async def _share(self, owner: str) -> None:
+        """Waits while the owner's quota (rate, concurrency) or fair share would refuse it
+        (Pipeline.admits, taking nothing), looking again when the refusal says: a job is
+        throttled to its owner's share, never refused for it. (A call that loses the race
+        for the share after this is OVERLOADED and sent again by the transport.)"""
+        while True:
+            try:
+                return self._pipeline.admits(owner)
+            except GatewayError as e:
+                if e.kind is not Kind.OVERLOADED:
+                    raise
+                await asyncio.sleep(min(e.retry_after or _FIRST_LOOK, _SHARE_LOOK))
 
 
 def answer(binding: Binding, outcome: Outcome) -> Answer:
