@@ -40,9 +40,7 @@ class Gateway:
         out: h2load cancels the streams in flight when its time is up."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         text = urllib.request.urlopen(url, timeout=10).read().decode()
-        found = re.findall(
-            r'^vision_gateway_requests_total\{code="(\w+)".*\} (\S+)$', text, re.M
-        )
+        found = re.findall(r'^vision_gateway_requests_total\{code="(\w+)".*\} (\S+)$', text, re.M)
         return int(sum(float(n) for code, n in found if code not in ("OK", "CANCELLED")))
 
     def pids(self) -> list[int]:

@@ -37,6 +37,7 @@ SECTIONS = {
     "hotpath": "python -m bench.hotpath",
     "suite": "python -m tests.support.suitetime",
     "suite-fast": "python -m tests.support.suitetime --fast",
+    "cost": "python -m bench.cost",
 }
 _END = "<!-- end "
 

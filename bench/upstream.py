@@ -2,10 +2,12 @@
 
 For measuring the gateway's own cost: a real model's time would drown it, and whatever the
 upstream costs is paid equally by the direct and the gateway path. It speaks TF Serving's RPC
-paths and messages: GetModelStatus (AVAILABLE), GetModelMetadata and Predict. Three models:
+paths and messages: GetModelStatus (AVAILABLE), GetModelMetadata and Predict. Four models:
 `pixels` (uint8 [1,-1,-1,3] input) and `encoded` (string [-1]), both with an OD API signature,
-and `classifier` (uint8 [-1,224,224,3] in, `probabilities` [-1,1000] out: a fixed-size
-classifier whose batch dimension is free, for bench/batching.py).
+`classifier` (uint8 [-1,224,224,3] in, `probabilities` [-1,1000] out: a fixed-size
+classifier whose batch dimension is free, for bench/batching.py), and `segmenter` (string
+[-1] in, a Mask R-CNN layout out: 100 whole-image instances with 28x28 masks of noise, the
+worst a caller can ask of the gateway's mask pasting: bench/cost.py).
 
 The detectors' Predict requests are not parsed (the fixed answer does not depend on them);
 the classifier's are, for the number of images in the batch, and it answers one row of
@@ -38,7 +40,9 @@ MODELS = {
     "pixels": (tfs.DT_UINT8, (-1, -1, -1, 3)),
     "encoded": (tfs.DT_STRING, (-1,)),
     "classifier": (tfs.DT_UINT8, (-1, 224, 224, 3)),
+    "segmenter": (tfs.DT_STRING, (-1,)),
 }
+SEGMENTER = "segmenter"
 CLASSIFIER = "classifier"
 SCORES_PER_IMAGE = 1000  # the classifier's scores per image
 PROBABILITIES = "probabilities"
@@ -80,6 +84,24 @@ def outputs() -> dict[str, np.ndarray]:
     }
 
 
+def segments() -> dict[str, np.ndarray]:
+    """DETECTIONS whole-image instances, scores descending, masks of noise."""
+    rng = np.random.default_rng(42)
+    return {
+        BOXES: np.tile(np.array([0.0, 0.0, 1.0, 1.0], np.float32), (1, DETECTIONS, 1)),
+        SCORES: np.linspace(0.99, 0.5, DETECTIONS, dtype=np.float32)[None],
+        CLASSES: np.ones((1, DETECTIONS), np.float32),
+        NUM_DETECTIONS: np.array([DETECTIONS], np.float32),
+        "detection_masks": rng.random((1, DETECTIONS, 28, 28)).astype(np.float32),
+    }
+
+
+def _answer(model: str, images: int = 1) -> dict[str, np.ndarray]:
+    if model == CLASSIFIER:
+        return {PROBABILITIES: scores(images)}
+    return segments() if model == SEGMENTER else outputs()
+
+
 def scores(images: int) -> np.ndarray:
     """The classifier's answer: fixed scores per image, each image's top class its own (row
     i peaks at class i)."""
@@ -89,7 +111,7 @@ def scores(images: int) -> np.ndarray:
 
 
 def predict_response(model: str, images: int = 1) -> bytes:
-    answer = {PROBABILITIES: scores(images)} if model == CLASSIFIER else outputs()
+    answer = _answer(model, images)
     response = tfs.PredictResponse(
         model_spec=tfs.ModelSpec(name=model, signature_name=SIGNATURE),
         outputs={k: _float_tensor(v) for k, v in answer.items()},
@@ -104,7 +126,7 @@ def metadata_response(model: str) -> tfs.GetModelMetadataResponse:
     signature.inputs["input_tensor"].CopyFrom(
         tfs.TensorInfo(name="input_tensor:0", dtype=dtype, tensor_shape=_shape(dims))
     )
-    answer = {PROBABILITIES: scores(1)} if model == CLASSIFIER else outputs()
+    answer = _answer(model)
     for key, values in answer.items():
         out = (-1, *values.shape[1:]) if model == CLASSIFIER else values.shape
         signature.outputs[key].CopyFrom(

@@ -69,6 +69,7 @@ class Gateway:
         jobs: JobService,
         client: TFServingClient,
         executor: ThreadPoolExecutor,
+        pipeline: Pipeline,
         payload_log: PayloadLog | None = None,
     ) -> None:
         self.settings = settings
@@ -81,6 +82,7 @@ class Gateway:
         self._jobs = jobs
         self._client = client
         self._executor = executor
+        self._pipeline = pipeline
         self._payload_log = payload_log
 
     async def stop(self) -> None:
@@ -121,6 +123,7 @@ class Gateway:
         if self._payload_log is not None:  # what is queued gets a few seconds to be written
             await asyncio.to_thread(self._payload_log.close)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._pipeline.close()
         log.info("stopped")
 
 
@@ -184,8 +187,9 @@ async def start(
         ),
     ]
     gateway = Gateway(
-        settings, grpc, http, readiness, background, jobs, client, executor, payload_log
-    )
+        settings, grpc, http, readiness, background, jobs, client, executor, pipeline,
+        payload_log,
+    )  # fmt: skip
     log.info(
         "gateway listening",
         extra={

@@ -31,6 +31,8 @@ class Settings:
     workers: int = 1
     # Threads for image decoding (CPU-bound, releases the GIL in Pillow).
     decode_threads: int = field(default_factory=lambda: os.cpu_count() or 2)
+    # Threads for heavy mapping (masks: Task.map_in_thread), apart from the decode threads.
+    map_threads: int = field(default_factory=lambda: max(1, (os.cpu_count() or 2) // 2))
     # Prometheus metrics on http://host:metrics_port/metrics; 0 disables.
     metrics_port: int = 9090
     # How often TF Serving's model status is polled for health checks.
@@ -47,6 +49,17 @@ class Settings:
     max_pixels: int = 50_000_000
     # The gateway server's gRPC receive limit; 0: derived from the image limits (see below).
     max_receive_message_bytes: int = 0
+    # Ceilings on one request's work (gateway.domain.Cost), which a caller cannot raise; a
+    # model's own in [models.NAME.limits]. So the worst request of every built-in task costs
+    # about a second of one core (bench/results.md "cost"): detections asked for (1,000 boxes
+    # map in a millisecond; more is refused), mask pixels pasted (one 12-megapixel mask) and
+    # mask bytes answered (4 MiB, what a gRPC client receives by default); instances past those
+    # two are left out, the cut stated in the result.
+    max_detections_limit: int = 1000
+    max_mask_pixels: int = 12_000_000
+    max_answer_bytes: int = 4 * MIB
+    # Work units (Cost.units) in flight, shared fairly as max_concurrent_requests is.
+    max_concurrent_work: float = 100.0  # the worst single request (~66) and more beside it
     # Requests the gateway works on at once; more are refused with RESOURCE_EXHAUSTED so a
     # burst sheds load instead of queueing decoded images in memory.
     max_concurrent_requests: int = 64
@@ -306,34 +319,19 @@ class Settings:
             )
         if not 0.0 <= self.min_score <= 1.0:
             raise ValueError(f"min-score must be in [0, 1], got {self.min_score}")
-        for name in (
-            "max_detections",
-            "max_image_bytes",
-            "max_pixels",
-            "max_concurrent_requests",
-            "max_callers",
-            "grpc_max_concurrent_streams",
-            "http_max_metadata_bytes",
-            "http_max_metadata_keys",
-            "stream_window",
-            "decode_threads",
-            "workers",
-            "batch_max_jobs",
-            "batch_max_jobs_per_caller",
-            "batch_max_finished_per_caller",
-            "batch_max_upload_bytes",
-            "batch_max_upload_bytes_per_caller",
-            "batch_max_uploads_per_caller",
-            "batch_max_upload_images",
-            "batch_max_input_files",
-            "batch_max_items_per_job",
-            "batch_max_decompressed_bytes",
-            "job_store_max_bytes",
-            "batch_max_running",
-            "batch_concurrency",
-            "batch_runner_max_deaths",
-            "batch_parallelism",
-        ):
+        # Settings that must be at least 1.
+        whole = (
+            "max_detections max_image_bytes max_pixels max_concurrent_requests max_callers "
+            "grpc_max_concurrent_streams http_max_metadata_bytes http_max_metadata_keys "
+            "stream_window decode_threads workers batch_max_jobs batch_max_jobs_per_caller "
+            "batch_max_finished_per_caller batch_max_upload_bytes "
+            "batch_max_upload_bytes_per_caller batch_max_uploads_per_caller "
+            "batch_max_upload_images batch_max_input_files batch_max_items_per_job "
+            "batch_max_decompressed_bytes job_store_max_bytes batch_max_running batch_concurrency "
+            "batch_runner_max_deaths batch_parallelism max_detections_limit max_mask_pixels "
+            "max_answer_bytes map_threads"
+        )
+        for name in whole.split():
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
         if self.workers > 1 and self.port == 0:
@@ -358,6 +356,8 @@ class Settings:
                 "grpc-max-metadata-bytes must be at least 1024 (a call's own headers take "
                 "about 300 bytes)"
             )
+        if not self.max_concurrent_work > 0:
+            raise ValueError("max-concurrent-work must be a positive number of work units")
         if self.upstream_timeout <= 0 or self.health_interval <= 0:
             raise ValueError("upstream-timeout and health-interval must be positive")
         if self.upstream_max_attempts < 1:

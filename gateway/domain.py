@@ -1,6 +1,8 @@
 """The shared nouns, on the ground floor: what a front door hands the pipeline (Request), what
 it gets back (Outcome), the model a caller names (ModelRef), the image as the caller sees it
-(Frame), which outputs a task reads (OutputPlan). Every floor above uses them; this module
+(Frame), which outputs a task reads (OutputPlan), what a request's work costs before it runs
+(Cost), the running work its deadline stops (Work), and how a shadow answer compared with
+the caller's (Comparison). Every floor above uses them; this module
 imports nothing else of the gateway, so no arrow of the import graph runs back up to it.
 
 Protobuf, JSON and MessagePack stay at the edges (gateway/frontends, gateway/api); a task's
@@ -11,7 +13,8 @@ NamedTuples for what is made per image: they cost a fraction of a frozen datacla
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -76,13 +79,73 @@ class Outcome(NamedTuple):
     timings: dict[str, float]
 
 
+class Cost(NamedTuple):
+    """One image's work, priced before it runs (Task.cost, from the image header, the plan
+    and the resolved options): the most each part may take, which the model's limits
+    ([models.NAME.limits]) bound and each caller's fair share counts (gateway.policy)."""
+
+    pixels: int = 0  # pixels decoded (the image's, from its header)
+    mask_pixels: int = 0  # mask pixels pasted at most (instances x box pixels)
+    answer_bytes: int = 0  # bytes the answer may hold at most
+    items: int = 0  # instances, classes or values the answer holds at most
+
+    @property
+    def units(self) -> float:
+        """Work units: megapixels decoded or pasted plus megabytes of answer written, each
+        about 20-70 ms of one core (bench/results.md, "Work priced before it runs")."""
+        return (self.pixels + self.mask_pixels + self.answer_bytes) / 1e6
+
+
+class Stopped(Exception):
+    """The work was stopped: its deadline passed (`deadline` True) or its caller went away."""
+
+    def __init__(self, deadline: bool) -> None:
+        super().__init__("the call's deadline passed" if deadline else "the call was cancelled")
+        self.deadline = deadline
+
+
+class Work:
+    """One request's running work: its deadline (time.monotonic(); None: none) and whether its
+    caller went away, which work in a thread checks between instances and strips
+    (`check`, microseconds) so it stops within ~100 ms and frees its core; and what it spent
+    (mask pixels pasted, answer bytes written) for the caller's fair share."""
+
+    __slots__ = ("answer_bytes", "cancelled", "deadline", "mask_pixels")
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.deadline = deadline
+        self.cancelled = False  # set on the event loop, read in a thread: one bool
+        self.mask_pixels = 0
+        self.answer_bytes = 0
+
+    def check(self) -> None:
+        """Raises Stopped when the caller went away or the deadline passed."""
+        if self.cancelled:
+            raise Stopped(False)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise Stopped(True)
+
+
 class Frame(NamedTuple):
-    """The image as the caller sees it, and how the model's view of it maps back."""
+    """The image as the caller sees it, and how the model's view of it maps back; `work` is
+    the request's running work (heavy mapping checks its deadline: Work.check)."""
 
     width: int
     height: int
     transform: BoxTransform | None = None  # None: the model saw the displayed image
     sent: tuple[int, int] | None = None  # (width, height) of the image the model received
+    work: Work | None = None
+
+
+class Comparison(NamedTuple):
+    """A shadow candidate's answer for one image compared with the current model's, in the
+    task's terms (Task.compare): named measures in [0, 1] (1: the same answer; e.g. detection's
+    precision and recall, classification's top1_agreement), and per matched pair the
+    candidate's score minus the current's."""
+
+    task: str
+    measures: Mapping[str, float]
+    score_deltas: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

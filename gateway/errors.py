@@ -51,6 +51,11 @@ class Kind(Enum):
     # The work was stopped by a conflict with something else (a Kubernetes Job deleted
     # outside the API); retrying may succeed.
     ABORTED = "aborted"
+    # The request's work is over a cap the operator set (gateway.domain.Cost: more
+    # detections, mask pixels or answer bytes than the model's [limits] allow). Never retried
+    # either: the same request is refused again; the message names the setting.
+    TOO_COSTLY = "too_costly"
+    # (Declared last: RESOURCE_EXHAUSTED read back from another server is OVERLOADED.)
 
     @property
     def code(self) -> str:
@@ -67,6 +72,7 @@ class Kind(Enum):
 _CODES = {
     Kind.INVALID_INPUT: "INVALID_ARGUMENT",
     Kind.TOO_LARGE: "INVALID_ARGUMENT",
+    Kind.TOO_COSTLY: "RESOURCE_EXHAUSTED",
     Kind.OUT_OF_RANGE: "OUT_OF_RANGE",
     Kind.NOT_FOUND: "NOT_FOUND",
     Kind.BAD_MODEL: "FAILED_PRECONDITION",
@@ -82,7 +88,14 @@ _CODES = {
     Kind.ABORTED: "ABORTED",
 }
 _PER_ITEM = frozenset(
-    {Kind.INVALID_INPUT, Kind.TOO_LARGE, Kind.OUT_OF_RANGE, Kind.INTERNAL, Kind.DATA_LOSS}
+    {
+        Kind.INVALID_INPUT,
+        Kind.TOO_LARGE,
+        Kind.TOO_COSTLY,
+        Kind.OUT_OF_RANGE,
+        Kind.INTERNAL,
+        Kind.DATA_LOSS,
+    }
 )
 
 
@@ -108,6 +121,10 @@ def invalid_input(message: str) -> GatewayError:
 
 def bad_model(message: str) -> GatewayError:
     return GatewayError(Kind.BAD_MODEL, message)
+
+
+def too_costly(message: str) -> GatewayError:
+    return GatewayError(Kind.TOO_COSTLY, message)
 
 
 def overloaded(message: str, retry_after: float | None = None) -> GatewayError:

@@ -12,6 +12,10 @@ one line in gateway.tasks.builtin); it says:
 - how request options are checked and completed with the model's defaults (`resolve`);
 - how the outputs of one image become its result (`map`), refusing outputs that do not have
   the shapes, types or ranges it needs (OutputError);
+- what a request's work costs before it runs (`cost`: pixels decoded, mask pixels, answer
+  bytes, from the image header, the plan and the resolved options, which hold the model's
+  ceilings), so the pipeline can refuse or count it;
+- how a shadow candidate's result compares with the current one's (`compare`);
 - what the request log says about a result (`summary`).
 
 The image input is not the task's business: gateway.core.inputs reads it from the signature
@@ -27,7 +31,7 @@ from typing import Any, Protocol
 
 from gateway.api.bindings import Binding, Bindings
 from gateway.config import Settings
-from gateway.domain import Frame, OutputPlan
+from gateway.domain import Comparison, Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
@@ -69,6 +73,18 @@ class Task(Protocol):
         """The result for one image (the task's own plain type); OutputError when the outputs
         are unusable. `outputs` are TF Serving's (gateway.upstream.tensors.OutputTensor,
         decoded on demand) or arrays."""
+        ...
+
+    def cost(self, options: Any, frame: Frame, plan: OutputPlan, config: ModelConfig) -> Cost:
+        """The most one image's work may take (`options` resolved, `frame` the image's size
+        from its header, before decoding): what the model's limits bound and the caller's
+        fair share counts. Cheap (no decoding), and never below what `map` may spend."""
+        ...
+
+    def compare(self, current: Any, candidate: Any) -> Comparison:
+        """A shadow candidate's result for one image against the current model's, in the
+        task's terms; runs in a worker thread, bounded by the results' sizes (which the
+        model's limits bound): vectorised, milliseconds for a thousand items a side."""
         ...
 
     def summary(self, result: Any) -> dict[str, object]:

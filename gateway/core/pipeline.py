@@ -1,12 +1,19 @@
 """One image end to end, the same for every task and every front door.
 
 limit -> model (a rollout may pick a canary version) and options -> deadline budget ->
-signature (cached) -> input and batch plan (cached per model version and task) -> request
-built in a worker thread -> Predict on TF Serving, alone or batched with others waiting for
-the model (gateway.core.coalescer) -> outputs mapped by the task -> outcome (a copy may go
-to a shadow candidate afterwards: gateway.policy.shadow). Each image is counted in the metrics
-and logged as one JSON line, whatever its outcome. Failures are raised as GatewayError
-(gateway.errors); the front doors turn them into their own status codes.
+signature (cached) -> input and batch plan (cached per model version and task) -> the work
+priced from the image header (Task.cost) and charged to the caller's share -> request built
+in a decode thread -> Predict on TF Serving, alone or batched with others waiting for the
+model (gateway.core.coalescer) -> outputs mapped by the task (heavy mapping in map threads of
+its own, so it never holds every decode thread) -> outcome (a copy may go to a shadow
+candidate afterwards: gateway.policy.shadow).
+
+The request's deadline travels with its work (gateway.domain.Work): checked before decoding
+and mapping, and by heavy mapping between instances and strips, so late work stops within
+milliseconds (DEADLINE_EXCEEDED, never a late answer); work in a thread is awaited to its end
+(gateway.core.work), so the caller's slot is held as long as its work runs. Each image is
+counted and logged once, whatever its outcome (gateway.core.record); failures are
+GatewayError, which the front doors turn into their own status codes.
 """
 
 from __future__ import annotations
@@ -16,11 +23,11 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
-from gateway import errors, logs, metrics, tracing
+from gateway import errors, metrics, tracing
 from gateway.api.task import Task, TaskRegistry
 from gateway.config import Settings
 from gateway.core.batching import BatchPlan, plan_batching
@@ -35,9 +42,11 @@ from gateway.core.inputs import (
     plan_input,
 )
 from gateway.core.ports import Policy
-from gateway.domain import Frame, ModelRef, Outcome, OutputError, OutputPlan, Request
+from gateway.core.record import record
+from gateway.core.work import in_thread, remaining, spent, stops
+from gateway.domain import Cost, Frame, ModelRef, Outcome, OutputError, OutputPlan, Request, Work
 from gateway.errors import GatewayError, Kind
-from gateway.imaging.header import ImageLimits
+from gateway.imaging.header import ImageLimits, inspect_image
 from gateway.logs import BAD_OUTPUTS
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
@@ -49,7 +58,6 @@ from gateway.upstream.client import (
 )
 from gateway.upstream.signatures import Signature
 
-request_log = logs.RequestLog()
 log = logging.getLogger("gateway.pipeline")
 
 # Input plans kept per (model, version, task); bounded although only served versions get here.
@@ -123,6 +131,14 @@ class Pipeline:
         self._load = metrics.ModelLoad(named)
         self._coalescer = Coalescer(client, settings, executor, self._load.label)
         self.observers: list[Observer] = []
+        # Heavy mapping's own threads (Task.map_in_thread; started on first use).
+        self._map_threads = ThreadPoolExecutor(settings.map_threads, thread_name_prefix="map")
+
+    def close(self) -> None:
+        """Stops the map and comparison threads (the app's shutdown; the decode threads are
+        the app's)."""
+        self.shadows.close()
+        self._map_threads.shutdown(wait=False, cancel_futures=True)
 
     @property
     def in_flight(self) -> int:
@@ -146,17 +162,30 @@ class Pipeline:
         metrics.start()
         try:
             ticket = self._limit.acquire(request.caller)
+            charged: list[Cost] = []
+            work = Work()
+
+            def charge(cost: Cost) -> None:
+                self._limit.charge(ticket, cost)
+                charged.append(cost)
+
             try:
                 model = self.model_ref(task.name, request.model)
                 model, shadowed = self.rollouts.route(model, request.caller, request_id)
                 with self._load.in_flight(model.name):
-                    outcome = await self._run(task, model, request, request_id, timings, notes)
+                    outcome = await self._run(
+                        task, model, request, request_id, timings, notes, work, charge
+                    )
             finally:
-                self._limit.release(ticket, time.perf_counter() - started)
+                reserved = charged[0] if charged else None
+                self._limit.release(
+                    ticket, time.perf_counter() - started, reserved, spent(reserved, work)
+                )
             if shadowed is not None:
                 self.shadows.send(shadowed, outcome, partial(
-                    self._run, task, shadowed.shadow, request, request_id, timings.copy(), {}
-                ))  # fmt: skip
+                    self._run, task, shadowed.shadow, request, request_id, timings.copy(), {},
+                    Work(),
+                ), task.compare)  # fmt: skip
             return outcome
         except GatewayError as exc:
             code, failure = exc.code, exc
@@ -174,7 +203,7 @@ class Pipeline:
             raise failure from None
         finally:
             total = time.perf_counter() - started
-            self._record(task, request, code, request_id, model, outcome, timings, total, notes)
+            record(task, request, code, request_id, model, outcome, timings, total, notes)
             for observe in self.observers:
                 observe(task.name, request, request_id, model, outcome, failure, total)
 
@@ -240,12 +269,7 @@ class Pipeline:
 
     def _timeout(self, deadline: float | None) -> float:
         """Seconds left for a TF Serving call: the caller's deadline, capped by ours."""
-        if deadline is None:
-            return self.settings.upstream_timeout
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise GatewayError(Kind.DEADLINE, "the call's deadline passed in the gateway")
-        return min(remaining, self.settings.upstream_timeout)
+        return remaining(deadline, self.settings.upstream_timeout)
 
     def _plan(self, task: Task, signature: Signature, config: ModelConfig) -> Plan:
         key = (signature.model, signature.version, task.name)
@@ -258,7 +282,12 @@ class Pipeline:
         return found
 
     async def _build_input(
-        self, image: bytes, plan: InputPlan, envelope: bytes, timings: dict[str, float]
+        self,
+        image: bytes,
+        plan: InputPlan,
+        envelope: bytes,
+        timings: dict[str, float],
+        work: Work,
     ) -> ModelInput:
         started = time.perf_counter()
         try:
@@ -271,9 +300,8 @@ class Pipeline:
                 # Nothing else in flight: decoding a small JPEG here is quicker than the hop
                 # to a decode thread and back, and there is nothing the loop would do meanwhile.
                 return build_input(image, plan, envelope, self._image_limits)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._executor, build_input, image, plan, envelope, self._image_limits
+            return await in_thread(
+                self._executor, work, build_input, image, plan, envelope, self._image_limits
             )
         finally:
             timings["decode"] += time.perf_counter() - started
@@ -286,18 +314,30 @@ class Pipeline:
         request_id: str,
         timings: dict[str, float],
         notes: dict[str, object],
+        work: Work,
+        charge: Callable[[Cost], None] | None = None,
     ) -> Outcome:
         config = self._config(task, model)
         options = task.resolve(request.options, config, self.settings)
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        work.deadline = deadline
         for attempt in (1, 2):
             signature = self._client.signatures.known(model) or await self._client.signature(
                 model, self._timeout(deadline), request.trace
             )
             plan = self._plan(task, signature, config)
+            if charge is not None:
+                # Priced before any of it runs: the image's size from its header (microseconds),
+                # the plan and the options; charged to the caller's share of the gateway's work.
+                info = inspect_image(request.image, self._image_limits)
+                charge(task.cost(options, Frame(info.width, info.height), plan.outputs, config))
+                charge = None
             envelope = _envelope(model, plan.outputs.output_filter, signature.name)
+            self._timeout(deadline)  # nothing is decoded for a caller whose deadline passed
             with tracing.span("decode", request.trace, model=model.name):
-                model_input = await self._build_input(request.image, plan.input, envelope, timings)
+                model_input = await self._build_input(
+                    request.image, plan.input, envelope, timings, work
+                )
             started = time.perf_counter()
             try:
                 with (
@@ -318,19 +358,23 @@ class Pipeline:
             finally:
                 timings["upstream"] += time.perf_counter() - started
         frame = Frame(
-            model_input.width, model_input.height, model_input.transform, model_input.sent
+            model_input.width, model_input.height, model_input.transform, model_input.sent, work
         )
         if answer.batch > 1:
             # The images of one call share its lead's request id (whose trace went upstream).
             notes["batch"] = {"size": answer.batch, "lead": answer.lead,
                               "queue_ms": round(answer.waited * 1000, 2)}  # fmt: skip
         try:
-            if task.map_in_thread:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, task.map, answer.outputs, plan.outputs, frame, options, config
-                )
-            else:
-                result = task.map(answer.outputs, plan.outputs, frame, options, config)
+            with stops():  # Stopped (deadline, caller gone) -> DEADLINE_EXCEEDED, CANCELLED
+                work.check()
+                if task.map_in_thread:
+                    result = await in_thread(
+                        self._map_threads, work, task.map, answer.outputs, plan.outputs, frame,
+                        options, config,
+                    )  # fmt: skip
+                else:
+                    result = task.map(answer.outputs, plan.outputs, frame, options, config)
+                work.check()  # a caller past its deadline gets DEADLINE_EXCEEDED, not an answer
         except OutputError as exc:
             BAD_OUTPUTS.report(model.name, answer.version, str(exc))
             raise errors.bad_model(
@@ -345,56 +389,3 @@ class Pipeline:
             request_id=request_id,
             timings=timings,
         )
-
-    def _record(
-        self,
-        task: Task,
-        request: Request,
-        code: str,
-        request_id: str,
-        model: ModelRef | None,
-        outcome: Outcome | None,
-        timings: dict[str, float],
-        total: float,
-        notes: dict[str, object],
-    ) -> None:
-        method = request.method or task.name
-        metrics.finish(method, code, total, timings["decode"], timings["upstream"])
-        if not request_log.enabled():
-            return
-        fields: dict[str, object] = {
-            "method": method,
-            "code": code,
-            "request_id": request_id,
-            "task": task.name,
-            "model": model.name if model else request.model.name or None,
-            "requested_version": (model.version or model.label) if model else None,
-            "version": outcome.model_version if outcome else None,
-        }
-        if outcome is not None:
-            fields.update(task.summary(outcome.result))
-        trace_id = trace_id_of(request.trace) if request.trace else ""
-        if trace_id:
-            fields["trace_id"] = trace_id
-        fields["image_bytes"] = len(request.image)
-        fields["latency_ms"] = {
-            "decode": round(timings["decode"] * 1000, 2),
-            "upstream": round(timings["upstream"] * 1000, 2),
-            "total": round(total * 1000, 2),
-        }
-        fields.update(notes)
-        request_log.write(fields)
-
-
-def trace_id_of(trace: tuple[tuple[str, str], ...]) -> str:
-    """The trace id from W3C traceparent (version-traceid-spanid-flags) or B3 headers."""
-    for key, value in trace:
-        if key == "traceparent":
-            parts = value.split("-")
-            if len(parts) >= 4 and len(parts[1]) == 32:
-                return parts[1]
-        elif key == "x-b3-traceid":
-            return value
-        elif key == "b3":
-            return value.split("-", 1)[0]
-    return ""

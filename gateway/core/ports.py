@@ -8,23 +8,31 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol
 
-from gateway.domain import ModelRef, Outcome
+from gateway.domain import Comparison, Cost, ModelRef, Outcome
 
 
 class Limit(Protocol):
-    """Admits a request of a caller, or raises GatewayError OVERLOADED."""
+    """Admits a request of a caller, or raises GatewayError OVERLOADED; then its work, once
+    priced (Cost, before any of it runs), within the caller's share of the gateway's work."""
 
     in_flight: int  # requests admitted and not yet released
 
-    def acquire(self, caller: str) -> Any:  # a ticket for release()
+    def acquire(self, caller: str) -> Any:  # a ticket for charge() and release()
         ...
 
     def check(self, caller: str) -> None:
         """Raises OVERLOADED when acquire() would refuse `caller` now, taking nothing."""
         ...
 
-    def release(self, ticket: Any, held: float) -> None:
-        """The request admitted with `ticket` is done, after `held` seconds."""
+    def charge(self, ticket: Any, cost: Cost) -> None:
+        """Reserves the priced work of the request admitted with `ticket` from its caller's
+        work quota and fair share, or raises OVERLOADED (nothing reserved)."""
+        ...
+
+    def release(self, ticket: Any, held: float, reserved: Cost | None, spent: Cost | None) -> None:
+        """The request admitted with `ticket` is done, after `held` seconds; `reserved` is
+        what charge() took (None: nothing), `spent` what its work really took (at most that:
+        the rest goes back to the caller)."""
         ...
 
 
@@ -41,14 +49,23 @@ class Router(Protocol):
 
 
 class ShadowCopies(Protocol):
-    """Copies of answered requests to a rollout's shadow candidate, in the background."""
+    """Copies of answered requests to a rollout's shadow candidate, in the background; their
+    answers compared with the caller's by `compare` (the task's, run off the event loop)."""
 
     def send(
-        self, rollout: Any, current: Outcome, call: Callable[[], Awaitable[Outcome]]
+        self,
+        rollout: Any,
+        current: Outcome,
+        call: Callable[[], Awaitable[Outcome]],
+        compare: Callable[[Any, Any], Comparison],
     ) -> None: ...
 
     async def drain(self) -> None:
         """Waits for the pending copies."""
+        ...
+
+    def close(self) -> None:
+        """Stops the comparison thread (shutdown)."""
         ...
 
 

@@ -32,6 +32,8 @@ nearest: the exporter's resizing, exactly; default: the fast path).
 `signature = "..."` in [models.NAME] picks a signature other than serving_default.
 `[models.NAME.batching]` (`enabled`, `max_batch`, `max_delay_ms`) says how requests waiting
 for the model are coalesced into one Predict (gateway/models/batching.py);
+`[models.NAME.limits]` (`max_detections`, `max_mask_pixels`, `max_answer_bytes`) caps one
+request's work (gateway/models/limits.py);
 `[models.NAME.rollout]` (`current`, `canary`, `sticky`, `shadow`) serves a candidate version
 to a share of requests or copies them to it (gateway/models/rollout.py); `input.pad_to =
 [height, width]` with `input.pad_value` letterboxes variable-size images so they can be.
@@ -55,6 +57,7 @@ from typing import Any
 from gateway.labels import Labels, LabelsError
 from gateway.models.batching import read_batching
 from gateway.models.input_prep import read_input
+from gateway.models.limits import read_limits
 from gateway.models.rollout import read_rollout
 from gateway.models.registry import DEFAULT_SIGNATURE, ModelConfig, ModelRegistry
 from gateway.models.values import (
@@ -167,6 +170,9 @@ def _model(
     rollout = read_rollout(
         as_table(table.get("rollout", {}), path, where + ".rollout"), path, where + ".rollout"
     )
+    limits = read_limits(
+        as_table(table.get("limits", {}), path, where + ".limits"), path, where + ".limits"
+    )
     signature = DEFAULT_SIGNATURE
     if "signature" in table:
         signature = table["signature"]
@@ -180,5 +186,6 @@ def _model(
         signature,
         batching=batching,
         rollout=rollout,
+        limits=limits,
         task_config=task_config,
     )

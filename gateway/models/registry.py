@@ -11,6 +11,7 @@ from typing import Any
 from gateway.labels import Labels
 from gateway.models.batching import BatchingConfig
 from gateway.models.input_prep import InputPrep
+from gateway.models.limits import LimitsConfig
 from gateway.models.rollout import RolloutConfig
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -25,6 +26,8 @@ class ModelConfig:
     signature: str = DEFAULT_SIGNATURE  # the signature to call (model_spec.signature_name)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     rollout: RolloutConfig | None = None  # a canary or shadow version (gateway.policy.rollout)
+    # Ceilings on one request's work ([models.NAME.limits]); unset: the gateway's.
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     # The task's own config (its request defaults, its [outputs]), as the task's read_config
     # made it; None: the task's defaults (a model the config file does not list).
     task_config: Any = None

@@ -11,7 +11,8 @@ from typing import Any
 # The keys of [models.NAME] every task shares, read here (gateway.models.file); a task reads
 # the others (its request defaults, its [outputs]) and refuses what it does not know.
 COMMON_KEYS = frozenset(
-    {"task", "label_map", "labels", "input", "signature", "batching", "rollout", "outputs"}
+    {"task", "label_map", "labels", "input", "signature", "batching", "rollout", "outputs",
+     "limits"}
 )
 
 

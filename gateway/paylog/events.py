@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from gateway.api.bindings import Bindings
 from gateway.api.protojson import to_dict
-from gateway.core.pipeline import trace_id_of
+from gateway.core.record import trace_id_of
 from gateway.domain import ModelRef, Outcome, Request
 
 SPECVERSION = "1.0"

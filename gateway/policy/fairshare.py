@@ -1,5 +1,12 @@
 """Admission per caller: its quota (gateway.policy.quotas), then its fair share of the
-gateway's limit (--max-concurrent-requests), so one caller's burst costs only that caller.
+gateway's limit (--max-concurrent-requests), so one caller's burst costs only that caller;
+then, once the request's work is priced (gateway.domain.Cost, before any of it runs), the
+same in work units (`charge`): the caller's work_concurrency, its work_rate bucket, and its
+fair share of --max-concurrent-work, so one caller's heavy requests cannot take more than its
+share of the CPU however few they are. A request alone is always let in (a caller with no work
+in flight, and a full bucket, may send one request larger than its quota); a bucket may go
+into debt by that much, paid back at the work rate. What a request did not use goes back when
+it ends (release: a segmentation priced at its ceiling that pasted little).
 
 Each request (one image; a stream's frames each) asks in turn:
 1. the caller's concurrency: no more than its quota's requests in flight;
@@ -33,6 +40,7 @@ from prometheus_client import Counter, Gauge
 
 from gateway import errors
 from gateway.config import Settings
+from gateway.domain import Cost
 from gateway.policy.quotas import INF, NO_QUOTAS, Quota, QuotaFile, Quotas
 
 INTERNAL = ""  # the caller of the gateway's own work (in-process batch jobs): no quota
@@ -65,6 +73,20 @@ IN_FLIGHT = Gauge(
 )
 
 
+WORK = Counter(
+    "vision_gateway_caller_work_units",
+    "Work units (megapixels decoded or pasted, megabytes of answer: gateway.domain.Cost) "
+    "spent by caller (its quota table; other: the rest).",
+    ["caller"],
+)
+WORK_IN_FLIGHT = Gauge(
+    "vision_gateway_caller_in_flight_work_units",
+    "Work units reserved by requests in flight, by caller (its quota table; other: the rest).",
+    ["caller"],
+    multiprocess_mode="livesum",
+)
+
+
 @dataclass(slots=True)
 class Caller:
     """One caller's state; also the ticket a request holds while admitted."""
@@ -75,6 +97,9 @@ class Caller:
     tokens: float
     stamp: float
     in_flight: int = 0
+    work_tokens: float = 0.0
+    stamp_work: float = 0.0  # when work_tokens were last refilled (0: never charged)
+    work_in_flight: float = 0.0
 
 
 class FairShare:
@@ -86,8 +111,12 @@ class FairShare:
         quotas: QuotaFile | Quotas = NO_QUOTAS,
         clock: Callable[[], float] = time.monotonic,
         max_callers: int = 10_000,
+        max_work: float = INF,
     ) -> None:
         self.limit = limit
+        self.max_work = max_work
+        self.work_in_flight = 0.0
+        self.working = 0  # callers with work in flight
         self.max_callers = max_callers
         self._file = quotas if isinstance(quotas, QuotaFile) else None
         self._quotas = quotas.quotas if isinstance(quotas, QuotaFile) else quotas
@@ -99,6 +128,7 @@ class FairShare:
         self._full_sweep_at = 0.0  # at the ceiling: no sweep before this time
         self._hold = 0.05  # seconds a request holds its place, moving average
         self._children: dict[str, tuple[Counter, Gauge]] = {}
+        self._work_children: dict[str, tuple[Counter, Gauge]] = {}
 
     def _caller(self, identity: str, now: float) -> Caller:
         generation = 0
@@ -114,10 +144,12 @@ class FairShare:
                 if len(self._callers) >= self.max_callers and not self._named(identity):
                     return self._overflow(quota, generation, now)
                 state = Caller(identity, quota, generation, quota.burst, now)
+                state.work_tokens = quota.work_burst
                 self._callers[identity] = state
             else:  # the file changed: the new quota, the bucket kept within its size
                 state.quota, state.generation = quota, generation
                 state.tokens = min(state.tokens, quota.burst)
+                state.work_tokens = min(state.work_tokens, quota.work_burst)
         return state
 
     def _named(self, identity: str) -> bool:
@@ -132,10 +164,12 @@ class FairShare:
         state = self._callers.get(key)
         if state is None:
             state = Caller(key, quota, generation, quota.burst, now)
+            state.work_tokens = quota.work_burst
             self._callers[key] = state  # one per table: the file bounds them
         elif state.generation != generation:
             state.quota, state.generation = quota, generation
             state.tokens = min(state.tokens, quota.burst)
+            state.work_tokens = min(state.work_tokens, quota.work_burst)
         return state
 
     def check(self, identity: str) -> None:
@@ -205,8 +239,77 @@ class FairShare:
                     self._hold,
                 )
 
-    def release(self, state: Caller, held: float) -> None:
-        """A request admitted by acquire() is done, after `held` seconds."""
+    def charge(self, state: Caller, cost: Cost) -> None:
+        """Reserves a request's priced work (admitted by acquire(), ticket `state`) from its
+        caller's work quota and fair share of --max-concurrent-work, or raises OVERLOADED
+        (nothing reserved)."""
+        units = cost.units
+        quota = state.quota
+        who = _who(state.identity)
+        busy = state.work_in_flight > 0
+        if busy and state.work_in_flight + units > quota.work_concurrency:
+            self._refuse(
+                state,
+                "work_concurrency",
+                f"{who} has {state.work_in_flight:.3g} work units in flight and this image "
+                f"needs {units:.3g} more, over its limit of {quota.work_concurrency:g} "
+                f"({quota.source}); wait for answers, send smaller images or ask for less "
+                "(max_detections), or ask the gateway's operators for a larger quota",
+                self._hold,
+            )
+        now = self._clock()
+        if quota.work_rate != INF:
+            refill = (now - state.stamp_work) * quota.work_rate if state.stamp_work else 0.0
+            state.work_tokens = min(quota.work_burst, state.work_tokens + refill)
+            state.stamp_work = now
+            needed = min(units, quota.work_burst)
+            if state.work_tokens < needed:
+                delay = (needed - state.work_tokens) / quota.work_rate
+                self._refuse(
+                    state,
+                    "work_rate",
+                    f"{who} is over its work rate of {quota.work_rate:g} work units per second "
+                    f"(this image: {units:.3g}; {quota.source}); retry in {delay:.3g} s, send "
+                    "smaller images or ask for less, or ask the gateway's operators for a "
+                    "larger quota",
+                    delay,
+                )
+        if busy and self.work_in_flight >= self.max_work:
+            share = self.max_work / max(1, self.working)
+            if state.work_in_flight >= share:
+                self._refuse(
+                    state,
+                    "work_share",
+                    f"the gateway is at its limit of work in flight and {who} holds "
+                    f"{state.work_in_flight:.3g} work units, at or above its fair share of "
+                    "it; retry with backoff, or ask the gateway's operators for more replicas",
+                    self._hold,
+                )
+        if quota.work_rate != INF:
+            state.work_tokens -= units
+        if not busy:
+            self.working += 1
+        state.work_in_flight += units
+        self.work_in_flight += units
+        self._work(quota.label)[1].inc(units)
+
+    def release(
+        self, state: Caller, held: float, reserved: Cost | None = None, spent: Cost | None = None
+    ) -> None:
+        """A request admitted by acquire() is done, after `held` seconds; `reserved` is what
+        charge() took, `spent` what it used (the rest goes back to the caller's bucket)."""
+        if reserved is not None:
+            units = reserved.units
+            used = units if spent is None else min(units, spent.units)
+            state.work_in_flight = max(0.0, state.work_in_flight - units)
+            self.work_in_flight = max(0.0, self.work_in_flight - units)
+            if state.work_in_flight == 0:
+                self.working -= 1
+            if state.quota.work_rate != INF:
+                state.work_tokens = min(state.quota.work_burst, state.work_tokens + units - used)
+            spent_counter, in_flight_work = self._work(state.quota.label)
+            spent_counter.inc(used)
+            in_flight_work.dec(units)
         state.in_flight -= 1
         self.in_flight -= 1
         if state.in_flight == 0:
@@ -226,6 +329,13 @@ class FairShare:
             self._children[label] = children
         return children
 
+    def _work(self, label: str) -> tuple[Counter, Gauge]:
+        children = self._work_children.get(label)
+        if children is None:
+            children = (WORK.labels(label), WORK_IN_FLIGHT.labels(label))
+            self._work_children[label] = children
+        return children
+
     def _sweep(self, now: float) -> None:
         """Drops callers that hold nothing and whose bucket is full again."""
         for identity, state in list(self._callers.items()):
@@ -233,7 +343,10 @@ class FairShare:
             full = quota.rate == INF or state.tokens + (now - state.stamp) * quota.rate >= (
                 quota.burst
             )
-            if state.in_flight == 0 and full:
+            work_full = quota.work_rate == INF or (
+                state.work_tokens + (now - state.stamp_work) * quota.work_rate >= quota.work_burst
+            )
+            if state.in_flight == 0 and full and work_full:
                 del self._callers[identity]
         self._sweep_at = min(max(_KEEP, 2 * len(self._callers)), self.max_callers)
         if len(self._callers) >= self.max_callers:
@@ -243,7 +356,12 @@ class FairShare:
     def for_settings(cls, settings: Settings) -> FairShare:
         """The limit and quota file (QuotaError when it cannot be used) of `settings`."""
         quotas = QuotaFile(settings.quotas) if settings.quotas else NO_QUOTAS
-        return cls(settings.max_concurrent_requests, quotas, max_callers=settings.max_callers)
+        return cls(
+            settings.max_concurrent_requests,
+            quotas,
+            max_callers=settings.max_callers,
+            max_work=settings.max_concurrent_work,
+        )
 
     @property
     def callers(self) -> int:

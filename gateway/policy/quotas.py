@@ -6,6 +6,11 @@ the per-caller tables of gateway.policy.callers.
     burst = 40                 # requests at once above the rate (the token bucket's size)
     concurrency = 8            # requests in flight at once
 
+    work_rate = 30             # work units per second, sustained (a unit: a megapixel decoded
+                               # or pasted, or a megabyte of answer: gateway.domain.Cost)
+    work_burst = 60            # work units at once above the work rate
+    work_concurrency = 40      # work units in flight at once
+
     [callers."uri:spiffe://cluster.local/ns/shop/sa/checkout"]
     rate = 200                 # keys left out are [default]'s; inf: no limit
 
@@ -36,7 +41,9 @@ log = logging.getLogger("gateway.policy")
 
 INF = math.inf
 DEFAULT_LABEL = "other"  # the metrics label of callers the file does not name
-KEYS = ("rate", "burst", "concurrency")
+KEYS = ("rate", "burst", "concurrency", "work_rate", "work_burst", "work_concurrency")
+# Keys whose values may be fractions (the others are whole numbers of requests).
+_FRACTIONS = ("rate", "work_rate", "work_burst", "work_concurrency")
 CHECK_SECONDS = callers.CHECK_SECONDS
 
 RELOADS = Counter(
@@ -57,6 +64,9 @@ class Quota:
     rate: float = INF  # requests per second, sustained
     burst: float = INF  # requests at once above the rate
     concurrency: float = INF  # requests in flight
+    work_rate: float = INF  # work units per second, sustained (gateway.domain.Cost.units)
+    work_burst: float = INF  # work units at once above the work rate
+    work_concurrency: float = INF  # work units in flight
     label: str = DEFAULT_LABEL  # the metrics label: the table's name, or "other"
     # The table, for the caller's messages ([default], [callers."..."]): never the file's
     # path on the server.
@@ -76,17 +86,22 @@ def _read(table: Any, where: str, name: str, base: Quota) -> Quota:
         values["burst"] = INF if values["rate"] == INF else max(1.0, math.ceil(values["rate"]))
     if "burst" in table and values["rate"] == INF:
         raise QuotaError(f"{where}: burst needs a rate (requests per second)")
+    if "work_rate" in table and "work_burst" not in table:
+        rate = values["work_rate"]
+        values["work_burst"] = INF if rate == INF else rate  # one second's worth
+    if "work_burst" in table and values["work_rate"] == INF:
+        raise QuotaError(f"{where}: work_burst needs a work_rate (work units per second)")
     return Quota(label=name or DEFAULT_LABEL, source=f"{where} of the quota file", **values)
 
 
 def _number(value: Any, key: str, where: str) -> float:
-    whole = key != "rate"
+    whole = key not in _FRACTIONS
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise QuotaError(f"{where}: {key} must be a number, got {value!r}")
     if value == INF:
         return INF
     if math.isnan(value) or value <= 0 or (whole and (value != int(value) or value < 1)):
-        kind = "a whole number >= 1" if whole else "a number > 0 (requests per second)"
+        kind = "a whole number >= 1" if whole else "a number > 0"
         raise QuotaError(f"{where}: {key} must be {kind} or inf, got {value!r}")
     return float(value)
 

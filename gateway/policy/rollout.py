@@ -24,10 +24,9 @@ from typing import Any
 
 from prometheus_client import Counter, Summary
 
-from gateway.domain import ModelRef
+from gateway.domain import Comparison, ModelRef
 from gateway.models import ModelRegistry
 from gateway.models.rollout import RolloutConfig, Target
-from gateway.policy.compare import ClassificationComparison, Comparison, DetectionComparison
 
 ROUTED = Counter(
     "vision_gateway_rollout_requests",
@@ -68,6 +67,30 @@ TOPK = Summary(
     "Per compared image: the classes both top-k lists name, over the longer list's length.",
     ["model", "candidate"],
 )
+MEASURE = Summary(
+    "vision_gateway_shadow_measure",
+    "Per compared image: a measure of the shadow candidate's answer against the current "
+    "model's, by task and measure (Task.compare: detection precision and recall, "
+    "classification top1_agreement and topk_overlap, segmentation mask_iou, keypoints "
+    "keypoint_similarity, embedding cosine_similarity, ...). Mean = _sum / _count.",
+    ["model", "candidate", "task", "measure"],
+)
+PAIR_DELTA = Summary(
+    "vision_gateway_shadow_score_delta",
+    "Per matched instance pair, by task: the candidate's score minus the current model's.",
+    ["model", "candidate", "task"],
+)
+# The metrics named before comparisons were the task's, kept beside MEASURE for dashboards:
+# (task, measure) -> metric; detection's score deltas also go to SCORE_DELTA.
+_NAMED = {
+    ("detection", "precision"): PRECISION,
+    ("detection", "recall"): RECALL,
+    ("classification", "top1_agreement"): TOP1,
+    ("classification", "topk_overlap"): TOPK,
+}
+# Measures the summary always shows for these tasks (None until an image is compared).
+_SHOWN = {"detection": ("precision", "recall"),
+          "classification": ("top1_agreement", "topk_overlap")}  # fmt: skip
 _SLOTS = 10_000  # a weight's resolution: 1/100 of a percent
 
 
@@ -113,18 +136,13 @@ class ModelRollout:
             outcome: SHADOW_CALLS.labels(name, shadow, outcome)
             for outcome in ("sent", "failed", "dropped")
         }
-        self._metrics = (
-            PRECISION.labels(name, shadow),
-            RECALL.labels(name, shadow),
-            SCORE_DELTA.labels(name, shadow),
-            TOP1.labels(name, shadow),
-            TOPK.labels(name, shadow),
-        )
+        self._shadow_label = shadow
+        self._observers: dict[tuple[str, str], list[Any]] = {}
         # This process's counts, for the summary.
         self.counts = {"current": 0, "canary": 0, "sent": 0, "failed": 0, "dropped": 0}
-        self.sums = {"precision": 0.0, "recall": 0.0, "score_delta": 0.0, "top1": 0.0,
-                     "topk": 0.0}  # fmt: skip
-        self.compared = {"detection": 0, "pairs": 0, "classification": 0}
+        # Per task: images compared, matched pairs and their score deltas' sum, and per
+        # measure its sum over the images.
+        self.compared: dict[str, dict[str, float]] = {}
 
     def to_canary(self, caller: str, request_id: str) -> bool:
         if self.canary is None:
@@ -145,24 +163,37 @@ class ModelRollout:
         self._calls[outcome].inc()
 
     def record(self, comparison: Comparison) -> None:
-        precision, recall, delta, top1, topk = self._metrics
-        if isinstance(comparison, DetectionComparison):
-            self.compared["detection"] += 1
-            self.sums["precision"] += comparison.precision
-            self.sums["recall"] += comparison.recall
-            precision.observe(comparison.precision)
-            recall.observe(comparison.recall)
+        """Counts one compared image, whatever its task (gateway.domain.Comparison)."""
+        task = comparison.task
+        sums = self.compared.setdefault(task, {"images": 0.0, "pairs": 0.0, "deltas": 0.0})
+        sums["images"] += 1
+        for measure, value in comparison.measures.items():
+            sums[measure] = sums.get(measure, 0.0) + value
+            for metric in self._metrics(task, measure):
+                metric.observe(value)
+        if comparison.score_deltas:
+            sums["pairs"] += len(comparison.score_deltas)
+            sums["deltas"] += sum(comparison.score_deltas)
+            metrics = self._metrics(task, "")
             for value in comparison.score_deltas:
-                self.compared["pairs"] += 1
-                self.sums["score_delta"] += value
-                delta.observe(value)
-        elif isinstance(comparison, ClassificationComparison):
-            self.compared["classification"] += 1
-            agrees = 1.0 if comparison.top1_agrees else 0.0
-            self.sums["top1"] += agrees
-            self.sums["topk"] += comparison.topk_overlap
-            top1.observe(agrees)
-            topk.observe(comparison.topk_overlap)
+                for metric in metrics:
+                    metric.observe(value)
+
+    def _metrics(self, task: str, measure: str) -> list[Any]:
+        """The summaries a measure ("" for score deltas) is observed in, made once."""
+        found = self._observers.get((task, measure))
+        if found is None:
+            name, shadow = self.name, self._shadow_label
+            if measure:
+                found = [MEASURE.labels(name, shadow, task, measure)]
+                named = _NAMED.get((task, measure))
+            else:
+                found = [PAIR_DELTA.labels(name, shadow, task)]
+                named = SCORE_DELTA if task == "detection" else None
+            if named is not None:
+                found.append(named.labels(name, shadow))
+            self._observers[(task, measure)] = found
+        return found
 
     def describe(self) -> dict[str, Any]:
         """The rollout as configured (check-models and the summary show it)."""
@@ -179,31 +210,32 @@ class ModelRollout:
         return out
 
     def summary(self) -> dict[str, Any]:
-        """What this process counted: requests per side, shadow calls and their comparison."""
-
-        def mean(total: str, count: str) -> float | None:
-            n = self.compared[count]
-            return round(self.sums[total] / n, 6) if n else None
-
+        """What this process counted: requests per side, shadow calls and their comparison,
+        per task: images compared, the mean of each measure, matched pairs and their mean
+        score delta."""
         out = self.describe()
         counts = self.counts
         if "canary" in out:
             out["canary"]["served"] = {"canary": counts["canary"], "current": counts["current"]}
         if "shadow" in out:
             out["shadow"]["calls"] = {k: counts[k] for k in ("sent", "failed", "dropped")}
-            out["shadow"]["detection"] = {
-                "images": self.compared["detection"],
-                "precision": mean("precision", "detection"),
-                "recall": mean("recall", "detection"),
-                "matched_pairs": self.compared["pairs"],
-                "mean_score_delta": mean("score_delta", "pairs"),
-            }
-            out["shadow"]["classification"] = {
-                "images": self.compared["classification"],
-                "top1_agreement": mean("top1", "classification"),
-                "topk_overlap": mean("topk", "classification"),
-            }
+            for task in {**dict.fromkeys(_SHOWN), **dict.fromkeys(self.compared)}:
+                out["shadow"][task] = self._task_summary(task)
         return out
+
+    def _task_summary(self, task: str) -> dict[str, Any]:
+        sums = self.compared.get(task, {})
+        images = int(sums.get("images", 0))
+        measures = [m for m in sums if m not in ("images", "pairs", "deltas")]
+        shown: dict[str, Any] = {"images": images}
+        for measure in dict.fromkeys((*_SHOWN.get(task, ()), *measures)):
+            total = sums.get(measure)
+            shown[measure] = round(total / images, 6) if images and total is not None else None
+        if "precision" in shown:  # tasks that match instances
+            pairs = int(sums.get("pairs", 0))
+            shown["matched_pairs"] = pairs
+            shown["mean_score_delta"] = round(sums["deltas"] / pairs, 6) if pairs else None
+        return shown
 
 
 class Rollouts:

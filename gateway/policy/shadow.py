@@ -1,7 +1,9 @@
 """Shadow calls: a copy of an answered request sent to a rollout's shadow candidate in the
-background, its answer compared with the caller's (gateway.policy.compare), never the other
+background, its answer compared with the caller's by the task (Task.compare), never the other
 way round: the caller's answer is out before the copy starts, and nothing the copy does
-reaches the caller.
+reaches the caller. The comparison runs in a thread of its own (one: comparisons wait their
+turn there rather than take the decode threads or the event loop), bounded by the answers'
+sizes, which the model's limits bound (a thousand boxes a side: milliseconds).
 
 Bounded: at most MAX_PENDING copies at a time in a process. A copy is dropped (and counted)
 when that many are pending, or when the gateway's requests in flight are within a quarter of
@@ -14,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from gateway.domain import Outcome
+from gateway.domain import Comparison, Outcome
 from gateway.errors import GatewayError
-from gateway.policy.compare import compare
 from gateway.policy.rollout import ModelRollout
+
+Compare = Callable[[Any, Any], Comparison]
 
 log = logging.getLogger("gateway.shadow")
 
@@ -37,25 +42,39 @@ class Shadows:
         self._in_flight = in_flight
         self.max_pending = max_pending
         self._pending: set[asyncio.Task[None]] = set()
+        self._compare_thread: ThreadPoolExecutor | None = None  # made on first use
+
+    def close(self) -> None:
+        if self._compare_thread is not None:
+            self._compare_thread.shutdown(wait=False, cancel_futures=True)
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
     def send(
-        self, rollout: ModelRollout, current: Outcome, call: Callable[[], Awaitable[Outcome]]
+        self,
+        rollout: ModelRollout,
+        current: Outcome,
+        call: Callable[[], Awaitable[Outcome]],
+        compare: Compare,
     ) -> None:
         """Starts `call` (the request, on the shadow candidate) in the background and
-        compares its answer with `current`; or drops it, counted, when busy."""
+        compares its answer with `current` (`compare`: the task's); or drops it, counted,
+        when busy."""
         if len(self._pending) >= self.max_pending or self._in_flight() >= self._near_limit:
             rollout.shadow_call("dropped")
             return
-        task = asyncio.get_running_loop().create_task(self._run(rollout, current, call))
+        task = asyncio.get_running_loop().create_task(self._run(rollout, current, call, compare))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
     async def _run(
-        self, rollout: ModelRollout, current: Outcome, call: Callable[[], Awaitable[Outcome]]
+        self,
+        rollout: ModelRollout,
+        current: Outcome,
+        call: Callable[[], Awaitable[Outcome]],
+        compare: Compare,
     ) -> None:
         # One turn of the loop first: the caller's answer goes out before the copy starts.
         await asyncio.sleep(0)
@@ -77,9 +96,21 @@ class Shadows:
                 extra={"fields": {"model": rollout.name, "request_id": current.request_id}},
             )
             return
-        comparison = compare(current.result, candidate.result)
-        if comparison is not None:
-            rollout.record(comparison)
+        if self._compare_thread is None:
+            self._compare_thread = ThreadPoolExecutor(1, thread_name_prefix="compare")
+        loop = asyncio.get_running_loop()
+        try:
+            comparison = await loop.run_in_executor(
+                self._compare_thread, compare, current.result, candidate.result
+            )
+        except Exception:
+            rollout.shadow_call("failed")
+            log.exception(
+                "shadow comparison failed",
+                extra={"fields": {"model": rollout.name, "request_id": current.request_id}},
+            )
+            return
+        rollout.record(comparison)
 
     async def drain(self) -> None:
         """Waits for the pending copies (tests; shutdown cancels them instead)."""

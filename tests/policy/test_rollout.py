@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import hashlib
 
-from gateway.domain import ModelRef
+from gateway.domain import Comparison, ModelRef
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.models.rollout import RolloutConfig, Target
-from gateway.policy.compare import ClassificationComparison, DetectionComparison
 from gateway.policy.rollout import Rollouts
 
 
@@ -71,9 +70,11 @@ def test_summary_counts_requests_calls_and_comparisons():
     routes.route(ModelRef("m"), "", "a")
     rollout.shadow_call("sent")
     rollout.shadow_call("dropped")
-    rollout.record(DetectionComparison(0.5, 1.0, 1, 2, 1, [0.25]))
-    rollout.record(DetectionComparison(1.0, 0.5, 1, 1, 2, [-0.05]))
-    rollout.record(ClassificationComparison(True, 0.5))
+    rollout.record(Comparison("detection", {"precision": 0.5, "recall": 1.0}, (0.25,)))
+    rollout.record(Comparison("detection", {"precision": 1.0, "recall": 0.5}, (-0.05,)))
+    rollout.record(Comparison("classification", {"top1_agreement": 1.0, "topk_overlap": 0.5}))
+    rollout.record(Comparison("embedding", {"cosine_similarity": 0.5}))
+    rollout.record(Comparison("embedding", {"cosine_similarity": 1.0}))
     summary = rollout.summary()
     assert summary["current"] == "latest version"
     assert summary["canary"] == {"candidate": "version 2", "weight": 100.0, "sticky": "random",
@@ -83,6 +84,8 @@ def test_summary_counts_requests_calls_and_comparisons():
     assert shadow["detection"] == {"images": 2, "precision": 0.75, "recall": 0.75,
                                    "matched_pairs": 2, "mean_score_delta": 0.1}  # fmt: skip
     assert shadow["classification"] == {"images": 1, "top1_agreement": 1.0, "topk_overlap": 0.5}
+    # Any task's measures, the same way (Task.compare gives them).
+    assert shadow["embedding"] == {"images": 2, "cosine_similarity": 0.75}
 
 
 def test_sticky_sides_depend_on_the_deployments_secret_salt_not_only_the_request_id():

@@ -1,9 +1,11 @@
 """Shadow calls run after the caller's answer, bounded: dropped and counted when too many are
-pending or the gateway is near its limit; a failing candidate is counted, never raised."""
+pending or the gateway is near its limit; a failing candidate is counted, never raised; the
+task's comparison runs in a thread of its own, off the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from gateway import errors
 from gateway.domain import ModelRef, Outcome
@@ -11,7 +13,10 @@ from gateway.models import ModelConfig, ModelRegistry
 from gateway.models.rollout import RolloutConfig, Target
 from gateway.policy.rollout import ModelRollout, Rollouts
 from gateway.policy.shadow import Shadows
+from gateway.tasks.builtin import built_in_tasks
 from gateway.tasks.detection.nouns import Box, Detection, Detections, NormalizedBox
+
+COMPARE = built_in_tasks()["detection"].compare
 
 
 def rollout() -> ModelRollout:
@@ -37,12 +42,20 @@ def test_a_copy_is_compared_after_the_caller_goes_on():
             started.set()
             return outcome(0.5)
 
-        shadows.send(shadowed, outcome(0.9), call)
+        threads: list[int] = []
+
+        def compare(current: object, candidate: object):  # type: ignore[no-untyped-def]
+            threads.append(threading.get_ident())
+            return COMPARE(current, candidate)
+
+        shadows.send(shadowed, outcome(0.9), call, compare)
         assert not started.is_set()  # nothing ran before the caller's turn ends
         await shadows.drain()
         assert shadowed.counts["sent"] == 1
-        assert shadowed.compared["detection"] == 1
-        assert shadowed.sums["score_delta"] == -0.4
+        assert shadowed.compared["detection"]["images"] == 1
+        assert shadowed.compared["detection"]["deltas"] == -0.4
+        assert threads and threads[0] != threading.get_ident()  # not on the event loop
+        shadows.close()
 
     asyncio.run(main())
 
@@ -59,17 +72,17 @@ def test_copies_beyond_the_cap_or_near_the_limit_are_dropped_and_counted():
             return outcome(0.9)
 
         for _ in range(3):
-            shadows.send(shadowed, outcome(0.9), held)
+            shadows.send(shadowed, outcome(0.9), held, COMPARE)
         assert (shadows.pending, shadowed.counts["dropped"]) == (2, 1)
         gate.set()
         await shadows.drain()
         in_flight[0] = 6  # three quarters of 8
-        shadows.send(shadowed, outcome(0.9), held)
+        shadows.send(shadowed, outcome(0.9), held, COMPARE)
         assert (shadows.pending, shadowed.counts["dropped"]) == (0, 2)
         in_flight[0] = 5
-        shadows.send(shadowed, outcome(0.9), held)
+        shadows.send(shadowed, outcome(0.9), held, COMPARE)
         await shadows.drain()
-        assert (shadowed.counts["sent"], shadowed.compared["detection"]) == (3, 3)
+        assert (shadowed.counts["sent"], shadowed.compared["detection"]["images"]) == (3, 3)
 
     asyncio.run(main())
 
@@ -82,10 +95,10 @@ def test_a_failing_candidate_is_counted_and_goes_no_further():
         async def failing() -> Outcome:
             raise errors.GatewayError(errors.Kind.UNAVAILABLE, "TF Serving is unavailable")
 
-        shadows.send(shadowed, outcome(0.9), failing)
+        shadows.send(shadowed, outcome(0.9), failing, COMPARE)
         await shadows.drain()
         assert (shadowed.counts["sent"], shadowed.counts["failed"]) == (1, 1)
-        assert shadowed.compared["detection"] == 0
+        assert "detection" not in shadowed.compared
 
     asyncio.run(main())
 

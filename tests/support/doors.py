@@ -153,4 +153,5 @@ class InProcessDoors:
         if self._client is not None:
             await self._client.close()
         await self.serving.stop()
+        self.pipeline.close()
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -198,7 +198,7 @@ import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Frame, OutputError, OutputPlan
+from gateway.domain import Comparison, Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.tasks.palette import config as palette_config
 from gateway.tasks.palette.binding import BINDING
@@ -246,6 +246,17 @@ class PaletteTask:
         return Shares(
             [Share(config.labels.label(int(i)), float(row[i])) for i in order if row[i] >= options]
         )
+
+    def cost(self, options: float, frame: Frame, plan: OutputPlan, config: ModelConfig) -> Cost:
+        # The image decoded; a share per class at most (100 bytes each, 1000 classes).
+        return Cost(frame.width * frame.height, 0, 100_000, 1000)
+
+    def compare(self, current: Shares, candidate: Shares) -> Comparison:
+        ours = {s.label: s.share for s in current.shares}
+        theirs = {s.label: s.share for s in candidate.shares}
+        labels = ours.keys() | theirs.keys()
+        distance = sum(abs(ours.get(k, 0.0) - theirs.get(k, 0.0)) for k in labels) / 2
+        return Comparison("palette", {"share_agreement": 1.0 - distance})
 
     def summary(self, result: Shares) -> dict[str, object]:
         return {"classes": len(result.shares)}

@@ -18,6 +18,8 @@ STATUS: dict[Kind, grpc.StatusCode] = {
     Kind.INVALID_INPUT: Code.INVALID_ARGUMENT,
     # An image over a limit never passes, so not RESOURCE_EXHAUSTED (which clients retry).
     Kind.TOO_LARGE: Code.INVALID_ARGUMENT,
+    # Work over an operator's cap: RESOURCE_EXHAUSTED as gRPC's own message-size limits.
+    Kind.TOO_COSTLY: Code.RESOURCE_EXHAUSTED,
     Kind.OUT_OF_RANGE: Code.OUT_OF_RANGE,
     Kind.NOT_FOUND: Code.NOT_FOUND,
     Kind.BAD_MODEL: Code.FAILED_PRECONDITION,

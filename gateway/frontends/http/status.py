@@ -13,6 +13,8 @@ STATUS: dict[Kind, int] = {
     Kind.INVALID_INPUT: 400,
     # An image over a limit never passes: 413, not 429 (which clients and meshes retry).
     Kind.TOO_LARGE: 413,
+    # Work over an operator's cap never passes either: 413, as an image over its limit.
+    Kind.TOO_COSTLY: 413,
     Kind.OUT_OF_RANGE: 400,
     Kind.NOT_FOUND: 404,
     # FAILED_PRECONDITION: the model cannot serve this task; 400 as google.rpc maps it.

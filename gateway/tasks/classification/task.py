@@ -25,12 +25,13 @@ import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Frame, OutputError, OutputPlan
+from gateway.domain import Comparison, Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import task_config
 from gateway.tasks.classification import config as classification_config
 from gateway.tasks.classification.binding import BINDING, CLASSIFICATION
+from gateway.tasks.classification.compare import compare_classes
 from gateway.tasks.classification.config import ClassificationConfig
 from gateway.tasks.classification.nouns import Classes, ClassifyOptions, ScoredClass
 from gateway.tasks.decoders import scores as score_forms
@@ -45,6 +46,7 @@ LABEL, CONFIDENCE = "label", "confidence"
 PROBABILITY_TOLERANCE = 1e-3
 # The most classes a request may ask for; more would only grow the response.
 MAX_TOP_K = 1000
+CLASS_BYTES = 100  # one class in proto JSON: id, label, score
 
 
 class ClassificationSettings(NamedTuple):
@@ -124,6 +126,15 @@ class ClassificationTask:
                 if row[i] >= options.min_score
             ]
         )
+
+    def cost(
+        self, options: ClassificationSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
+    ) -> Cost:
+        """The image decoded and top_k classes answered."""
+        return Cost(frame.width * frame.height, 0, options.top_k * CLASS_BYTES, options.top_k)
+
+    def compare(self, current: Classes, candidate: Classes) -> Comparison:
+        return compare_classes(current, candidate)
 
     def summary(self, result: Classes) -> dict[str, object]:
         top = result.classes[0] if result.classes else None

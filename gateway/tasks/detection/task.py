@@ -11,11 +11,13 @@ from typing import Any, NamedTuple
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Frame, OutputPlan
+from gateway.domain import Comparison, Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
-from gateway.tasks.base import task_config
+from gateway.models.limits import Limits
+from gateway.tasks.base import limits_of, task_config
 from gateway.tasks.detection import config as detection_config
 from gateway.tasks.detection.binding import BINDING, DETECTION
+from gateway.tasks.detection.compare import compare_detections
 from gateway.tasks.detection.config import DetectionConfig
 from gateway.tasks.detection.forms import map_decoded
 from gateway.tasks.detection.nouns import Detections, DetectOptions
@@ -37,14 +39,27 @@ def own_config(config: ModelConfig) -> DetectionConfig:
     return task_config(config, detection_config.DEFAULT)
 
 
+# Bytes of one detection in an answer at most (box, normalized box, label, score: ~150 in
+# proto JSON with a long label), for Cost.answer_bytes.
+DETECTION_BYTES = 200
+
+
 def resolve_options(
-    options: DetectOptions, own: DetectionConfig, settings: Settings
+    options: DetectOptions, own: DetectionConfig, settings: Settings, limits: Limits
 ) -> DetectionSettings:
     """A request's min_score and max_detections checked and completed with the model's
-    defaults, else the gateway's (--min-score, --max-detections); for tasks built on
-    detection too."""
+    defaults, else the gateway's (--min-score, --max-detections); max_detections within the
+    model's ceiling (limits), which a caller cannot raise and a default does not pass; for
+    tasks built on detection too."""
     min_score = own.min_score if own.min_score is not None else settings.min_score
-    max_detections = own.max_detections or settings.max_detections
+    ceiling = limits.max_detections
+    max_detections = min(own.max_detections or settings.max_detections, ceiling)
+    if options.max_detections > ceiling:
+        raise errors.too_costly(
+            f"max_detections is {options.max_detections}, over model '{limits.model}''s limit "
+            f"of {ceiling} detections per image; ask for at most {ceiling}, or have the "
+            f"operator raise {limits.setting('max_detections')}"
+        )
     if math.isnan(options.min_score) or not 0.0 <= options.min_score <= 1.0:
         raise errors.invalid_input(
             f"min_score must be in [0, 1] (0 means the server default {min_score}), "
@@ -61,6 +76,12 @@ def resolve_options(
     )
 
 
+def detection_cost(max_detections: int, frame: Frame) -> Cost:
+    """The image decoded and at most max_detections boxes answered (mapping them is
+    microseconds each)."""
+    return Cost(frame.width * frame.height, 0, max_detections * DETECTION_BYTES, max_detections)
+
+
 class DetectionTask:
     name = DETECTION
     binding = BINDING
@@ -72,7 +93,7 @@ class DetectionTask:
     def resolve(
         self, options: DetectOptions, config: ModelConfig, settings: Settings
     ) -> DetectionSettings:
-        return resolve_options(options, own_config(config), settings)
+        return resolve_options(options, own_config(config), settings, limits_of(config, settings))
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> DetectionPlan:
         return plan_outputs(signature, own_config(config).outputs)
@@ -103,6 +124,14 @@ class DetectionTask:
                 outputs, plan, frame, config.labels, options.min_score, options.max_detections
             )
         )
+
+    def cost(
+        self, options: DetectionSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
+    ) -> Cost:
+        return detection_cost(options.max_detections, frame)
+
+    def compare(self, current: Detections, candidate: Detections) -> Comparison:
+        return compare_detections(current, candidate)
 
     def summary(self, result: Detections) -> dict[str, object]:
         return {"detections": len(result.detections)}

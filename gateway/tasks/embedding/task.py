@@ -22,12 +22,13 @@ import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Frame, OutputError, OutputPlan
+from gateway.domain import Comparison, Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import task_config
 from gateway.tasks.embedding import config as embedding_config
 from gateway.tasks.embedding.binding import BINDING, EMBEDDING
+from gateway.tasks.embedding.compare import compare_embeddings
 from gateway.tasks.embedding.config import EmbeddingConfig
 from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
 from gateway.upstream.signatures import Signature, TensorSpec
@@ -36,6 +37,7 @@ from gateway.upstream.tensors import Tensor, as_array
 _FLOATS = (tfs.DT_FLOAT, tfs.DT_DOUBLE, tfs.DT_HALF, tfs.DT_BFLOAT16)
 # The longest vector a request may ask for; far over any image model's (CLIP ViT-bigG: 1280).
 MAX_DIMENSIONS = 65536
+VALUE_BYTES = 24  # one float of the vector in proto JSON
 
 
 def own_config(config: ModelConfig) -> EmbeddingConfig:
@@ -114,6 +116,16 @@ class EmbeddingTask:
         if norm > 0.0:
             return Embedding((row / norm).tolist(), True)
         return Embedding(row.tolist(), False)
+
+    def cost(self, options: int, frame: Frame, plan: OutputPlan, config: ModelConfig) -> Cost:
+        """The image decoded and the vector answered: the dimensions asked for, else the
+        signature's (MAX_DIMENSIONS when it does not say)."""
+        known = plan.dimension if isinstance(plan, EmbeddingPlan) and plan.dimension > 0 else 0
+        values = options or known or MAX_DIMENSIONS
+        return Cost(frame.width * frame.height, 0, values * VALUE_BYTES, values)
+
+    def compare(self, current: Embedding, candidate: Embedding) -> Comparison:
+        return compare_embeddings(current, candidate)
 
     def summary(self, result: Embedding) -> dict[str, object]:
         return {"dimension": len(result.vector), "normalized": result.normalized}

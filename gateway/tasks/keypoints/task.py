@@ -9,19 +9,22 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import Settings
-from gateway.domain import Frame, OutputPlan
+from gateway.domain import Comparison, Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
-from gateway.tasks.base import task_config
+from gateway.tasks.base import limits_of, task_config
 from gateway.tasks.detection.nouns import DetectOptions
-from gateway.tasks.detection.task import DetectionSettings, resolve_options
+from gateway.tasks.detection.task import DETECTION_BYTES, DetectionSettings, resolve_options
 from gateway.tasks.keypoints import config as keypoint_config
 from gateway.tasks.keypoints.binding import BINDING, KEYPOINTS
+from gateway.tasks.keypoints.compare import compare_keypoints
 from gateway.tasks.keypoints.config import KeypointConfig
 from gateway.tasks.keypoints.mapping import map_keypoints
 from gateway.tasks.keypoints.nouns import Keypoints
 from gateway.tasks.keypoints.plans import KeypointPlan, plan_keypoints
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
+
+KEYPOINT_BYTES = 60  # a named keypoint in proto JSON: name, x, y, score
 
 
 def own_config(config: ModelConfig) -> KeypointConfig:
@@ -40,7 +43,8 @@ class KeypointTask:
     def resolve(
         self, options: DetectOptions, config: ModelConfig, settings: Settings
     ) -> DetectionSettings:
-        return resolve_options(options, own_config(config).detection, settings)
+        own = own_config(config).detection
+        return resolve_options(options, own, settings, limits_of(config, settings))
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> KeypointPlan:
         return plan_keypoints(signature, own_config(config))
@@ -57,6 +61,19 @@ class KeypointTask:
         return map_keypoints(
             outputs, plan, frame, config.labels, options.min_score, options.max_detections
         )
+
+    def cost(
+        self, options: DetectionSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
+    ) -> Cost:
+        """The image decoded; at most max_detections instances of the plan's keypoints
+        (COCO's 17 when the signature does not say), ~60 bytes each."""
+        points = plan.points if isinstance(plan, KeypointPlan) and plan.points else 17
+        instances = options.max_detections
+        answer = instances * (DETECTION_BYTES + points * KEYPOINT_BYTES)
+        return Cost(frame.width * frame.height, 0, answer, instances * (1 + points))
+
+    def compare(self, current: Keypoints, candidate: Keypoints) -> Comparison:
+        return compare_keypoints(current, candidate)
 
     def summary(self, result: Keypoints) -> dict[str, object]:
         return {"instances": len(result.instances)}

@@ -20,6 +20,11 @@ def to_segmentation_result(outcome: Outcome) -> pb.SegmentationResult:
         model=served_model(outcome),
         request_id=outcome.request_id,
     )
+    cut = outcome.result.truncated
+    if cut is not None:
+        result.truncated.instances_left_out = cut.left_out
+        result.truncated.limit = cut.limit
+        result.truncated.message = cut.message
     add = result.instances.add
     for found in outcome.result.instances:
         message = add(class_id=found.class_id, label=found.label, score=found.score)

@@ -4,7 +4,14 @@ image as a viewer shows it (per request, by the plan's form: gateway.tasks.segme
 Boxes, scores and classes go through detection's decoding (gateway.tasks.detection.forms,
 which hands back the rows it kept and their boxes in the image sent); each kept row's mask is
 pasted into its box (gateway.tasks.segmentation.raster) and written in the requested format
-(gateway.tasks.segmentation.encode)."""
+(gateway.tasks.segmentation.encode).
+
+The work is priced as it goes, best instance first: an instance's paste costs its box's pixels
+(raster.footprint, known before the paste) and its mask's bytes; the instances past the
+model's max_mask_pixels or max_answer_bytes are left out and the result says so
+(Segments.truncated); when even the best one passes them the request is refused
+(RESOURCE_EXHAUSTED) naming the setting. The request's deadline is checked before each
+instance and each strip of a paste, so a late request stops within milliseconds."""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gateway import errors
-from gateway.domain import Frame, OutputError
+from gateway.domain import Frame, OutputError, Work
 from gateway.labels import Labels
 from gateway.tasks.decoders import yoloseg
 from gateway.tasks.detection.forms import map_decoded_boxes
@@ -27,10 +34,14 @@ from gateway.tasks.segmentation.nouns import (
     Mask,
     Segments,
     SegmentSettings,
+    Truncation,
 )
 from gateway.tasks.segmentation.plans import SegmentationPlan
 from gateway.upstream.tensors import Tensor, as_array
 
+# What tracing one polygon outline edge costs, in mask pixels pasted and written as RLE: ~4 us
+# of Python against ~40 ns a pixel (bench/results.md, "Work priced before it runs").
+EDGE_PIXELS = 100
 # Polygon vertices in one result at most (each a pair of floats: about 20 bytes of JSON);
 # masks with more outline than this are asked for as RLE or PNG.
 MAX_POLYGON_POINTS = 1_000_000
@@ -132,14 +143,32 @@ def written(
     options: SegmentSettings,
 ) -> Segments:
     """Each detection with its mask pasted and written in the requested format, one at a
-    time (only one instance's pixels are held at once)."""
+    time (only one instance's pixels are held at once), within the model's limits."""
     width, height = frame.width, frame.height
+    work = frame.work if frame.work is not None else Work()
+    limits = options.limits
+    max_pixels = limits.max_mask_pixels if limits is not None else None
+    max_bytes = limits.max_answer_bytes if limits is not None else None
     points = 0
     instances: list[Instance] = []
+    cut: tuple[str, str] | None = None
     for detection, shape in zip(found, shapes, strict=True):
-        placed = raster.paste(shape, axes, width, height, options.mask_threshold)
+        work.check()
+        pixels = raster.footprint(shape, axes, width, height)
+        if max_pixels is not None and work.mask_pixels + pixels > max_pixels:
+            cut = ("max_mask_pixels", f"{max_pixels} mask pixels")
+            break
+        work.mask_pixels += pixels
+        placed = raster.paste(shape, axes, width, height, options.mask_threshold, work.check)
         if options.mask_format == POLYGON:
-            points += encode.boundary_edges(placed)
+            edges = encode.boundary_edges(placed)
+            # Tracing costs per outline edge (Python, ~4 us each): priced before it runs.
+            if max_pixels is not None and work.mask_pixels + EDGE_PIXELS * edges > max_pixels:
+                cut = ("max_mask_pixels", f"{max_pixels} mask pixels (a polygon outline's "
+                       f"edge counts as {EDGE_PIXELS})")  # fmt: skip
+                break
+            work.mask_pixels += EDGE_PIXELS * edges
+            points += edges
             if points > MAX_POLYGON_POINTS:
                 raise errors.invalid_input(
                     f"the masks' outlines have over {MAX_POLYGON_POINTS} pixel edges, more "
@@ -151,7 +180,38 @@ def written(
         else:
             counts = encode.rle_counts(placed, width, height)
             mask = Mask(height, width, counts=encode.rle_string(counts))
+        size = _mask_bytes(mask)
+        if max_bytes is not None and work.answer_bytes + size > max_bytes:
+            cut = ("max_answer_bytes", f"{max_bytes} bytes of masks")
+            break
+        work.answer_bytes += size
         instances.append(
             Instance(detection.class_id, detection.label, detection.score, detection.box, mask)
         )
-    return Segments(instances)
+    if cut is None:
+        return Segments(instances)
+    assert limits is not None
+    key, reached = cut
+    left_out = len(found) - len(instances)
+    where = limits.setting(key)
+    if not instances:
+        raise errors.too_costly(
+            f"the best instance's mask alone passes model '{limits.model}''s limit of "
+            f"{reached} per answer ({width}x{height} image); send a smaller image, ask for "
+            f"mask_format rle, or have the operator raise {where}"
+        )
+    message = (
+        f"{left_out} of {len(found)} instances left out: their masks would pass the limit of "
+        f"{reached} per answer; ask for fewer (max_detections, min_score) or raise {where}"
+    )
+    return Segments(instances, Truncation(left_out, key, message))
+
+
+def _mask_bytes(mask: Mask) -> int:
+    """What a mask adds to an answer: its RLE characters or PNG bytes, or 8 bytes per polygon
+    point (two floats of the protobuf; more in JSON)."""
+    if mask.counts is not None:
+        return len(mask.counts)
+    if mask.png is not None:
+        return len(mask.png)
+    return 8 * sum(len(points) // 2 for points in mask.polygons or ())

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gateway.models.limits import Limits
 from gateway.tasks.detection.nouns import Box
 
 RLE = "rle"
@@ -24,12 +25,13 @@ class SegmentOptions(NamedTuple):
 
 
 class SegmentSettings(NamedTuple):
-    """A request's options with the defaults filled in."""
+    """A request's options with the defaults filled in, and the model's ceilings on its work."""
 
     min_score: float
     max_detections: int
     mask_threshold: float
     mask_format: str
+    limits: Limits | None = None  # None: no ceilings (tests of the mapping alone)
 
 
 class Mask(NamedTuple):
@@ -51,6 +53,16 @@ class Instance(NamedTuple):
     mask: Mask
 
 
+class Truncation(NamedTuple):
+    """Instances left out of an answer at a limit: how many, which limit, and for a person
+    what was reached and the setting that raises it."""
+
+    left_out: int
+    limit: str  # "max_mask_pixels" | "max_answer_bytes"
+    message: str
+
+
 @dataclass(frozen=True)
 class Segments:
     instances: list[Instance]
+    truncated: Truncation | None = None

@@ -27,6 +27,7 @@ go in strips of at most _STRIP values; what stays is a bool per pixel of the box
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -108,6 +109,24 @@ class _Taps(NamedTuple):
     inside: np.ndarray
 
 
+def _extent(axis: Axis, length: int, keep: tuple[float, float]) -> tuple[int, int]:
+    """The displayed pixels [first, last) of `axis` (of `length` pixels) the sent interval
+    `keep` covers."""
+    ends = sorted((axis.offset + axis.scale * keep[0], axis.offset + axis.scale * keep[1]))
+    return max(0, math.floor(ends[0] * length)), min(length, math.ceil(ends[1] * length))
+
+
+def footprint(shape: Shape, axes: tuple[Axis, Axis], width: int, height: int) -> int:
+    """How many pixels pasting `shape` computes (the box's rows x columns in the displayed
+    image): its price, known before the paste."""
+    keep = shape.keep
+    sizes = []
+    for axis, length in zip(axes, (height, width), strict=True):
+        first, last = _extent(axis, length, (keep[axis.source], keep[axis.source + 2]))
+        sizes.append(max(0, last - first))
+    return sizes[0] * sizes[1]
+
+
 def _taps(
     axis: Axis,
     length: int,
@@ -121,8 +140,7 @@ def _taps(
     lo, hi, n = grid
     keep_lo, keep_hi = keep
     ends = sorted((axis.offset + axis.scale * keep_lo, axis.offset + axis.scale * keep_hi))
-    first = max(0, math.floor(ends[0] * length))
-    last = min(length, math.ceil(ends[1] * length))
+    first, last = _extent(axis, length, keep)
     if last <= first or hi - lo <= 0 or n < 1:
         empty = np.zeros(0, np.int64)
         return _Taps(first, empty, empty, empty.astype(np.float32), empty.astype(np.float32),
@@ -177,11 +195,18 @@ def box_mask(
 
 
 def paste(
-    shape: Shape, axes: tuple[Axis, Axis], width: int, height: int, threshold: float
+    shape: Shape,
+    axes: tuple[Axis, Axis],
+    width: int,
+    height: int,
+    threshold: float,
+    check: Callable[[], None] | None = None,
 ) -> Placed:
     """The pixels of a width x height displayed image where the shape's grid (sampled as the
     module says) is above `threshold`. Separable: the grid's rows are interpolated to the
-    displayed rows, then its columns to the displayed columns (elementwise, two taps each)."""
+    displayed rows, then its columns to the displayed columns (elementwise, two taps each).
+    `check` is called before each strip (a few milliseconds apart): the request's deadline
+    (gateway.domain.Work.check), which stops the paste by raising."""
     grid, spans, keep, edge, logits = shape
     if logits:
         threshold = math.log(threshold / (1.0 - threshold))
@@ -200,6 +225,8 @@ def paste(
               + oriented[rows.high] * rows.high_weight[:, None])  # fmt: skip
     strip = max(1, _STRIP // max(1, bits.shape[1]))
     for start in range(0, bits.shape[0], strip):
+        if check is not None:
+            check()
         part = by_row[start : start + strip]
         values = part[:, cols.low] * cols.low_weight + part[:, cols.high] * cols.high_weight
         inside = rows.inside[start : start + strip, None] & cols.inside[None, :]

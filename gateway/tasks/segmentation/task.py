@@ -12,13 +12,15 @@ from typing import Any
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Frame, OutputPlan
+from gateway.domain import Comparison, Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
-from gateway.tasks.base import task_config
+from gateway.models.limits import Limits
+from gateway.tasks.base import limits_of, task_config
 from gateway.tasks.detection.nouns import DetectOptions
-from gateway.tasks.detection.task import resolve_options
+from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
 from gateway.tasks.segmentation import config as segmentation_config
 from gateway.tasks.segmentation.binding import BINDING, SEGMENTATION
+from gateway.tasks.segmentation.compare import compare_segments
 from gateway.tasks.segmentation.config import SegmentationConfig
 from gateway.tasks.segmentation.mapping import map_segments
 from gateway.tasks.segmentation.nouns import (
@@ -39,11 +41,12 @@ def own_config(config: ModelConfig) -> SegmentationConfig:
 
 
 def resolve_segment(
-    options: SegmentOptions, own: SegmentationConfig, settings: Settings
+    options: SegmentOptions, own: SegmentationConfig, settings: Settings, limits: Limits
 ) -> SegmentSettings:
     detection = resolve_options(
-        DetectOptions(options.min_score, options.max_detections), own.detection, settings
-    )
+        DetectOptions(options.min_score, options.max_detections), own.detection, settings,
+        limits,
+    )  # fmt: skip
     threshold = options.mask_threshold
     if math.isnan(threshold) or not 0.0 <= threshold < 1.0:
         raise errors.invalid_input(
@@ -61,7 +64,20 @@ def resolve_segment(
         detection.max_detections,
         threshold or own.mask_threshold,
         mask_format,
+        limits,
     )
+
+
+def segmentation_cost(options: SegmentSettings, frame: Frame) -> Cost:
+    """The image decoded; at most max_detections masks, each at most the whole image, within
+    the model's max_mask_pixels and max_answer_bytes (the mapping cuts at them)."""
+    pixels = frame.width * frame.height
+    mask_pixels = options.max_detections * pixels
+    answer = options.max_detections * (pixels + DETECTION_BYTES)
+    if options.limits is not None:
+        mask_pixels = min(mask_pixels, options.limits.max_mask_pixels)
+        answer = min(answer, options.limits.max_answer_bytes)
+    return Cost(pixels, mask_pixels, answer, options.max_detections)
 
 
 class SegmentationTask:
@@ -75,7 +91,7 @@ class SegmentationTask:
     def resolve(
         self, options: SegmentOptions, config: ModelConfig, settings: Settings
     ) -> SegmentSettings:
-        return resolve_segment(options, own_config(config), settings)
+        return resolve_segment(options, own_config(config), settings, limits_of(config, settings))
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> SegmentationPlan:
         return plan_segmentation(signature, own_config(config))
@@ -91,5 +107,17 @@ class SegmentationTask:
         assert isinstance(plan, SegmentationPlan)
         return map_segments(outputs, plan, frame, config.labels, options)
 
+    def cost(
+        self, options: SegmentSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
+    ) -> Cost:
+        return segmentation_cost(options, frame)
+
+    def compare(self, current: Segments, candidate: Segments) -> Comparison:
+        return compare_segments(current, candidate)
+
     def summary(self, result: Segments) -> dict[str, object]:
-        return {"instances": len(result.instances)}
+        fields: dict[str, object] = {"instances": len(result.instances)}
+        if result.truncated is not None:
+            fields["left_out"] = {"instances": result.truncated.left_out,
+                                  "limit": result.truncated.limit}  # fmt: skip
+        return fields

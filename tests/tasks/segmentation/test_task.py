@@ -101,7 +101,7 @@ def test_options_are_checked_and_completed() -> None:
     resolved = TASK.resolve(SegmentOptions(), config, settings)
     assert resolved.mask_threshold == 0.3 and resolved.mask_format == "rle"
     assert TASK.resolve(SegmentOptions(mask_threshold=0.7, mask_format="PNG"), config,
-                        settings)[2:] == (0.7, "png")  # fmt: skip
+                        settings)[2:4] == (0.7, "png")  # fmt: skip
     for options, message in (
         (SegmentOptions(mask_threshold=1.0), "mask_threshold must be in [0, 1)"),
         (SegmentOptions(mask_threshold=float("nan")), "mask_threshold must be in [0, 1)"),

@@ -96,6 +96,7 @@ class SegmentationResult(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     image_width: _builtins.int
     """Width of the image in pixels as a viewer shows it (after EXIF orientation)."""
     image_height: _builtins.int
@@ -117,6 +118,12 @@ class SegmentationResult(_message.Message):
         Segment returns such failures as the call's status instead.
         """
 
+    @_builtins.property
+    def truncated(self) -> Global___Truncation:
+        """Set when instances the model found were left out of this answer because its work
+        passed a limit the operator set (the result holds the best instances up to it).
+        """
+
     def __init__(
         self,
         *,
@@ -126,14 +133,49 @@ class SegmentationResult(_message.Message):
         model: _detection_pb2.ServedModel | None = ...,
         request_id: _builtins.str = ...,
         error: _status_pb2.Status | None = ...,
+        truncated: Global___Truncation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "model", b"model"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "model", b"model", "truncated", b"truncated"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "image_height", b"image_height", "image_width", b"image_width", "instances", b"instances", "model", b"model", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "image_height", b"image_height", "image_width", b"image_width", "instances", b"instances", "model", b"model", "request_id", b"request_id", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SegmentationResult: _TypeAlias = SegmentationResult  # noqa: Y015
+
+@_typing.final
+class Truncation(_message.Message):
+    """Truncation says which instances an answer left out, and why."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCES_LEFT_OUT_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    instances_left_out: _builtins.int
+    """How many of the instances the model found (within max_detections) are not in the
+    answer: the lowest-scoring ones.
+    """
+    limit: _builtins.str
+    """The limit that was reached: "max_mask_pixels" (mask pixels one answer may paste) or
+    "max_answer_bytes" (bytes of masks one answer may hold).
+    """
+    message: _builtins.str
+    """What was reached and the setting that raises it, for a person."""
+    def __init__(
+        self,
+        *,
+        instances_left_out: _builtins.int = ...,
+        limit: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instances_left_out", b"instances_left_out", "limit", b"limit", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Truncation: _TypeAlias = Truncation  # noqa: Y015
 
 @_typing.final
 class Instance(_message.Message):

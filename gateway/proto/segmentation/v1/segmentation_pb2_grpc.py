@@ -33,7 +33,11 @@ class SegmentationServiceStub:
     mask_format "polygon" when the masks' outlines pass 1,000,000 points (ask for "rle" or
     "png"); RESOURCE_EXHAUSTED for a full gateway (retry with backoff); NOT_FOUND for an unknown model or version; UNAVAILABLE when
     TensorFlow Serving cannot be reached; DEADLINE_EXCEEDED when the caller's deadline passes;
-    FAILED_PRECONDITION when the served model gives no usable masks.
+    FAILED_PRECONDITION when the served model gives no usable masks. RESOURCE_EXHAUSTED
+    without a retry delay when the request's work is over a limit of the model's (a
+    max_detections over its ceiling, or a first instance whose mask alone passes
+    max_mask_pixels or max_answer_bytes): the message names the setting; lower instances past
+    those limits are left out of the answer, which says so (SegmentationResult.truncated).
     """
 
     def __init__(self, channel):
@@ -62,7 +66,11 @@ class SegmentationServiceServicer:
     mask_format "polygon" when the masks' outlines pass 1,000,000 points (ask for "rle" or
     "png"); RESOURCE_EXHAUSTED for a full gateway (retry with backoff); NOT_FOUND for an unknown model or version; UNAVAILABLE when
     TensorFlow Serving cannot be reached; DEADLINE_EXCEEDED when the caller's deadline passes;
-    FAILED_PRECONDITION when the served model gives no usable masks.
+    FAILED_PRECONDITION when the served model gives no usable masks. RESOURCE_EXHAUSTED
+    without a retry delay when the request's work is over a limit of the model's (a
+    max_detections over its ceiling, or a first instance whose mask alone passes
+    max_mask_pixels or max_answer_bytes): the message names the setting; lower instances past
+    those limits are left out of the answer, which says so (SegmentationResult.truncated).
     """
 
     def Segment(self, request, context):
@@ -118,7 +126,11 @@ class SegmentationService:
     mask_format "polygon" when the masks' outlines pass 1,000,000 points (ask for "rle" or
     "png"); RESOURCE_EXHAUSTED for a full gateway (retry with backoff); NOT_FOUND for an unknown model or version; UNAVAILABLE when
     TensorFlow Serving cannot be reached; DEADLINE_EXCEEDED when the caller's deadline passes;
-    FAILED_PRECONDITION when the served model gives no usable masks.
+    FAILED_PRECONDITION when the served model gives no usable masks. RESOURCE_EXHAUSTED
+    without a retry delay when the request's work is over a limit of the model's (a
+    max_detections over its ceiling, or a first instance whose mask alone passes
+    max_mask_pixels or max_answer_bytes): the message names the setting; lower instances past
+    those limits are left out of the answer, which says so (SegmentationResult.truncated).
     """
 
     @staticmethod

@@ -41,7 +41,11 @@ class SegmentationServiceStub:
     mask_format "polygon" when the masks' outlines pass 1,000,000 points (ask for "rle" or
     "png"); RESOURCE_EXHAUSTED for a full gateway (retry with backoff); NOT_FOUND for an unknown model or version; UNAVAILABLE when
     TensorFlow Serving cannot be reached; DEADLINE_EXCEEDED when the caller's deadline passes;
-    FAILED_PRECONDITION when the served model gives no usable masks.
+    FAILED_PRECONDITION when the served model gives no usable masks. RESOURCE_EXHAUSTED
+    without a retry delay when the request's work is over a limit of the model's (a
+    max_detections over its ceiling, or a first instance whose mask alone passes
+    max_mask_pixels or max_answer_bytes): the message names the setting; lower instances past
+    those limits are left out of the answer, which says so (SegmentationResult.truncated).
     """
 
     @_typing.overload
@@ -74,7 +78,11 @@ class SegmentationServiceAsyncStub(SegmentationServiceStub):
     mask_format "polygon" when the masks' outlines pass 1,000,000 points (ask for "rle" or
     "png"); RESOURCE_EXHAUSTED for a full gateway (retry with backoff); NOT_FOUND for an unknown model or version; UNAVAILABLE when
     TensorFlow Serving cannot be reached; DEADLINE_EXCEEDED when the caller's deadline passes;
-    FAILED_PRECONDITION when the served model gives no usable masks.
+    FAILED_PRECONDITION when the served model gives no usable masks. RESOURCE_EXHAUSTED
+    without a retry delay when the request's work is over a limit of the model's (a
+    max_detections over its ceiling, or a first instance whose mask alone passes
+    max_mask_pixels or max_answer_bytes): the message names the setting; lower instances past
+    those limits are left out of the answer, which says so (SegmentationResult.truncated).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -103,7 +111,11 @@ class SegmentationServiceServicer(metaclass=_abc_1.ABCMeta):
     mask_format "polygon" when the masks' outlines pass 1,000,000 points (ask for "rle" or
     "png"); RESOURCE_EXHAUSTED for a full gateway (retry with backoff); NOT_FOUND for an unknown model or version; UNAVAILABLE when
     TensorFlow Serving cannot be reached; DEADLINE_EXCEEDED when the caller's deadline passes;
-    FAILED_PRECONDITION when the served model gives no usable masks.
+    FAILED_PRECONDITION when the served model gives no usable masks. RESOURCE_EXHAUSTED
+    without a retry delay when the request's work is over a limit of the model's (a
+    max_detections over its ceiling, or a first instance whose mask alone passes
+    max_mask_pixels or max_answer_bytes): the message names the setting; lower instances past
+    those limits are left out of the answer, which says so (SegmentationResult.truncated).
     """
 
     @_abc_1.abstractmethod
