@@ -104,7 +104,7 @@ def test_the_concurrency_limit_refuses_instead_of_queueing():
     results = run(scenario())
     refused = [r for r in results if isinstance(r, GatewayError)]
     assert len(refused) == 2 and all(r.kind is Kind.OVERLOADED for r in refused)
-    assert "at its limit of images in flight" in refused[0].message
+    assert "limit of 1 images" in refused[0].message
 
 
 def jpeg(pixels: np.ndarray) -> bytes:

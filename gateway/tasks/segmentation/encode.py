@@ -12,12 +12,18 @@ outside is zeros.
 from __future__ import annotations
 
 import io
+import time
 from collections import defaultdict
 
 import numpy as np
 from PIL import Image
 
 from gateway.tasks.segmentation.raster import Placed
+
+# Tracing is Python holding the GIL (~4 us an edge): every this many edges (~1 ms) the thread
+# gives the GIL up, so the event loop waits about that long for it, not the interpreter's
+# 5 ms switch interval each time it wakes (a Detect beside a polygon answer keeps its latency).
+YIELD_STEPS = 256
 
 
 def rle_counts(placed: Placed, width: int, height: int) -> list[int]:
@@ -107,11 +113,15 @@ def polygons(placed: Placed) -> list[list[float]]:
     for start, end in zip(start_keys.tolist(), end_keys.tolist(), strict=True):
         following[start].append(end)
     outlines: list[list[float]] = []
+    steps = 0
     while following:
         first = next(iter(following))
         loop = [first]
         vertex = first
         while True:
+            steps += 1
+            if steps % YIELD_STEPS == 0:
+                time.sleep(0)  # let the event loop's thread have the GIL (see YIELD_STEPS)
             nexts = following[vertex]
             step = nexts.pop()
             if not nexts:
