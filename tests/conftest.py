@@ -27,9 +27,9 @@ SLOW = {
     "e2e": 210,  # every file: 33 (trace headers) to 210 s (lifecycle)
     "zoo": 1500,  # exports and serves the zoo: minutes
     "bench": 900,  # the smoke runs of each benchmark (issue 36: 900-1300 s)
-    "batch/test_e2e.py": 113,
-    "batch/test_s3.py": 88,
-    "batch/test_kill.py": 83,
+    "jobs/runner/test_e2e.py": 113,
+    "jobs/runner/test_s3.py": 88,
+    "jobs/runner/test_kill.py": 83,
     "reliability/test_faults.py": 134,
     "reliability/test_shutdown.py": 130,
     "reliability/test_broken_answers.py": 73,
@@ -60,12 +60,12 @@ SLOW = {
     "k8s/test_validate.py": 11,
     "paylog/test_replay_doors.py": 25,  # gateways, the local TF Serving, batch runners
     "paylog/test_callers_doors.py": 11,
-    "jobs/test_grpcurl.py": 43,
-    "jobs/test_flow.py": 39,
-    "jobs/test_replicas.py": 28,
-    "jobs/test_lifecycle.py": 10,
-    "jobs/test_races.py": 100,  # two gateways per test, 400-image jobs (load 20)
-    "jobs/test_edges.py": 53,  # a TF Serving and an in-process job service per test
+    "jobs/control/test_grpcurl.py": 43,
+    "jobs/control/test_flow.py": 39,
+    "jobs/control/test_replicas.py": 28,
+    "jobs/executors/test_lifecycle.py": 10,
+    "jobs/control/test_races.py": 100,  # two gateways per test, 400-image jobs (load 20)
+    "jobs/control/test_edges.py": 53,  # a TF Serving and an in-process job service per test
     "serving/test_detector.py": 133,
     "serving/test_export.py": 98,
     "serving/wire": 16,  # one local TF Serving for the package (conftest.py)
