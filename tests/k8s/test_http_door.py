@@ -92,7 +92,8 @@ def test_mesh_routes_the_http_door_like_a_unary_call(target: str) -> None:
         assert route["retries"]["attempts"] >= 1
 
 
-# Batch jobs over the HTTP door (gateway/frontends/http/jobs.py): the longest :wait it holds.
+# Batch jobs over the HTTP door (gateway/frontends/http/job_handlers.py): the longest :wait
+# it holds.
 HTTP_JOBS_PATHS = [
     "/v1/uploads",
     "/v1/batchJobs",

@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from gateway.api.bindings import Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
-from gateway.frontends.grpc import jobs as jobs_door
+from gateway.frontends.grpc import job_servicers as jobs_door
 from gateway.frontends.grpc.health import HealthServicer, HealthStatuses
 from gateway.frontends.grpc.servicers import Drain, add_task_services
 from gateway.jobs.control.service import JobService

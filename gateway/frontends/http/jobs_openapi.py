@@ -1,4 +1,4 @@
-"""The OpenAPI description of the batch jobs routes (gateway.frontends.http.jobs);
+"""The OpenAPI description of the batch jobs routes (gateway.frontends.http.job_handlers);
 gateway.frontends.http.openapi adds it to /openapi.json."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from google.longrunning import operations_pb2 as lro
 
 from gateway.api.bindings import Bindings
 from gateway.frontends.http import bodies
-from gateway.frontends.http.jobs import MAX_WAIT_SECONDS, NDJSON, UPLOAD_ID_FIELD
+from gateway.frontends.http.job_handlers import MAX_WAIT_SECONDS, NDJSON, UPLOAD_ID_FIELD
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 
 # Messages the jobs routes send and receive, for the document's schemas.

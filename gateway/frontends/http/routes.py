@@ -8,7 +8,7 @@
     GET  /v1/models/{model}/rollout   the model's canary and shadow, and what they counted
     GET  /openapi.json, GET /  (the description, and a page to try the API in a browser)
 
-    Batch jobs (gateway.frontends.http.jobs):
+    Batch jobs (gateway.frontends.http.job_handlers):
     POST /v1/uploads, POST /v1/batchJobs, GET /v1/operations, GET|DELETE /v1/operations/{id},
     POST /v1/operations/{id}:cancel | :wait, GET /v1/operations/{id}/results
 
@@ -23,7 +23,7 @@ from aiohttp import web
 
 from gateway.api.bindings import Bindings
 from gateway.frontends.http.handlers import Handlers
-from gateway.frontends.http.jobs import JobHandlers
+from gateway.frontends.http.job_handlers import JobHandlers
 
 # Path segments: anything but "/" and ":" (the ":detect" verb follows the model name).
 SEGMENT = "[^/:]+"

@@ -13,7 +13,7 @@ from gateway.api.bindings import Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.http.handlers import Handlers
-from gateway.frontends.http.jobs import JobHandlers
+from gateway.frontends.http.job_handlers import JobHandlers
 from gateway.frontends.http.routes import register_routes
 from gateway.jobs.control.service import JobService
 from gateway.readiness import Readiness

@@ -17,7 +17,7 @@ from gateway.jobs.control.tally import jobs_full, store_full
 from gateway.jobs.runner import job as batch_job
 from gateway.jobs.runner import sources, storage
 from gateway.jobs.runner.access import Guard, check_prefixes, place
-from gateway.jobs.runner.limits import LimitExceeded, Limits
+from gateway.jobs.runner.dataset_limits import LimitExceeded, Limits
 from gateway.jobs.spec import JobSpec
 from gateway.jobs.spec.records import Job
 from gateway.jobs.spec.views import CreateJob

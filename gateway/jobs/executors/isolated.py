@@ -28,8 +28,8 @@ from gateway.jobs.runner import sources
 from gateway.jobs.runner.access import Guard
 from gateway.jobs.runner.budget import Budget, BudgetSpent
 from gateway.jobs.runner.child import MEMORY_EXIT
+from gateway.jobs.runner.dataset_limits import ItemCount, LimitExceeded
 from gateway.jobs.runner.fence import LeaseLost
-from gateway.jobs.runner.limits import ItemCount, LimitExceeded
 from gateway.jobs.runner.transport import StopJob, Work
 from gateway.jobs.spec import JobSpec
 from gateway.jobs.transports.in_process import InProcessTransport, Lane

@@ -34,8 +34,8 @@ from gateway.jobs.executors.isolated import Runner, RunnerDied
 from gateway.jobs.runner import job as batch_job
 from gateway.jobs.runner import progress as status
 from gateway.jobs.runner import sources, storage
+from gateway.jobs.runner.dataset_limits import ItemCount, LimitExceeded
 from gateway.jobs.runner.fence import LeaseLost
-from gateway.jobs.runner.limits import ItemCount, LimitExceeded
 from gateway.jobs.runner.output import Output
 from gateway.jobs.runner.transport import RETRY, StopJob
 from gateway.jobs.spec.records import CANCELLED, FAILED, RUNNING, SUCCEEDED, Job

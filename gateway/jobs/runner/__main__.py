@@ -27,7 +27,7 @@ from gateway.domain import ModelRef
 from gateway.errors import GatewayError
 from gateway.jobs.runner import job, sources, storage
 from gateway.jobs.runner.access import Guard
-from gateway.jobs.runner.limits import LimitExceeded, Limits
+from gateway.jobs.runner.dataset_limits import LimitExceeded, Limits
 from gateway.jobs.runner.output import Output
 from gateway.jobs.runner.shard import RunSettings
 from gateway.jobs.runner.transport import Deliver, StopJob

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.jobs.runner.limits import LimitExceeded
+from gateway.jobs.runner.dataset_limits import LimitExceeded
 
 
 class BudgetSpent(LimitExceeded):

@@ -26,8 +26,8 @@ from gateway import logs
 from gateway.errors import GatewayError
 from gateway.jobs.runner import job, sources, storage
 from gateway.jobs.runner.access import Guard
+from gateway.jobs.runner.dataset_limits import ItemCount, LimitExceeded, Limits
 from gateway.jobs.runner.fence import LeaseLost
-from gateway.jobs.runner.limits import ItemCount, LimitExceeded, Limits
 from gateway.jobs.runner.shard import RunSettings
 from gateway.jobs.runner.transport import Deliver, StopJob
 from gateway.jobs.spec import JobSpec

@@ -12,7 +12,7 @@ from typing import Any
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.runner import storage
 from gateway.jobs.runner.access import Guard
-from gateway.jobs.runner.limits import Limits
+from gateway.jobs.runner.dataset_limits import Limits
 from gateway.jobs.runner.storage import Location, TooLarge
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from gateway.jobs.runner import sources, storage
 from gateway.jobs.runner.budget import Budget
+from gateway.jobs.runner.dataset_limits import Limits
 from gateway.jobs.runner.fence import Fence
-from gateway.jobs.runner.limits import Limits
 from gateway.jobs.runner.output import STATE, Counts, Output, iso, now, shard_marker
 from gateway.jobs.runner.shard import Connect, RunSettings, ShardRun, UnitState
 from gateway.jobs.runner.sources import Dataset, Guard

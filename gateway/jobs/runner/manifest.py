@@ -29,7 +29,7 @@ from gateway.jobs.runner.dataset import (
     invalid,
     loader,
 )
-from gateway.jobs.runner.limits import ItemCount
+from gateway.jobs.runner.dataset_limits import ItemCount
 
 
 def items(dataset: Dataset, f: InputFile, start: int, count: ItemCount) -> Iterator[Item]:

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import fsspec
 
-from gateway.jobs.runner.limits import Limits
+from gateway.jobs.runner.dataset_limits import Limits
 
 CHUNK = 1 << 20  # bytes per read
 # What reading a file may raise besides its own limits: storage trouble, and compressed data

@@ -16,8 +16,8 @@ from gateway.api import strings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.runner import sources
 from gateway.jobs.runner.budget import Budget
+from gateway.jobs.runner.dataset_limits import ItemCount, Limits
 from gateway.jobs.runner.fence import Fence
-from gateway.jobs.runner.limits import ItemCount, Limits
 from gateway.jobs.runner.output import Counts, Output
 from gateway.jobs.runner.report import ProgressReport
 from gateway.jobs.runner.sources import Dataset, Item, Unit
@@ -45,7 +45,7 @@ class RunSettings:
     # Stop (StopJob NOT_FOUND) at the first input that cannot be found, in input order, once
     # the lines before it are committed: jobs over the API fail there, naming it.
     stop_at_missing: bool = False
-    # What may be read (gateway.jobs.runner.limits), and the manifest lines and TFRecord records
+    # What may be read (runner.dataset_limits), and the manifest lines and TFRecord records
     # read against it: one count for the shards one process runs (None: this run's own).
     limits: Limits = field(default_factory=Limits)
     items: ItemCount | None = None

@@ -31,7 +31,7 @@ from gateway.jobs.runner.dataset import (
     invalid,
     loader,
 )
-from gateway.jobs.runner.limits import ItemCount, Limits
+from gateway.jobs.runner.dataset_limits import ItemCount, Limits
 from gateway.jobs.runner.storage import Location, StorageError
 
 __all__ = ["Dataset", "DatasetError", "InputFile", "Item", "ReadError", "Unit", "invalid"]

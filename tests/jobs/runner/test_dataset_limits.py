@@ -1,4 +1,4 @@
-"""Untrusted dataset files are bounded before they are read (gateway.jobs.runner.limits, reading):
+"""Untrusted dataset files are bounded before they are read (runner.dataset_limits, reading):
 the memory reading them takes stays small whatever they claim or inflate to, and every
 refusal names its limit and setting."""
 
@@ -18,7 +18,7 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.jobs.runner import reading, sources, tfrecord
-from gateway.jobs.runner.limits import MIB, ItemCount, LimitExceeded, Limits
+from gateway.jobs.runner.dataset_limits import MIB, ItemCount, LimitExceeded, Limits
 
 SMALL = Limits(max_image_bytes=1 * MIB, max_items=1000, max_input_files=10)
 
