@@ -66,8 +66,8 @@ def _available(port: int, model: str) -> bool:
 
 
 @pytest.mark.parametrize("block", SERVERS, ids=str)
-def test_the_server_the_doc_starts_serves(block: Block, make_run: MakeRun, tmp_path: Path) -> None:
-    workspace = Workspace(tmp_path, make_run.models, files=False,
+def test_the_server_the_doc_starts_serves(block: Block, model_repo: Path, tmp_path: Path) -> None:
+    workspace = Workspace(tmp_path, model_repo, files=False,
                           env={"TFS_LOCAL_BIND_HOST": HOST})  # fmt: skip
     config = workspace.directory / "detector.config"
     config.write_text(f"model_config_list {{\n{_entry(SERVING_CONFIG.read_text(), 'detector')}}}\n")

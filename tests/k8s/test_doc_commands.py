@@ -2,8 +2,9 @@
 doccommands.py) on envtest's API server: as printed, with KUBECONFIG naming the server;
 what would change a cluster (create, apply, delete, patch, ...) gets --dry-run=server, so
 the server validates and admits it without keeping it. The reads find what the gateway's
-kubernetes executor makes: a Job it built for a batch job (gateway/jobs/kube.py job_manifest),
-whose id stands for the docs' `<id>`, with the status a Job controller would write.
+kubernetes executor makes: a Job it built for a batch job (job_manifest of
+gateway/jobs/executors/kube.py), whose id stands for the docs' `<id>`, with the status a Job
+controller would write.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.batch.spec import JobSpec
 from gateway.config import Settings
 from gateway.domain import ModelRef
-from gateway.jobs import kube
-from gateway.jobs.records import Job
+from gateway.jobs.executors import kube
+from gateway.jobs.spec import JobSpec
+from gateway.jobs.spec.records import Job
 from gateway.tasks.builtin import BUILT_IN
 from tests.support import doccommands
 from tests.support.apiserver import ApiServer
