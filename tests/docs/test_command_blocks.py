@@ -149,3 +149,27 @@ def test_an_error_answer_of_curl_fails_though_curl_exits_0() -> None:
     assert "an error answer" in problems(block, command, outcome)[0]
     shown = Command("curl -s x", 2, '{"instances": [...]}')
     assert any("no key 'instances'" in p for p in problems(block, shown, outcome))
+
+
+def test_every_answer_sample_follows_a_block_that_runs() -> None:
+    marked = [
+        (page, n)
+        for page in doccommands.PAGES
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if line.strip() == doccommands.ANSWER_MARKER
+    ]
+    answered = [
+        (b.page, s.line - 1)
+        for b in doccommands.command_blocks("run")
+        if (s := doccommands.answer_sample(b)) is not None
+    ]
+    assert len(marked) == len(answered), f"answer markers after no run block: {marked}"
+
+
+def test_an_output_sample_whose_section_is_gone_fails() -> None:
+    text = "model 'm' version 1\n  rollout: x\n"
+    sample = Block(ROOT / "docs" / "models.md", 5, "", text, "run", "")
+    output = "model 'detector' version 1 (detection): OK\n  input plan: x\n"
+    assert doccommands.answer_misses(sample, output) == [
+        "models.md:7: no line of the output starts 'rollout:'"
+    ]

@@ -49,6 +49,12 @@ def workspace(make_run: MakeRun, tmp_path_factory: pytest.TempPathFactory) -> Wo
 def test_the_block_runs_against_make_run_and_answers_as_shown(
     workspace: Workspace, block: Block
 ) -> None:
-    found = [p for command, outcome in run_block(workspace, block)
-             for p in problems(block, command, outcome)]  # fmt: skip
+    found = []
+    outcomes = []
+    for command, outcome in run_block(workspace, block):
+        found += problems(block, command, outcome)
+        outcomes.append(outcome)
+    sample = doccommands.answer_sample(block)
+    if sample is not None:
+        found += doccommands.answer_misses(sample, outcomes[-1].stdout)
     assert not found, "\n\n".join(found)

@@ -301,3 +301,45 @@ def synopsis_misses(block: Block, help_text: str) -> list[str]:
                 if not offered or choice not in offered[1].split(","):
                     misses.append(f"{block.where}: {flag} {choice} is not a choice of --help")
     return misses
+
+
+# An output sample the doc shows for the command block just above it (a fence of its own,
+# after this marker): each of its lines starts as a line of the real output does.
+ANSWER_MARKER = "<!-- answer of the block above -->"
+
+
+def answer_sample(block: Block) -> Block | None:
+    """The output sample marked as the answer of `block`: the page's next fenced block, with
+    ANSWER_MARKER on the line before it."""
+    blocks = page_blocks(block.page)
+    following = [b for b in blocks if b.line > block.line]
+    if not following:
+        return None
+    lines = block.page.read_text().splitlines()
+    above = next((lines[k] for k in range(following[0].line - 2, -1, -1) if lines[k].strip()), "")
+    return following[0] if above.strip() == ANSWER_MARKER else None
+
+
+def answer_misses(sample: Block, output: str) -> list[str]:
+    """The lines of an output sample whose head (the words it starts with, before a name,
+    number or value) starts no line of the real output: a renamed or vanished section."""
+    heads = {line.strip() for line in output.splitlines() if line.strip()}
+    misses = []
+    for n, line in enumerate(sample.text.splitlines(), sample.line + 1):
+        head = _head(line)
+        if head and not any(h.startswith(head) for h in heads):
+            misses.append(f"{sample.page.name}:{n}: no line of the output starts {head!r}")
+    return misses
+
+
+def _head(line: str) -> str:
+    """The plain words a line starts with, up to a label's colon (`input plan:`), before a
+    name, a number or a quote (`model 'x'` -> `model`)."""
+    words: list[str] = []
+    for word in line.strip().split(" "):
+        if not re.fullmatch(r"[A-Za-z]+:?", word):
+            break
+        words.append(word)
+        if word.endswith(":"):
+            break
+    return " ".join(words)
