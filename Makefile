@@ -127,9 +127,20 @@ k8s-check: $(STAMP) $(K8S_NODE)
 	$(PY) -m mypy k8s/validate/check.py
 	$(PY) k8s/validate/check.py
 
-run: $(STAMP) models
+# `make run` stops on Ctrl-C, SIGTERM and SIGHUP with nothing left behind. make passes only
+# SIGTERM on to a recipe; on the others sent to make alone it waits for the recipe. So devrun
+# is the recipe of a file of its own, the lease, which it writes as it starts and watches: on
+# every fatal signal make deletes the file its running recipe was updating (the GNU make
+# manual's "Interrupts"), devrun then stops the servers and make exits.
+RUN_LEASE = $(MODELS)/.make-run-$(GATEWAY_PORT).lease
+
+run: $(RUN_LEASE)
+
+# `models` is phony: the lease is remade on every `make run`.
+$(RUN_LEASE): $(STAMP) models
 	$(PY) -m tools.devrun --models $(MODELS) --gateway-port $(GATEWAY_PORT) \
-	  --serving-port $(SERVING_PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT)
+	  --serving-port $(SERVING_PORT) --http-port $(HTTP_PORT) --metrics-port $(METRICS_PORT) \
+	  --lease $@
 
 # Writes bench/results.md (a few minutes). h2load (Debian's nghttp2-client) generates the load
 # when it is installed or installable here; otherwise bench falls back to Python clients.

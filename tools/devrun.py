@@ -2,7 +2,9 @@
 
 Starts `python -m serving.local` on the reference models, waits until they are AVAILABLE,
 starts the gateway against it, writes a sample image, and prints ready-to-paste grpcurl and
-client commands. Ctrl-C (or SIGTERM) stops both.
+client commands. Ctrl-C, SIGTERM or SIGHUP (to make or to devrun) stops both, the gateway
+first, and devrun waits for them: nothing is left behind (see Stopping for how a signal sent
+to make alone reaches it).
 
 Development only: it imports serving.scenes (numpy + Pillow) for the sample image.
 """
@@ -29,10 +31,79 @@ from serving import scenes
 MODEL_CONFIG = Path("serving/gateway-models.toml")
 # The local server's model repository; its base paths are rewritten under --models.
 SERVING_CONFIG = Path("serving/models.config")
+NAMES = ("the local TF Serving server", "the gateway")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How often the waits look at the servers, the signals and the lease.
+POLL_SECONDS = 0.2
+# Each server gets this long to stop after SIGTERM (the gateway's grace is 30 s by default).
+STOP_SECONDS = 40.0
+
+
+class Stopping:
+    """Why `make run` should stop, once it should: a signal, or make deleting the lease.
+
+    make passes SIGTERM on to its recipe, and a terminal sends Ctrl-C's SIGINT to the whole
+    process group; but SIGHUP (and SIGINT) sent to make alone reach only make, which then
+    waits for its recipe. On every fatal signal make deletes the file the running recipe was
+    updating (GNU make manual, "Interrupts"), the lease: devrun writes it as it starts and
+    stops the servers when it is gone, so make can exit and leaves none behind.
+    """
+
+    def __init__(self, lease: Path | None) -> None:
+        self.lease = lease
+        self.signal: int | None = None
+        if lease is not None:
+            lease.parent.mkdir(parents=True, exist_ok=True)
+            lease.write_text(f"{os.getpid()}\n")
+        for sig in STOP_SIGNALS:
+            # A signal the caller ignores (nohup ignores SIGHUP) stays ignored.
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signal = signum
+
+    @property
+    def why(self) -> str | None:
+        if self.signal is not None:
+            return signal.Signals(self.signal).name
+        if self.lease is not None and not self.lease.exists():
+            return f"make deleted {self.lease}"
+        return None
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.unlink(missing_ok=True)
+
+
+class Stop(Exception):
+    """Raised from a wait when `make run` is being stopped."""
+
+
+def _start(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Starts a server in make's process group with SIGHUP ignored: a hangup of the terminal
+    reaches devrun too, which stops the servers in order (gateway first) rather than both
+    dying at once."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        return subprocess.Popen(command, env=env)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def _poll(process: subprocess.Popen[bytes], name: str, stopping: Stopping) -> None:
+    if stopping.why is not None:
+        raise Stop(stopping.why)
+    if process.poll() is not None:
+        raise SystemExit(f"{name} exited with {process.returncode}")
 
 
 def wait_available(
-    target: str, model: str, process: subprocess.Popen[bytes], timeout: float
+    target: str,
+    model: str,
+    process: subprocess.Popen[bytes],
+    stopping: Stopping,
+    timeout: float,
 ) -> None:
     deadline = time.monotonic() + timeout
     with grpc.insecure_channel(target) as channel:
@@ -42,11 +113,10 @@ def wait_available(
             response_deserializer=tfs.GetModelStatusResponse.FromString,
         )
         while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"the local TF Serving server exited with {process.returncode}")
+            _poll(process, "the local TF Serving server", stopping)
             try:
                 response = status(
-                    tfs.GetModelStatusRequest(model_spec=tfs.ModelSpec(name=model)), timeout=2
+                    tfs.GetModelStatusRequest(model_spec=tfs.ModelSpec(name=model)), timeout=1
                 )
                 if any(
                     s.state == tfs.ModelVersionStatus.AVAILABLE
@@ -55,30 +125,40 @@ def wait_available(
                     return
             except grpc.RpcError:
                 pass
-            time.sleep(0.5)
+            time.sleep(POLL_SECONDS)
     raise SystemExit(f"model {model} did not become AVAILABLE within {timeout:.0f} s")
 
 
-def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+def _wait_serving(
+    target: str, process: subprocess.Popen[bytes], stopping: Stopping, timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     # The overall status (""): SERVING once the gateway serves its default model.
     request = health_pb2.HealthCheckRequest(service="")
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"the gateway exited with {process.returncode}")
+            _poll(process, "the gateway", stopping)
             try:
-                if stub.Check(request, timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+                if stub.Check(request, timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:
                 pass
-            time.sleep(0.2)
+            time.sleep(POLL_SECONDS)
     raise SystemExit(f"the gateway did not become ready within {timeout:.0f} s")
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each server, the gateway first (it drains its calls, then the upstream
+    goes); SIGKILL to one still running after STOP_SECONDS."""
+    for process in reversed(processes):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _sample_image(models: Path) -> Path:
@@ -87,6 +167,34 @@ def _sample_image(models: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(scenes.encode(scenes.sample_scene().pixels, "JPEG"))
     return path
+
+
+def _banner(args: argparse.Namespace, models: list[str], sample: Path) -> str:
+    grpcurl = Path(sys.executable).parent / "grpcurl"
+    return f"""
+ready:
+  gateway (detection.v1, classification.v1) localhost:{args.gateway_port}
+  models                                    {", ".join(models)}
+  local TF Serving (gRPC)                   localhost:{args.serving_port}
+  gateway HTTP door and page                http://localhost:{args.http_port}/
+  gateway metrics                           http://localhost:{args.metrics_port}/metrics
+  batch jobs                                open to anonymous callers, all as one tenant
+
+try:
+  {sys.executable} -m gateway.client {sample} --target localhost:{args.gateway_port}
+
+  {grpcurl} -plaintext -max-msg-sz 67108864 \\
+    -d "{{\\"image\\": \\"$(base64 -w0 {sample})\\", \\"min_score\\": 0.5}}" \\
+    localhost:{args.gateway_port} detection.v1.DetectionService/Detect
+
+  {sys.executable} -m gateway.client {sample} --task classify --model classifier_logits \\
+    --target localhost:{args.gateway_port}
+
+  curl -s -H 'Content-Type: image/jpeg' --data-binary @{sample} \\
+    'http://localhost:{args.http_port}/v1/models/detector:detect?min_score=0.5'
+
+Ctrl-C stops both.
+"""
 
 
 def _serving_config(models: Path) -> Path:
@@ -110,7 +218,11 @@ def main() -> None:
     parser.add_argument("--gateway-port", type=int, default=50051)
     parser.add_argument("--metrics-port", type=int, default=9090)
     parser.add_argument("--http-port", type=int, default=8080)
+    parser.add_argument(
+        "--lease", type=Path, help="a file to write now and stop when it is deleted (make's target)"
+    )
     args = parser.parse_args()
+    stopping = Stopping(args.lease)
 
     config = _serving_config(args.models)
     models = list(tomllib.loads(MODEL_CONFIG.read_text())["models"])
@@ -146,59 +258,25 @@ def main() -> None:
         f"starting local TF Serving-compatible server on 127.0.0.1:{args.serving_port} ...",
         flush=True,
     )
-    serving = subprocess.Popen(serving_cmd, env=env)
-    processes = [serving]
+    processes = [_start(serving_cmd, env)]
     try:
         for model in models:
-            wait_available(f"127.0.0.1:{args.serving_port}", model, serving, timeout=300)
+            wait_available(
+                f"127.0.0.1:{args.serving_port}", model, processes[0], stopping, timeout=300
+            )
         print(f"starting gateway on 127.0.0.1:{args.gateway_port} ...", flush=True)
-        gateway = subprocess.Popen(gateway_cmd)
-        processes.append(gateway)
-        _wait_serving(f"127.0.0.1:{args.gateway_port}", gateway, timeout=60)
-        sample = _sample_image(args.models)
-        grpcurl = Path(sys.executable).parent / "grpcurl"
-        print(
-            f"""
-ready:
-  gateway (detection.v1, classification.v1) localhost:{args.gateway_port}
-  models                                    {", ".join(models)}
-  local TF Serving (gRPC)                   localhost:{args.serving_port}
-  gateway HTTP door and page                http://localhost:{args.http_port}/
-  gateway metrics                           http://localhost:{args.metrics_port}/metrics
-  batch jobs                                open to anonymous callers, all as one tenant
-
-try:
-  {sys.executable} -m gateway.client {sample} --target localhost:{args.gateway_port}
-
-  {grpcurl} -plaintext -max-msg-sz 67108864 \\
-    -d "{{\\"image\\": \\"$(base64 -w0 {sample})\\", \\"min_score\\": 0.5}}" \\
-    localhost:{args.gateway_port} detection.v1.DetectionService/Detect
-
-  {sys.executable} -m gateway.client {sample} --task classify --model classifier_logits \\
-    --target localhost:{args.gateway_port}
-
-  curl -s -H 'Content-Type: image/jpeg' --data-binary @{sample} \\
-    'http://localhost:{args.http_port}/v1/models/detector:detect?min_score=0.5'
-
-Ctrl-C stops both.
-""",
-            flush=True,
-        )
-        signal.signal(signal.SIGTERM, _interrupt)
-        while all(p.poll() is None for p in processes):
-            time.sleep(0.5)
-        print("a process exited; stopping the other", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("\nstopping ...", flush=True)
+        processes.append(_start(gateway_cmd))
+        _wait_serving(f"127.0.0.1:{args.gateway_port}", processes[1], stopping, timeout=60)
+        print(_banner(args, models, _sample_image(args.models)), flush=True)
+        while True:
+            for process, name in zip(processes, NAMES, strict=True):
+                _poll(process, name, stopping)
+            time.sleep(POLL_SECONDS)
+    except Stop as stop:
+        print(f"\nstopping ({stop}) ...", flush=True)
     finally:
-        for p in reversed(processes):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(processes):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(processes)
+        stopping.release()
 
 
 if __name__ == "__main__":

@@ -165,6 +165,10 @@ class MakeRun:
             return False
         return True
 
+    def group(self) -> dict[int, str]:
+        """The processes of make's process group (pid -> command line), from /proc."""
+        return group_members(self.pgid)
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM to make (which passes it on); the group is killed if anything is left."""
         if self.process.poll() is None:
@@ -174,6 +178,23 @@ class MakeRun:
         if self.group_alive():
             os.killpg(self.pgid, signal.SIGKILL)
         self.process.wait()
+
+
+def group_members(pgid: int) -> dict[int, str]:
+    """The processes whose process group is `pgid` (pid -> command line), from /proc."""
+    members = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:  # exited meanwhile
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+            members[int(entry.name)] = command
+    return members
 
 
 def make_command(ports: dict[str, int], models: Path) -> list[str]:
