@@ -139,6 +139,13 @@ def _pad_rows(x: tf.Tensor, rows: int) -> tf.Tensor:
     return tf.pad(x, paddings)
 
 
+def class_masks(image: tf.Tensor, palette: tf.Tensor | None = None) -> tf.Tensor:
+    """The cleaned per-class masks [H, W, K] (bool) of one [H, W, 3] image: the pixels within
+    COLOUR_THRESHOLD of their nearest palette colour, opened and closed (steps 1 and 2 above)."""
+    image = tf.convert_to_tensor(image)
+    return _clean(_class_maps(image, PALETTE_RGB if palette is None else palette)[0])
+
+
 def detect_image(image: tf.Tensor, palette: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
     """Runs the detector on one [H, W, 3] image; returns the OD API outputs for it.
 

@@ -2,9 +2,12 @@
 
 For each model: <out>/<name>/<version>/ holds the SavedModel (signature `serving_default`)
 plus assets.extra/tf_serving_warmup_requests and the class names: label_map.pbtxt (OD API
-label map) for the detectors, labels.txt (one class per line, line i = class id i) for the
-classifiers. The detectors have the OD API TF2 exporter's inputs and outputs, the classifiers
-those of a Hugging Face ViT exported for TF Serving (serving.detector, serving.classifier).
+label map) for the detectors and the segmenter, labels.txt (one class per line, line i =
+class id i) for the classifiers and the keypoint model, none for the embedder. The detectors
+have the OD API TF2 exporter's inputs and outputs, the classifiers those of a Hugging Face ViT
+exported for TF Serving (serving.detector, serving.classifier); the segmenter an OD API Mask
+R-CNN's, the keypoint model a YOLOv8-pose TF export's, the embedder a headless Keras
+application's (serving.segmenter, serving.pose, serving.embedder).
 
 CLI: python -m serving.export --out models [--version N] [--model detector ...] [--if-missing]
 """
@@ -12,36 +15,42 @@ CLI: python -m serving.export --out models [--version N] [--model detector ...] 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import tensorflow as tf
-
-from serving import classifier, detector, warmup
-from serving.reference import LABELS_FILENAME, LABELS_PATH, REFERENCE_MODELS
+from serving.reference import LABELS_FILENAME, LABELS_PATH, POSE_LABELS_PATH, REFERENCE_MODELS
 
 __all__ = ["MODELS", "REFERENCE_MODELS", "export_model", "export_models"]
 
 LABEL_MAP_PATH = Path(__file__).with_name("label_map.pbtxt")
 ASSETS_EXTRA = "assets.extra"
 LABEL_MAP_FILENAME = "label_map.pbtxt"
-# The class-name file each task ships in assets.extra/: (source, file name).
+# The class-name file each task ships in assets.extra/: (source, file name); an embedder
+# has no classes.
 _CLASS_NAMES = {
     "detection": (LABEL_MAP_PATH, LABEL_MAP_FILENAME),
     "classification": (LABELS_PATH, LABELS_FILENAME),
+    "instance_segmentation": (LABEL_MAP_PATH, LABEL_MAP_FILENAME),
+    "keypoints": (POSE_LABELS_PATH, LABELS_FILENAME),
 }
 
-# Model name -> module factory taking the version; the same names as REFERENCE_MODELS.
-MODELS: dict[str, Callable[[int], tf.Module]] = {
-    "detector": detector.ImageTensorDetector,
-    "detector_encoded": detector.EncodedImageDetector,
-    "detector_fixed": detector.FixedSizeDetector,
-    "detector_float": detector.FloatImageDetector,
-    "classifier": classifier.EncodedImageClassifier,
-    "classifier_scores": classifier.ScoresClassifier,
-    "classifier_logits": classifier.LogitsClassifier,
+# Model name -> the tf.Module class that builds it from its version ("module:class"), the same
+# names as REFERENCE_MODELS. Imported when a model is exported: `--if-missing` with every
+# model in place (`make run` after the first) needs no TensorFlow and returns at once.
+MODELS: dict[str, str] = {
+    "detector": "serving.detector:ImageTensorDetector",
+    "detector_encoded": "serving.detector:EncodedImageDetector",
+    "detector_fixed": "serving.detector:FixedSizeDetector",
+    "detector_float": "serving.detector:FloatImageDetector",
+    "classifier": "serving.classifier:EncodedImageClassifier",
+    "classifier_scores": "serving.classifier:ScoresClassifier",
+    "classifier_logits": "serving.classifier:LogitsClassifier",
+    "maskrcnn": "serving.segmenter:InstanceSegmenter",
+    "pose": "serving.pose:PoseModel",
+    "embedder": "serving.embedder:Embedder",
 }
 
 
@@ -56,8 +65,13 @@ def export_model(out_dir: Path, name: str, version: int = 1) -> Path:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
     if version < 1:
         raise ValueError(f"version must be a positive integer, got {version}")
-    factory = MODELS[name]
-    class_names, class_names_file = _CLASS_NAMES[REFERENCE_MODELS[name]]
+    import tensorflow as tf
+
+    from serving import warmup
+
+    module_name, class_name = MODELS[name].split(":")
+    factory = getattr(importlib.import_module(module_name), class_name)
+    class_names = _CLASS_NAMES.get(REFERENCE_MODELS[name])
     base = out_dir / name
     base.mkdir(parents=True, exist_ok=True)
     version_dir = base / str(version)
@@ -73,7 +87,8 @@ def export_model(out_dir: Path, name: str, version: int = 1) -> Path:
         tf.saved_model.save(module, str(staging), signatures={"serving_default": signature})
         extra = staging / ASSETS_EXTRA
         extra.mkdir(exist_ok=True)
-        shutil.copyfile(class_names, extra / class_names_file)
+        if class_names is not None:
+            shutil.copyfile(class_names[0], extra / class_names[1])
         warmup.write_warmup_file(extra / warmup.WARMUP_FILENAME, warmup.warmup_requests(name))
         staging.rename(version_dir)
     finally:
@@ -105,7 +120,7 @@ def export_models(
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m serving.export",
-        description="Export the reference detection and classification SavedModels for TF Serving.",
+        description="Export the reference SavedModels (all five tasks) for TF Serving.",
     )
     parser.add_argument("--out", type=Path, required=True, help="model repository root")
     parser.add_argument("--version", type=int, default=1, help="version number (default 1)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final, Literal
 
-Task = Literal["detection", "classification"]
+Task = Literal["detection", "classification", "instance_segmentation", "keypoints", "embedding"]
 DETECTION: Final = "detection"
 CLASSIFICATION: Final = "classification"
 
@@ -25,11 +25,18 @@ REFERENCE_MODELS: Final[dict[str, Task]] = {
     "classifier": "classification",  # string_input: base64url images -> label, confidence
     "classifier_scores": "classification",  # input_tensor: float32 [-1,224,224,3] in [0,1]
     "classifier_logits": "classification",  # pixel_values: float32 [-1,3,224,224], normalised
+    # One model for each of the other tasks, in the layout users bring (serving.segmenter,
+    # serving.pose, serving.embedder).
+    "maskrcnn": "instance_segmentation",  # OD API Mask R-CNN: detection_masks [1,100,33,33]
+    "pose": "keypoints",  # YOLOv8-pose raw head: images [1,640,640,3] -> output_0 [1,56,100]
+    "embedder": "embedding",  # Keras, include_top=False: inputs [-1,224,224,3] -> [-1,48]
 }
 
 # Class names, one per line, line i = class id i (0-based, as in a ViT's id2label).
 LABELS_PATH: Final = Path(__file__).with_name("labels.txt")
 LABELS_FILENAME: Final = "labels.txt"
+# The keypoint model's one class (YOLOv8-pose's class 0), in the same form.
+POSE_LABELS_PATH: Final = Path(__file__).with_name("pose-labels.txt")
 
 # The classifiers' palette: the eight corners of the RGB cube, in labels.txt order.
 CLASSIFIER_PALETTE: Final[dict[str, tuple[int, int, int]]] = {

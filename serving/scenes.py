@@ -170,6 +170,61 @@ def sample_scene() -> Scene:
     return generate_scene(np.random.default_rng(7), 640, 480, 5, noise_sigma=6.0)
 
 
+def shapes_scene(width: int = 640, height: int = 480, noise_sigma: float = 0.0) -> Scene:
+    """Four shapes, one per palette colour, on grey: a red disc, a green L, a blue ring and a
+    yellow upright bar, for the reference segmenter and keypoint model (one instance per
+    colour: serving.instances). `boxes` are the shapes' bounding boxes; `shape_masks` gives
+    each one's pixels. `make run` writes it as models/samples/shapes.jpg."""
+    masks = shape_masks(width, height)
+    image = np.empty((height, width, 3), dtype=np.float32)
+    image[:, :] = SHAPES_BACKGROUND
+    boxes = []
+    for colour in PALETTE:
+        mask = masks[colour.class_id]
+        image[mask] = colour.rgb
+        rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+        boxes.append(
+            GroundTruthBox(
+                colour.class_id,
+                colour.name,
+                int(cols[0]),
+                int(rows[0]),
+                int(cols[-1]) + 1,
+                int(rows[-1]) + 1,
+            )
+        )
+    if noise_sigma > 0:
+        rng = np.random.default_rng(11)
+        image += np.float32(noise_sigma) * rng.standard_normal(size=image.shape, dtype=np.float32)
+    pixels = np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    return Scene(pixels=pixels, boxes=boxes, background=SHAPES_BACKGROUND, noise_sigma=noise_sigma)
+
+
+# Grey, >= MIN_BACKGROUND_DISTANCE from every palette colour.
+SHAPES_BACKGROUND = (128, 128, 128)
+
+
+def shape_masks(width: int, height: int) -> dict[int, np.ndarray]:
+    """shapes_scene's shapes as bool [height, width] masks, by class id (the four quarters of
+    the picture, one shape each, sized to it)."""
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32) + 0.5
+    unit = min(width, height) / 8  # a quarter is at least 4 x 4 units
+    w2, h2 = width / 2, height / 2
+    # Red: a disc in the top-left quarter.
+    disc = (xs - w2 / 2) ** 2 + (ys - h2 / 2) ** 2 <= (1.6 * unit) ** 2
+    # Green: an L in the top-right quarter (a square without its top-right quarter).
+    x0, y0 = w2 + w2 / 2 - 1.5 * unit, h2 / 2 - 1.5 * unit
+    inside = (xs >= x0) & (xs < x0 + 3 * unit) & (ys >= y0) & (ys < y0 + 3 * unit)
+    corner = (xs >= x0 + 1.5 * unit) & (ys < y0 + 1.5 * unit)
+    ell = inside & ~corner
+    # Blue: a ring in the bottom-left quarter.
+    r2 = (xs - w2 / 2) ** 2 + (ys - h2 - h2 / 2) ** 2
+    ring = (r2 <= (1.6 * unit) ** 2) & (r2 >= (0.8 * unit) ** 2)
+    # Yellow: an upright bar (a person's proportions) in the bottom-right quarter.
+    bar = (np.abs(xs - w2 - w2 / 2) <= 0.7 * unit) & (np.abs(ys - h2 - h2 / 2) <= 1.7 * unit)
+    return {1: disc, 2: ell, 3: ring, 4: bar}
+
+
 def encode(pixels: np.ndarray, fmt: Literal["PNG", "JPEG"] = "PNG", quality: int = 90) -> bytes:
     """Encodes an RGB uint8 image as PNG or JPEG (Pillow's default 4:2:0 chroma subsampling)."""
     buffer = io.BytesIO()

@@ -19,6 +19,8 @@ from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 from serving import scenes
 from serving.classifier import IMAGE_SIZE as CLASSIFIER_SIZE
 from serving.detector import FIXED_SIZE
+from serving.embedder import IMAGE_SIZE as EMBEDDER_SIZE
+from serving.pose import INPUT_SIZE as POSE_SIZE
 from serving.reference import CLASSIFIER_PALETTE
 
 WARMUP_FILENAME = "tf_serving_warmup_requests"
@@ -78,6 +80,23 @@ def classifier_samples(seed: int = 20240603) -> list[tuple[np.ndarray, bytes]]:
     return samples
 
 
+def pose_samples(seed: int = 20240604) -> list[tuple[np.ndarray, bytes]]:
+    """The keypoint model's warmup scenes, POSE_SIZE x POSE_SIZE."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for n_rects, sigma in ((2, 0.0), (5, 6.0)):
+        scene = scenes.generate_scene(rng, POSE_SIZE, POSE_SIZE, n_rects, noise_sigma=sigma)
+        samples.append((scene.pixels, scenes.encode(scene.pixels, "PNG")))
+    return samples
+
+
+def unit_input(pixels: np.ndarray, size: int | None = None) -> np.ndarray:
+    """float32 [1, size, size, 3] in [0, 1] (resized when `size` is given)."""
+    if size is not None:
+        pixels = scenes.resize(pixels, size, size)
+    return (pixels.astype(np.float32) / np.float32(255.0))[np.newaxis]
+
+
 def scores_input(pixels: np.ndarray) -> np.ndarray:
     """`classifier_scores` input for one image: float32 [1, 224, 224, 3] in [0, 1]."""
     resized = scenes.resize(pixels, CLASSIFIER_SIZE, CLASSIFIER_SIZE)
@@ -131,6 +150,9 @@ _WARMUP_INPUTS: dict[str, tuple[str, Callable[[], list[Sample]], ToInput]] = {
     ),
     "classifier_scores": (INPUT_KEY, classifier_samples, lambda i, s: scores_input(s[0])),
     "classifier_logits": ("pixel_values", classifier_samples, lambda i, s: logits_input(s[0])),
+    "maskrcnn": (INPUT_KEY, sample_images, lambda i, s: s[0][np.newaxis]),
+    "pose": ("images", pose_samples, lambda i, s: unit_input(s[0])),
+    "embedder": ("inputs", classifier_samples, lambda i, s: unit_input(s[0], EMBEDDER_SIZE)),
 }
 
 

@@ -1,10 +1,10 @@
 """`make run`: the local TF Serving-compatible server and the gateway, side by side.
 
 Starts `python -m serving.local` on the reference models, waits until they are AVAILABLE,
-starts the gateway against it, writes a sample image, and prints ready-to-paste grpcurl and
-client commands. Ctrl-C, SIGTERM or SIGHUP (to make or to devrun) stops both, the gateway
-first, and devrun waits for them: nothing is left behind (see Stopping for how a signal sent
-to make alone reaches it).
+starts the gateway against it, writes two sample pictures, and prints ready-to-paste commands,
+one per task (grpcurl, the client command, curl). Ctrl-C, SIGTERM or SIGHUP (to make or to
+devrun) stops both, the gateway first, and devrun waits for them: nothing is left behind (see
+Stopping for how a signal sent to make alone reaches it).
 
 Development only: it imports serving.scenes (numpy + Pillow) for the sample image.
 """
@@ -161,37 +161,62 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
-def _sample_image(models: Path) -> Path:
-    path = models / "samples" / "scene.jpg"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(scenes.encode(scenes.sample_scene().pixels, "JPEG"))
-    return path
+def _samples(models: Path) -> dict[str, Path]:
+    """Writes the sample pictures (once): rectangles for the detectors, classifiers and the
+    embedder; one shape per colour for the segmenter and the keypoint model."""
+    pictures = {
+        "scene": scenes.sample_scene,
+        "shapes": lambda: scenes.shapes_scene(noise_sigma=4.0),
+    }
+    paths = {}
+    for name, make in pictures.items():
+        path = paths[name] = models / "samples" / f"{name}.jpg"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(scenes.encode(make().pixels, "JPEG"))
+    return paths
 
 
-def _banner(args: argparse.Namespace, models: list[str], sample: Path) -> str:
+def _banner(args: argparse.Namespace, models: list[str], samples: dict[str, Path]) -> str:
+    """The ports, the models and one command per task to paste (each after a comment line
+    naming the task: pasted whole, the comments do nothing)."""
     grpcurl = Path(sys.executable).parent / "grpcurl"
+    target = f"localhost:{args.gateway_port}"
+    http = f"http://localhost:{args.http_port}"
+    scene, shapes = samples["scene"], samples["shapes"]
     return f"""
 ready:
-  gateway (detection.v1, classification.v1) localhost:{args.gateway_port}
+  gateway (detection, classification, instance segmentation, keypoints, embedding over gRPC)
+                                            {target}
   models                                    {", ".join(models)}
   local TF Serving (gRPC)                   localhost:{args.serving_port}
-  gateway HTTP door and page                http://localhost:{args.http_port}/
+  gateway HTTP door and page                {http}/
   gateway metrics                           http://localhost:{args.metrics_port}/metrics
   batch jobs                                open to anonymous callers, all as one tenant
+  sample pictures                           {scene} (rectangles), {shapes} (shapes)
 
 try:
-  {sys.executable} -m gateway.client {sample} --target localhost:{args.gateway_port}
-
+  # detection (gRPC, grpcurl)
   {grpcurl} -plaintext -max-msg-sz 67108864 \\
-    -d "{{\\"image\\": \\"$(base64 -w0 {sample})\\", \\"min_score\\": 0.5}}" \\
-    localhost:{args.gateway_port} detection.v1.DetectionService/Detect
+    -d "{{\\"image\\": \\"$(base64 -w0 {scene})\\", \\"min_score\\": 0.5}}" \\
+    {target} detection.v1.DetectionService/Detect
 
-  {sys.executable} -m gateway.client {sample} --task classify --model classifier_logits \\
-    --target localhost:{args.gateway_port}
+  # classification (the client command)
+  {sys.executable} -m gateway.client {scene} --task classify --model classifier_logits \\
+    --target {target}
 
-  curl -s -H 'Content-Type: image/jpeg' --data-binary @{sample} \\
-    'http://localhost:{args.http_port}/v1/models/detector:detect?min_score=0.5'
+  # instance segmentation (HTTP)
+  curl -s -H 'Content-Type: image/jpeg' --data-binary @{shapes} \\
+    '{http}/v1/models/maskrcnn:segment?mask_format=rle'
+
+  # keypoints (gRPC, grpcurl)
+  {grpcurl} -plaintext -max-msg-sz 67108864 -d "{{\\"image\\": \\"$(base64 -w0 {shapes})\\"}}" \\
+    {target} keypoints.v1.KeypointService/DetectKeypoints
+
+  # embedding (HTTP)
+  curl -s -H 'Content-Type: image/jpeg' --data-binary @{scene} '{http}/v1/models/embedder:embed'
+
+  # or open {http}/ and drop a picture on the page
 
 Ctrl-C stops both.
 """
@@ -267,7 +292,7 @@ def main() -> None:
         print(f"starting gateway on 127.0.0.1:{args.gateway_port} ...", flush=True)
         processes.append(_start(gateway_cmd))
         _wait_serving(f"127.0.0.1:{args.gateway_port}", processes[1], stopping, timeout=60)
-        print(_banner(args, models, _sample_image(args.models)), flush=True)
+        print(_banner(args, models, _samples(args.models)), flush=True)
         while True:
             for process, name in zip(processes, NAMES, strict=True):
                 _poll(process, name, stopping)

@@ -308,6 +308,9 @@ WARMUP_INPUTS = {
     "classifier": ("string_input", types_pb2.DT_STRING, len(warmup.classifier_samples())),
     "classifier_scores": ("input_tensor", types_pb2.DT_FLOAT, len(warmup.classifier_samples())),
     "classifier_logits": ("pixel_values", types_pb2.DT_FLOAT, len(warmup.classifier_samples())),
+    "maskrcnn": ("input_tensor", types_pb2.DT_UINT8, len(warmup.sample_images())),
+    "pose": ("images", types_pb2.DT_FLOAT, len(warmup.pose_samples())),
+    "embedder": ("inputs", types_pb2.DT_FLOAT, len(warmup.classifier_samples())),
 }
 
 
@@ -330,8 +333,12 @@ def test_warmup_requests_run_on_every_exported_model(model_repo: Path, name: str
         assert list(request.inputs) == [alias]
         assert request.inputs[alias].dtype == dtype
         outputs = function(**{alias: tf.constant(tf.make_ndarray(request.inputs[alias]))})
-        if name in MODELS:
+        if name in (*MODELS, "maskrcnn"):
             assert outputs["num_detections"].numpy()[0] > 0
+        elif name == "pose":
+            assert (outputs["output_0"].numpy()[0, 4] > 0).any()  # a person scores
+        elif name == "embedder":
+            assert outputs["output_0"].shape == (1, 48)
         elif name == "classifier":
             assert outputs["label"].numpy()[0].decode() in CLASSIFIER_PALETTE
         else:

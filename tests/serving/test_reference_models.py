@@ -27,6 +27,7 @@ from tensorflow_serving.apis import (
 
 from serving import scenes, warmup
 from serving.reference import CLASSIFIER_PALETTE, REFERENCE_MODELS
+from tests.support import referencemodels
 from tests.support.facts import fact, text
 from tests.support.localserver import LocalServer, run_local_server
 
@@ -355,6 +356,7 @@ EXPECTED_SIGNATURES = {
         {"pixel_values": (types_pb2.DT_FLOAT, [-1, 3, 224, 224])},
         {"logits": (types_pb2.DT_FLOAT, [-1, 8])},
     ),
+    **referencemodels.SIGNATURES,  # the segmenter, the keypoint model, the embedder
 }
 
 

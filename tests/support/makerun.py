@@ -17,15 +17,18 @@ venv the test session runs from). `make test` builds the venv before pytest star
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,6 +122,14 @@ class MakeRun:
         start = text.find(f"\n{READY}\n")
         end = text.find(BANNER_END, start)
         return text[start + 1 : end] if start >= 0 and end >= 0 else ""
+
+    def post(self, path: str, body: bytes, content_type: str = "image/jpeg") -> Any:
+        """POSTs `body` to the HTTP door; its JSON answer (HTTPError unless 200)."""
+        request = urllib.request.Request(
+            self.http + path, data=body, headers={"Content-Type": content_type}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
 
     def _read(self) -> None:
         assert self.process.stdout is not None

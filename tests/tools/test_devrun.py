@@ -1,6 +1,7 @@
 """`make run` (tools/devrun.py through the Makefile's `run` target) comes up and answers: one
-call per task over gRPC and over the HTTP door, on the sample picture it writes, whose
-painted rectangles the reference models find.
+call per task over gRPC and over the HTTP door, on the sample pictures it writes, whose
+painted rectangles and shapes the reference models find (detection and classification here,
+the other three tasks and the banner's commands in test_devrun_tasks.py).
 
 A launcher that fails to start (the ModuleNotFoundError of issue 43) fails these tests: the
 `make_run` fixture raises with make's output when make exits before its banner.
@@ -9,9 +10,6 @@ A launcher that fails to start (the ModuleNotFoundError of issue 43) fails these
 from __future__ import annotations
 
 import io
-import json
-import urllib.request
-from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -22,10 +20,9 @@ from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as dpb
 from gateway.proto.detection.v1 import detection_pb2_grpc as dpb_grpc
-from serving.reference import CLASSIFIER_PALETTE, read_labels
+from serving.reference import CLASSIFIER_PALETTE, REFERENCE_MODELS, read_labels
 from serving.scenes import sample_scene
 from tests.support.detections import assert_matches
-from tests.support.gatewayproc import CHANNEL_OPTIONS
 from tests.support.makerun import MakeRun
 
 pytestmark = pytest.mark.slow
@@ -34,27 +31,14 @@ pytestmark = pytest.mark.slow
 TOLERANCE = 2
 
 
-@pytest.fixture(scope="module")
-def channel(make_run: MakeRun) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(make_run.target, options=CHANNEL_OPTIONS) as channel:
-        yield channel
-
-
-def post(make_run: MakeRun, path: str, body: bytes) -> dict:
-    request = urllib.request.Request(
-        make_run.http + path, data=body, headers={"Content-Type": "image/jpeg"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        assert response.status == 200
-        return json.loads(response.read())
-
-
-def test_banner_names_every_port_and_model(make_run: MakeRun) -> None:
+def test_banner_names_every_port_model_and_sample(make_run: MakeRun) -> None:
     banner = make_run.banner
     for port in make_run.ports.values():
         assert f"localhost:{port}" in banner
-    assert str(make_run.samples["scene"]) in banner
-    for model in ("detector", "classifier", "classifier_logits"):
+    assert set(make_run.samples) == {"scene", "shapes"}
+    for sample in make_run.samples.values():
+        assert str(sample) in banner
+    for model in REFERENCE_MODELS:
         assert model in banner
 
 
@@ -63,7 +47,7 @@ def test_detect(make_run: MakeRun, channel: grpc.Channel) -> None:
     stub = dpb_grpc.DetectionServiceStub(channel)
     result = stub.Detect(dpb.DetectRequest(image=image), timeout=60)
     assert_matches(result, sample_scene(), TOLERANCE)
-    answer = post(make_run, "/v1/models/detector:detect?min_score=0.5", image)
+    answer = make_run.post("/v1/models/detector:detect?min_score=0.5", image)
     over_http = [(d["label"], d["box"]) for d in answer["detections"]]
     over_grpc = [
         (d.label, {k: getattr(d.box, k) for k in ("x_min", "y_min", "x_max", "y_max")})
@@ -86,5 +70,5 @@ def test_classify(make_run: MakeRun, channel: grpc.Channel) -> None:
         request.model.name = model
         result = stub.Classify(request, timeout=60)
         assert result.classes[0].label == majority
-        answer = post(make_run, f"/v1/models/{model}:classify?top_k=3", image)
+        answer = make_run.post(f"/v1/models/{model}:classify?top_k=3", image)
         assert [c["label"] for c in answer["classes"]] == [c.label for c in result.classes]
