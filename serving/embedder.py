@@ -5,7 +5,7 @@ Input `inputs` float32 [-1, 224, 224, 3], RGB in [0, 1] (the gateway resizes and
 serving/gateway-models.toml); output `output_0` float32 [-1, 48]: the picture as a 4 x 4
 thumbnail, each cell's mean colour minus 0.5 (row by row, then R, G, B), so pictures alike
 in layout and colour lie close together. The gateway divides it by its L2 norm. No weights;
-numpy computes it from the input (tests/serving/test_new_reference_models.py).
+numpy computes it from the input (tests/serving/test_task_models.py).
 """
 
 from __future__ import annotations

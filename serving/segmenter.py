@@ -12,7 +12,7 @@ found in the image is one instance (serving.instances.colour_instances):
 - `detection_masks` [1, 100, 33, 33]: box-relative, the colour's mask sampled at the centres
   of the box's 33 x 33 cells (serving.masks.cell_samples), so the gateway pastes the shape
   back: a ring keeps its hole, an L its missing corner.
-No weights; every number follows from the pixels (tests/serving/test_new_reference_models.py
+No weights; every number follows from the pixels (tests/serving/test_task_models.py
 computes them in numpy).
 """
 

@@ -66,6 +66,8 @@ decoder = "yolo-seg"
 def export_model(path: Path) -> None:
     import tensorflow as tf
 
+    from serving.masks import cell_samples
+
     class MaskModel(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8)])
         def serve(self, images: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -81,14 +83,9 @@ def export_model(path: Path) -> None:
             y0 = tf.reduce_min(tf.where(found, ys, 1e9), axis=[1, 2])
             y1 = tf.reduce_max(tf.where(found, ys, -1e9), axis=[1, 2]) + 1
             box = tf.stack([y0 / h, x0 / w, y1 / h, x1 / w], axis=1)
-            # crop_and_resize samples pixel centres at corner-aligned positions: the cells'
-            # centres of the box, in pixel-centre coordinates over (size - 1).
-            half_h, half_w = (y1 - y0) / CELLS / 2, (x1 - x0) / CELLS / 2
-            crop = tf.stack([(y0 + half_h - 0.5) / (h - 1), (x0 + half_w - 0.5) / (w - 1),
-                             (y1 - half_h - 0.5) / (h - 1), (x1 - half_w - 0.5) / (w - 1)],
-                            axis=1)  # fmt: skip
-            grid = tf.image.crop_and_resize(red[..., None], crop, tf.range(batch),
-                                            [CELLS, CELLS])[..., 0]  # fmt: skip
+            # The red share at the centres of the box's cells, as Mask R-CNN answers masks.
+            pixel_box = tf.stack([y0, x0, y1, x1], axis=1)
+            grid = cell_samples(red, pixel_box, tf.range(batch), CELLS)
             score = tf.where(tf.reduce_any(found, axis=[1, 2]), 0.9, 0.0)
             return {
                 "detection_boxes": tf.stack([box, tf.zeros_like(box)], axis=1),

@@ -172,6 +172,6 @@ def test_the_gateway_image_ships_the_reference_model_config_and_its_labels() -> 
     )
     copy = (
         "COPY serving/gateway-models.toml serving/label_map.pbtxt serving/labels.txt "
-        "/etc/detection-gateway/"
+        "serving/pose-labels.txt /etc/detection-gateway/"
     )
     assert copy in gateway_dockerfile

@@ -360,4 +360,4 @@ def test_the_list_of_reference_models_imports_without_tensorflow() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["7", "8"]
+    assert result.stdout.split() == ["10", "8"]

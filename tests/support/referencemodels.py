@@ -1,6 +1,6 @@
 """The reference segmenter, keypoint model and embedder (serving.segmenter, serving.pose,
 serving.embedder) computed again in numpy from their input, independently of TensorFlow: what
-tests/serving/test_new_reference_models.py compares their exported SavedModels with, and the
+tests/serving/test_task_models.py compares their exported SavedModels with, and the
 signatures TF Serving's metadata gives for them.
 
 Made for pictures whose pixels are exact palette colours on a background far from the palette
