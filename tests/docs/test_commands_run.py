@@ -22,11 +22,7 @@ BLOCKS = doccommands.command_blocks("run")
 # `maskrcnn`, an embedder `embedder` in `make run`), by page and a piece of their text: they
 # are expected to fail until then, and fail the run as soon as they pass (strict), so that
 # this list is emptied the day the models come.
-PENDING = {
-    ("README.md", "keypoints.v1.KeypointService/DetectKeypoints"): "no keypoint model yet",
-    ("README.md", "/v1/models/pose:keypoints"): "no `pose` or `maskrcnn` model yet",
-    ("api.md", 'model="embedder"'): "no `embedder` model yet",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 def _marks(block: Block) -> list[pytest.MarkDecorator]:
