@@ -47,6 +47,24 @@ $(ZOO_STAMP): constraints-zoo.txt
 zoo: $(STAMP) zoo-venv
 	$(PY) -m tests.zoo.cache
 
+# Ultralytics itself on the CPU build of torch (which lies on this machine's disk), apart from
+# both venvs above: the segmentation zoo's reference masks are its own functions'
+# (tests/zoo/ultralytics_masks.py). torchvision without its dependencies (its version is read,
+# the module never imported); of ultralytics' other dependencies, those its import needs.
+ULTRA_VENV  := .venv-ultralytics
+ULTRA_STAMP := $(ULTRA_VENV)/.installed
+
+.PHONY: ultralytics-venv
+ultralytics-venv: $(ULTRA_STAMP)
+
+$(ULTRA_STAMP): constraints-ultralytics.txt
+	test -x $(ULTRA_VENV)/bin/python || $(PYTHON) -m venv $(ULTRA_VENV)
+	$(ULTRA_VENV)/bin/python -m pip install --quiet -c constraints-ultralytics.txt torch numpy \
+		opencv-python-headless pyyaml pillow requests psutil
+	$(ULTRA_VENV)/bin/python -m pip install --quiet --no-deps -c constraints-ultralytics.txt \
+		ultralytics torchvision
+	touch $(ULTRA_STAMP)
+
 # Regenerates gateway/proto/ from proto/*.proto (committed; tests fail when it is stale).
 proto: $(STAMP)
 	$(PY) proto/generate.py
@@ -89,7 +107,7 @@ test-models: $(STAMP)
 	$(PY) -m tests.support.models
 
 # PYTEST_ARGS: more options for pytest (`python -m tests.support.suitetime` passes --junitxml).
-pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv peers test-models zoo
+pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv ultralytics-venv peers test-models zoo
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck k8s-check pytest
@@ -180,4 +198,4 @@ soak: $(STAMP)
 	$(PY) -m tests.support.soaktable $(SOAK_REPORT)
 
 clean:
-	rm -rf $(VENV) $(ZOO_VENV) .cache/zoo $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache k8s/validate/node_modules
+	rm -rf $(VENV) $(ZOO_VENV) $(ULTRA_VENV) .cache/zoo $(MODELS) .tools .mypy_cache .ruff_cache .pytest_cache k8s/validate/node_modules

@@ -1,30 +1,28 @@
 """The zoo's instance segmentation models (run in `.venv-zoo` by
-tests/zoo/test_segmentation_zoo.py, which caches what it writes), each with its masks as its
-library's own post-processing gives them, in pixels of the image as a viewer shows it, as
-COCO RLE written by pycocotools:
+tests/zoo/test_segmentation_zoo.py, which caches what it writes), each with what its library's
+own post-processing gives, in pixels of the image as a viewer shows it:
 
 - `mg_maskrcnn_image_tensor`: TF Model Garden's Mask R-CNN (`maskrcnn_resnetfpn_coco`,
   ResNet-18, 256x256, random weights) exported with export_saved_model_lib (`image_tensor`);
   the reference is the model's own outputs (boxes undone with its image_info, as
   detectors.model_garden reads them) with its masks pasted by Model Garden's
-  official/vision/ops/mask_ops.py `paste_instance_masks` (the COCO evaluator's paste);
+  official/vision/ops/mask_ops.py `paste_instance_masks` (the COCO evaluator's paste), as
+  COCO RLE written by pycocotools;
 - `yolo_v8_seg_layout`, below.
 
 YOLOv8-seg:
-Ultralytics (and so torch) cannot be installed here, so the model is built in Keras with the
-exact head, as keypointers.py builds the pose head: keypointers.yolo_pose_model's backbone and
-DFL box and class branches, plus the Segment head's parts (ultralytics/nn/modules/head.py,
-`Segment`: a mask-coefficient conv per level giving M = 32 channels, and `Proto` on the
-stride-8 features: conv, 2x upsampling (a transposed conv), conv, conv to M maps at a quarter
-of the input), exported as Ultralytics' TensorFlow exports give it: the head `[batch, 4 + 1 +
-32, candidates]` and the prototypes channels-last `[batch, 80, 80, 32]` (the gateway reads
-the layout from the shape). The reference is Ultralytics' post-processing in numpy and
-TensorFlow: keypointers.yolo_pose_reference's NMS (best class over the score threshold, the
-best `max_nms`, class-wise NMS, `max_det`), then ultralytics/utils/ops.py
-`process_mask_native`: `masks_in @ protos` (logits), `scale_masks` to the photo (bilinear,
-align_corners=False: tf.image.resize's bilinear), `crop_mask` with the box scaled to the
-photo (pixel indices r with x1 <= r < x2), `gt_(0.0)`. The model takes 320x320 stretched
-with tf.image.resize (bilinear), as detectors.yolo does.
+Ultralytics runs on torch, which the exporters' venv has not, so the model is built in Keras
+with the exact head, as keypointers.py builds the pose head: keypointers.yolo_pose_model's
+backbone and DFL box and class branches, plus the Segment head's parts
+(ultralytics/nn/modules/head.py, `Segment`: a mask-coefficient conv per level giving M = 32
+channels, and `Proto` on the stride-8 features: conv, 2x upsampling (a transposed conv), conv,
+conv to M maps at a quarter of the input), exported as Ultralytics' TensorFlow exports give
+it: the head `[batch, 4 + 1 + 32, candidates]` and the prototypes channels-last `[batch, 80,
+80, 32]` (the gateway reads the layout from the shape). The model takes 320x320 stretched with
+tf.image.resize (bilinear), as detectors.yolo does. Its outputs on each photo are saved
+(yolo/<photo>.npz: head [37, candidates], prototypes [80, 80, 32]) for the reference, which is
+Ultralytics' own post-processing run by the library itself in its venv:
+tests/zoo/ultralytics_masks.py.
 
     .venv-zoo/bin/python tests/zoo/segmenters.py OUT_DIR
 """
@@ -115,42 +113,6 @@ def _spread(model: Any, inputs: Any) -> None:
                            ((bias - means) * factor + mean).astype(np.float32)])  # fmt: skip
 
 
-def reference(head: np.ndarray, protos: np.ndarray, photo: Any) -> dict[str, Any]:
-    """Ultralytics' post-processing of one image (see the module's docstring): the kept
-    instances with their masks as COCO RLE of the photo as shown."""
-    import tensorflow as tf
-    from build import MAX_CANDIDATES, MAX_DETECTIONS, MIN_SCORE, NMS_IOU, YOLO_SIZE, scores
-    from pycocotools import mask as coco
-
-    # non_max_suppression, as keypointers.yolo_pose_reference (one class).
-    score = head[4].astype(np.float64)
-    passing = np.flatnonzero(score >= MIN_SCORE)
-    passing = passing[np.argsort(-score[passing], kind="stable")[:MAX_CANDIDATES]]
-    cx, cy, w, h = (head[i, passing].astype(np.float64) for i in range(4))
-    yxyx = np.stack([cy - h / 2, cx - w / 2, cy + h / 2, cx + w / 2], axis=1)
-    chosen = tf.image.non_max_suppression(
-        yxyx.astype(np.float32), score[passing].astype(np.float32), MAX_DETECTIONS,
-        iou_threshold=NMS_IOU,
-    ).numpy()  # fmt: skip
-    columns = passing[chosen]
-    x_scale, y_scale = photo.width / YOLO_SIZE, photo.height / YOLO_SIZE
-    boxes = yxyx[chosen][:, [1, 0, 3, 2]] * np.array([x_scale, y_scale, x_scale, y_scale])
-    kept = {"boxes": boxes.tolist(), "scores": scores(score[columns]),
-            "classes": [0] * len(columns)}  # fmt: skip
-    logits = head[5:, columns].T.astype(np.float32) @ protos.reshape(-1, MASKS).T  # [n, hw]
-    side = protos.shape[0]
-    maps = tf.image.resize(
-        logits.reshape(-1, side, side)[..., None], (photo.height, photo.width), method="bilinear"
-    ).numpy()[..., 0]
-    rows = np.arange(photo.height)[None, :, None]
-    cols = np.arange(photo.width)[None, None, :]
-    x1, y1, x2, y2 = (boxes[:, i, None, None] for i in range(4))
-    inside = (cols >= x1) & (cols < x2) & (rows >= y1) & (rows < y2)
-    masks = (maps * inside) > 0.0
-    rles = [coco.encode(np.asfortranarray(m.astype(np.uint8)))["counts"].decode() for m in masks]
-    return {**kept, "masks": rles, "areas": [int(m.sum()) for m in masks]}
-
-
 def mask_rcnn(models: Path, photos: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     import tensorflow as tf
     from build import MIN_SCORE, SEED, scores
@@ -202,7 +164,7 @@ def mask_rcnn(models: Path, photos: dict[str, Any], names: tuple[str, ...]) -> d
 def build(out: Path) -> dict[str, Any]:
     import keras
     import tensorflow as tf
-    from build import SEED, YOLO_SIZE, images
+    from build import MAX_CANDIDATES, MAX_DETECTIONS, MIN_SCORE, NMS_IOU, SEED, YOLO_SIZE, images
     from keypointers import KEYPOINTER_PHOTOS
 
     def prepared(photo: Any) -> np.ndarray:
@@ -214,14 +176,18 @@ def build(out: Path) -> dict[str, Any]:
     model = yolo_seg_model(YOLO_SIZE)
     _spread(model, prepared(photos[KEYPOINTER_PHOTOS[0]]))
     model.export(str(out / "models" / "yolo_v8_seg_layout" / "1"))
+    saved = out / "yolo"
+    saved.mkdir(exist_ok=True)
     results = {}
     for name in KEYPOINTER_PHOTOS:
-        photo = photos[name]
-        head, protos = (np.asarray(t)[0] for t in model(prepared(photo)))
-        results[name] = reference(head, protos, photo)
-    expected = {"yolo_v8_seg_layout": results}
+        head, protos = (np.asarray(t)[0] for t in model(prepared(photos[name])))
+        np.savez(saved / f"{name}.npz", head=head, protos=protos)
+        results[name] = {"outputs": f"yolo/{name}.npz"}
+    expected: dict[str, Any] = {"yolo_v8_seg_layout": results}
     expected.update(mask_rcnn(out / "models", photos, KEYPOINTER_PHOTOS))
     document = {
+        "settings": {"size": YOLO_SIZE, "min_score": MIN_SCORE, "nms_iou": NMS_IOU,
+                     "max_detections": MAX_DETECTIONS, "max_candidates": MAX_CANDIDATES},
         "images": {p.name: {"file": p.path.name, "width": p.width, "height": p.height}
                    for p in photos.values()},
         "expected": expected,

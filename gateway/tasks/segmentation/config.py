@@ -9,7 +9,11 @@ gateway.tasks.detection.config) plus, in [models.NAME.outputs]:
 - `decoder = "yolo-seg"` for a YOLOv8/11-seg raw head `[batch, 4 + classes + M, candidates]`
   with its prototypes `[batch, M, h, w]` or `[batch, h, w, M]`; `predictions` and
   `prototypes` name them where the signature's shapes do not say (`nms_iou`,
-  `max_candidates` as for detection's `yolo`).
+  `max_candidates` as for detection's `yolo`), and `mask_resolution`: `"native"` (the
+  default; Ultralytics' `retina_masks=True`, `process_mask_native`: the logits upsampled to the
+  image's own pixels, then kept in the box) or `"input"` (its predictor's default,
+  `process_mask`: upsampled to the input the model received, thresholded and kept in the box
+  there, then that mask scaled to the image). Refused with any other decoder.
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ from gateway.tasks.detection.config import DetectionConfig, read_detection_confi
 DEFAULT_MASK_THRESHOLD = 0.5
 YOLO_SEG = "yolo-seg"
 DECODERS = (YOLO_SEG,)
-OUTPUT_KEYS = ("masks", "mask_threshold", "predictions", "prototypes")
+NATIVE = "native"
+INPUT = "input"
+MASK_RESOLUTIONS = (NATIVE, INPUT)
+OUTPUT_KEYS = ("masks", "mask_threshold", "predictions", "prototypes", "mask_resolution")
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class SegmentationConfig:
     mask_threshold: float = DEFAULT_MASK_THRESHOLD
     predictions: str | None = None  # yolo-seg's head
     prototypes: str | None = None
+    mask_resolution: str = NATIVE  # yolo-seg's
 
     @property
     def decoder(self) -> str | None:
@@ -69,6 +77,18 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> Segmentatio
             f"{path}: {where}.decoder = '{decoder}' makes the masks from the head's "
             "coefficients and prototypes; remove masks"
         )
+    resolution = extra.get("mask_resolution", NATIVE)
+    if "mask_resolution" in extra and decoder != YOLO_SEG:
+        raise ModelConfigError(
+            f"{path}: {where}.mask_resolution chooses how decoder = '{YOLO_SEG}' scales its "
+            "prototype masks; box-relative masks are pasted into their boxes: remove "
+            "mask_resolution, or set that decoder"
+        )
+    if resolution not in MASK_RESOLUTIONS:
+        raise ModelConfigError(
+            f"{path}: {where}.mask_resolution must be one of "
+            f"{', '.join(repr(r) for r in MASK_RESOLUTIONS)}, got {resolution!r}"
+        )
     threshold = extra.get("mask_threshold", DEFAULT_MASK_THRESHOLD)
     if (
         not isinstance(threshold, int | float)
@@ -79,4 +99,6 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> Segmentatio
             f"{path}: {where}.mask_threshold must be a number above 0 and below 1, "
             f"got {threshold!r}"
         )
-    return SegmentationConfig(detection, mask_threshold=float(threshold), **names)
+    return SegmentationConfig(
+        detection, mask_threshold=float(threshold), mask_resolution=resolution, **names
+    )

@@ -15,7 +15,7 @@ instance and each strip of a paste, so a late request stops within milliseconds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -25,8 +25,8 @@ from gateway.labels import Labels
 from gateway.tasks.decoders import yoloseg
 from gateway.tasks.detection.forms import map_decoded_boxes
 from gateway.tasks.detection.nouns import Detection
-from gateway.tasks.segmentation import encode, raster
-from gateway.tasks.segmentation.config import YOLO_SEG
+from gateway.tasks.segmentation import encode, inputmasks, raster
+from gateway.tasks.segmentation.config import INPUT, YOLO_SEG
 from gateway.tasks.segmentation.nouns import (
     PNG,
     POLYGON,
@@ -123,7 +123,15 @@ def _yolo_seg(
         raster.Shape(grid, whole, (box[0], box[1], box[2], box[3]), True, logits=True)
         for grid, box in zip(grids, boxes.tolist(), strict=True)
     ]
-    return written(found, shapes, axes, frame, options)
+    if plan.mask_resolution != INPUT:
+        return written(found, shapes, axes, frame, options)
+    sent, shown = frame.sent, (frame.width, frame.height)
+
+    def at_input(shape: raster.Shape, check: Callable[[], None]) -> raster.Placed:
+        return inputmasks.at_input(shape.grid, shape.keep, sent, axes, shown,
+                                   options.mask_threshold, check)  # fmt: skip
+
+    return written(found, shapes, axes, frame, options, at_input)
 
 
 def _floats(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
@@ -141,9 +149,12 @@ def written(
     axes: tuple[raster.Axis, raster.Axis],
     frame: Frame,
     options: SegmentSettings,
+    place: Callable[[raster.Shape, Callable[[], None]], raster.Placed] | None = None,
 ) -> Segments:
-    """Each detection with its mask pasted and written in the requested format, one at a
-    time (only one instance's pixels are held at once), within the model's limits."""
+    """Each detection with its mask pasted (or, given `place`, placed by it: YOLO-seg's
+    mask_resolution = "input", priced as the paste) and written in the requested format,
+    one at a time (only one instance's pixels are held at once), within the model's
+    limits."""
     width, height = frame.width, frame.height
     work = frame.work if frame.work is not None else Work()
     limits = options.limits
@@ -159,7 +170,10 @@ def written(
             cut = ("max_mask_pixels", f"{max_pixels} mask pixels")
             break
         work.mask_pixels += pixels
-        placed = raster.paste(shape, axes, width, height, options.mask_threshold, work.check)
+        if place is not None:
+            placed = place(shape, work.check)
+        else:
+            placed = raster.paste(shape, axes, width, height, options.mask_threshold, work.check)
         if options.mask_format == POLYGON:
             edges = encode.boundary_edges(placed)
             # Tracing costs per outline edge (Python, ~4 us each): priced before it runs.

@@ -19,7 +19,7 @@ from gateway import errors
 from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
-from gateway.tasks.segmentation.config import YOLO_SEG, SegmentationConfig
+from gateway.tasks.segmentation.config import NATIVE, YOLO_SEG, SegmentationConfig
 from gateway.upstream.signatures import Signature, TensorSpec
 
 MASKS = "detection_masks"
@@ -32,6 +32,7 @@ class SegmentationPlan(OutputPlan):
     detection: DetectionPlan | None = None
     masks: str = MASKS
     prototypes: str = ""  # yolo-seg's (its head is detection.head)
+    mask_resolution: str = NATIVE  # yolo-seg's: "native" or "input"
 
     def describe(self) -> dict[str, object]:
         assert self.detection is not None
@@ -43,7 +44,12 @@ class SegmentationPlan(OutputPlan):
                 "prototypes": self.prototypes,
                 "nms": f"class-wise, IoU {self.detection.nms_iou}, at most "
                 f"{self.detection.max_candidates} candidates after min_score",
-                "masks": "coefficients x prototypes (logits), upsampled, cropped to the box",
+                "masks": "coefficients x prototypes (logits), upsampled to the image, kept in "
+                "the box (native, Ultralytics' retina_masks)"
+                if self.mask_resolution == NATIVE
+                else "coefficients x prototypes (logits), upsampled to the input the model "
+                "received, kept in the box there, then scaled to the image (input, "
+                "Ultralytics' predictor default)",
             }
         return {
             **self.detection.describe(),
@@ -127,7 +133,7 @@ def _yolo_seg(
     )
     return SegmentationPlan(
         (head, picked["prototypes"]), YOLO_SEG, detection=detection,
-        prototypes=picked["prototypes"],
+        prototypes=picked["prototypes"], mask_resolution=config.mask_resolution,
     )  # fmt: skip
 
 

@@ -18,7 +18,8 @@ coordinates, where the grid is sampled bilinearly with half-pixel centres:
   within a pixel of it;
 - YOLO prototypes: logits over the image sent, edges repeated, the mask kept inside the box
   only (ultralytics/utils/ops.py process_mask_native: scale_masks' bilinear upsampling with
-  align_corners=False, crop_mask's x1 <= r < x2 on pixel indices, logits > 0 for 0.5).
+  align_corners=False, crop_mask's x1 <= r < x2 on pixel indices, logits > 0 for 0.5): the
+  default `mask_resolution = "native"` (for "input": gateway.tasks.segmentation.inputmasks).
 
 Memory: one instance at a time, only the rows and columns its box covers; the float samples
 go in strips of at most _STRIP values; what stays is a bool per pixel of the box.
