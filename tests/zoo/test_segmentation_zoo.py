@@ -140,7 +140,9 @@ def differences(tfs: LocalServer, zoo: Path, expected: dict[str, Any], directory
     config = directory / "models.toml"
     config.write_text(CONFIG.format(extra=extra, resolution=resolution or "native"))
     library = expected["expected"][f"{model}:{resolution}" if resolution else model]
-    args = [f"--model-config={config}", f"--model={model}"]
+    # The Mask R-CNN's first calls take tens of seconds on a loaded machine: the upstream
+    # timeout is the client's deadline, not the gateway's 30 s default.
+    args = [f"--model-config={config}", f"--model={model}", f"--upstream-timeout={TIMEOUT}"]
     found: dict[str, str] = {}
     ious: list[float] = []
     with (
