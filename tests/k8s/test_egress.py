@@ -16,6 +16,11 @@ Obj = dict[str, Any]
 DNS = {("UDP", 53), ("TCP", 53)}
 ISTIOD = {("TCP", 15012)}
 METADATA = "169.254.0.0/16"
+# The cluster's DNS pods: kube-dns or CoreDNS in kube-system (kubeadm, GKE, EKS, AKS).
+KUBE_DNS = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
 
 
 def prod() -> list[Obj]:
@@ -39,27 +44,28 @@ def ports(rule: Obj) -> set[tuple[str, int]]:
 
 def destinations(rules: list[Obj]) -> dict[str, set[tuple[str, int]]]:
     """What each rule allows, keyed by a name for its peers: pod:<app>, istiod, anywhere
-    (an ipBlock, which must leave out the metadata addresses), dns (no peers, port 53)."""
+    (an ipBlock, which must leave out the metadata addresses), dns (the cluster's DNS pods,
+    port 53 only)."""
     found: dict[str, set[tuple[str, int]]] = {}
     for rule in rules:
         peers = rule.get("to", [])
-        if not peers:
-            assert ports(rule) == DNS, rule  # only DNS may go to any address unrestricted
+        assert peers, rule  # nothing goes to any address on a port, not even DNS
+        (peer,) = peers
+        if peer == KUBE_DNS:
+            assert ports(rule) == DNS, rule
             key = "dns"
+        elif "ipBlock" in peer:
+            assert peer["ipBlock"]["cidr"] == "0.0.0.0/0"
+            assert METADATA in peer["ipBlock"]["except"], peer
+            key = "anywhere"
+        elif "namespaceSelector" in peer:
+            assert peer["namespaceSelector"]["matchLabels"] == {
+                "kubernetes.io/metadata.name": "istio-system"
+            }
+            assert peer["podSelector"]["matchLabels"] == {"app": "istiod"}
+            key = "istiod"
         else:
-            (peer,) = peers
-            if "ipBlock" in peer:
-                assert peer["ipBlock"]["cidr"] == "0.0.0.0/0"
-                assert METADATA in peer["ipBlock"]["except"], peer
-                key = "anywhere"
-            elif "namespaceSelector" in peer:
-                assert peer["namespaceSelector"]["matchLabels"] == {
-                    "kubernetes.io/metadata.name": "istio-system"
-                }
-                assert peer["podSelector"]["matchLabels"] == {"app": "istiod"}
-                key = "istiod"
-            else:
-                key = "pod:" + peer["podSelector"]["matchLabels"]["app"]
+            key = "pod:" + peer["podSelector"]["matchLabels"]["app"]
         found[key] = found.get(key, set()) | ports(rule)
     return found
 

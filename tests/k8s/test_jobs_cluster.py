@@ -35,6 +35,7 @@ from google.longrunning import operations_pb2 as lro
 from moto.server import ThreadedMotoServer
 
 from gateway.proto.detection.v1 import batch_pb2 as bpb
+from tests.support import runnerpolicy
 from tests.support.apiserver import ApiServer
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.jobs import Client, State, make_images, metadata, result
@@ -119,7 +120,8 @@ def deployed(
         "create", "secret", "generic", CREDENTIALS, f"--namespace={NAMESPACE}",
         *(f"--from-literal={k}={v}" for k, v in secret.items()),
     )  # fmt: skip
-    store = env_of(container(find(prod, "Deployment", GATEWAY), "gateway"))["GATEWAY_JOB_STORE"]
+    gateway_env = env_of(container(find(prod, "Deployment", GATEWAY), "gateway"), prod)
+    store = gateway_env["GATEWAY_JOB_STORE"]
     bucket = re.fullmatch(r"s3://([^/]+)/.+", store)
     assert bucket, store
     fs = s3fs.S3FileSystem(
@@ -153,6 +155,10 @@ def deployed(
             }
         )
     )
+    # The runner policy, its binding and its ConfigMap (which the gateway's settings are read
+    # from): the Jobs the gateway creates below are admitted by it, not merely created. A
+    # copy bound to this namespace only, left in place (runnerpolicy.install says why).
+    runnerpolicy.install(apiserver, NAMESPACE, prod, suffix="-jobs-cluster")
     return {"kubeconfig": kubeconfig, "fs": fs, "store": store}
 
 
@@ -170,8 +176,8 @@ def secret_data(server: ApiServer, name: str) -> dict[str, str]:
 def container_env(
     server: ApiServer, spec: dict[str, Any], pod: dict[str, Any] | None = None
 ) -> dict[str, str]:
-    """The environment the kubelet gives a container: envFrom Secrets, then env values and
-    the downward API's fields of its `pod`."""
+    """The environment the kubelet gives a container: envFrom Secrets, then env values, the
+    ConfigMap keys it names and the downward API's fields of its `pod`."""
     env: dict[str, str] = {}
     for source in spec.get("envFrom", []):
         ref = source["secretRef"]
@@ -181,6 +187,13 @@ def container_env(
     for entry in spec.get("env", []):
         if "value" in entry:
             env[entry["name"]] = entry["value"]
+            continue
+        ref = entry["valueFrom"].get("configMapKeyRef")
+        if ref is not None:
+            found = server.kubectl(
+                "get", "configmap", ref["name"], f"--namespace={NAMESPACE}", "--output=json"
+            )
+            env[entry["name"]] = json.loads(found.stdout)["data"][ref["key"]]
             continue
         path = entry["valueFrom"]["fieldRef"]["fieldPath"]
         assert pod is not None and path.startswith("metadata."), entry

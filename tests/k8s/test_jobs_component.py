@@ -47,7 +47,7 @@ RUNNER_ACCOUNT = "detection-batch"
 
 
 def gateway_env(objs: list[Obj]) -> dict[str, str]:
-    return env_of(container(find(objs, "Deployment", GATEWAY), "gateway"))
+    return env_of(container(find(objs, "Deployment", GATEWAY), "gateway"), objs)
 
 
 def scheme(uri: str) -> str:
@@ -183,7 +183,9 @@ def test_runner_pods_run_the_gateways_image_against_its_service(target: str) -> 
     # API, and the Role lets the gateway read pods.
     assert settings.batch_image == ""
     fields = {
-        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in c["env"]
+        if "fieldRef" in e.get("valueFrom", {})
     }
     assert fields["POD_NAME"] == "metadata.name"
     assert fields["POD_NAMESPACE"] == "metadata.namespace"

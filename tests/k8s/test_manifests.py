@@ -17,6 +17,7 @@ import pytest
 
 from gateway.config import Settings
 from gateway.flags import env_name
+from tests.support.k8sschema import is_kubernetes_kind, kubernetes_schema_problems
 from tests.support.renders import (
     EXPECTED_KINDS,
     GATEWAY,
@@ -30,8 +31,6 @@ from tests.support.renders import (
     find,
     gateway_settings,
     ident,
-    is_kubernetes_kind,
-    kubernetes_schema_problems,
     of_kind,
     parse_quantity,
     pod_spec,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.k8sschema import typed
 from tests.support.renders import (
     CLUSTER_SCOPED,
     GATEWAY,
@@ -28,7 +29,6 @@ from tests.support.renders import (
     rendered,
     selects,
     split_target,
-    typed,
 )
 
 
@@ -294,3 +294,8 @@ def test_dev_network_policies_admit_only_clients_to_gateway_and_gateway_to_tfser
             if p.port == tfserving_port:
                 assert all(selects(t.pod_selector.match_labels, tfserving_labels) for t in rule.to)
     assert egress_ports == {tfserving_port, 53}
+    # DNS to the cluster's DNS pods only, not to any resolver (53 to any address).
+    (dns,) = [r for r in policy.egress if {p.port for p in r.ports} == {53}]
+    (peer,) = dns.to
+    assert peer.namespace_selector.match_labels == {"kubernetes.io/metadata.name": "kube-system"}
+    assert peer.pod_selector.match_labels == {"k8s-app": "kube-dns"}

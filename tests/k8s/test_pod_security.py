@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.test_runner_policy import runner_job
 from tests.support.apiserver import KUBECTL, ApiServer
 from tests.support.renders import ROOT
+from tests.support.runnerpolicy import runner_job
 
 Obj = dict[str, Any]
 NAMESPACE = "psa-restricted"

@@ -1,7 +1,7 @@
 """The kustomize renders of k8s/ for the manifest tests (tests/k8s): every target rendered with
 the kubectl next to the Python interpreter, lookups in a render (objects, containers,
-environment, the gateway's settings), Kubernetes quantities and durations, and the typed round
-trip through the `kubernetes` client's models that reports unknown fields and wrong types.
+environment, the gateway's settings), Kubernetes quantities and durations. The typed round
+trip through the `kubernetes` client's models is tests/support/k8sschema.py.
 """
 
 from __future__ import annotations
@@ -11,13 +11,10 @@ import functools
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
-import pydantic
 import pytest
 import yaml
 
@@ -172,10 +169,19 @@ def container(deployment: Obj, name: str | None = None) -> Obj:
     return next(c for c in containers if c["name"] == name)
 
 
-def env_of(c: Obj) -> dict[str, str]:
+def env_of(c: Obj, objs: list[Obj] | None = None) -> dict[str, str]:
+    """The container's environment: literal values, and with the render `objs` the values
+    its `configMapKeyRef`s name (a missing ConfigMap or key fails the test)."""
     names = [e["name"] for e in c.get("env", [])]
     assert len(names) == len(set(names)), f"container {c['name']}: duplicate env names {names}"
-    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+    found = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if ref is not None and objs is not None:
+            data = find(objs, "ConfigMap", ref["name"]).get("data", {})
+            assert ref["key"] in data, f"{e['name']}: ConfigMap {ref['name']} has no {ref['key']}"
+            found[e["name"]] = data[ref["key"]]
+    return found
 
 
 def http_port(objs: list[Obj]) -> int:
@@ -186,7 +192,7 @@ def http_port(objs: list[Obj]) -> int:
 
 
 def gateway_settings(objs: list[Obj]) -> Settings:
-    env = env_of(container(find(objs, "Deployment", GATEWAY), "gateway"))
+    env = env_of(container(find(objs, "Deployment", GATEWAY), "gateway"), objs)
     try:
         return parse_settings([], environ=env)
     except SystemExit:
@@ -248,149 +254,3 @@ def split_target(target: str) -> tuple[str, int]:
         target = target.removeprefix("dns:").removeprefix("//").partition("/")[2]
     host, _, port = target.rpartition(":")
     return host, int(port)
-
-
-# API groups whose types the kubernetes client models; anything else needs its own schema.
-CORE_GROUPS = {
-    "", "apps", "autoscaling", "policy", "batch", "networking.k8s.io", "rbac.authorization.k8s.io",
-    "admissionregistration.k8s.io",
-}  # fmt: skip
-
-
-# resource.Quantity: the API accepts a JSON number as well as a string; the client's models
-# want the string, so numbers are converted before validation instead of being reported.
-QUANTITY_MAPS = {"requests", "limits"}
-
-
-QUANTITY_FIELDS = {"sizeLimit"}
-
-
-@functools.cache
-def api_client() -> kubernetes.client.ApiClient:
-    return kubernetes.client.ApiClient()
-
-
-def model_name(obj: Obj) -> str:
-    """apps/v1 Deployment -> V1Deployment, autoscaling/v2 HorizontalPodAutoscaler -> V2H..."""
-    version = obj["apiVersion"].rpartition("/")[2]
-    return version[:1].upper() + version[1:] + obj["kind"]
-
-
-def _quantities_as_strings(value: Any, key: str = "") -> Any:
-    if isinstance(value, dict):
-        if key in QUANTITY_MAPS:
-            return {k: str(v) if isinstance(v, int | float) else v for k, v in value.items()}
-        return {k: _quantities_as_strings(v, k) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_quantities_as_strings(v) for v in value]
-    if key in QUANTITY_FIELDS and isinstance(value, int | float):
-        return str(value)
-    return value
-
-
-def _differences(original: Any, roundtrip: Any, path: str) -> Iterator[str]:
-    if isinstance(original, dict):
-        if not isinstance(roundtrip, dict):
-            yield f"{path}: is an object, the schema wants {type(roundtrip).__name__}"
-            return
-        for key, value in original.items():
-            where = f"{path}.{key}"
-            if key in roundtrip:
-                yield from _differences(value, roundtrip[key], where)
-            elif value is None:
-                yield f"{where}: null (write {{}} for an empty object, or leave the key out)"
-            else:
-                yield f"{where}: unknown field (misspelled, or not in this API version)"
-        for key in roundtrip.keys() - original.keys():
-            yield f"{path}.{key}: appeared in the round trip (unexpected default)"
-    elif isinstance(original, list):
-        if not isinstance(roundtrip, list) or len(roundtrip) != len(original):
-            yield f"{path}: the list did not survive the round trip"
-            return
-        for i, (a, b) in enumerate(zip(original, roundtrip, strict=True)):
-            yield from _differences(a, b, f"{path}[{i}]")
-    elif type(original) is not type(roundtrip) or original != roundtrip:
-        yield f"{path}: {original!r} came back as {roundtrip!r} (wrong type for the field)"
-
-
-def kubernetes_schema_problems(obj: Obj) -> list[str]:
-    """Unknown fields and wrong types in a core object, by a round trip through its model.
-
-    The typed models keep only the fields the API defines (unknown keys are silently
-    dropped by `from_dict`) and reject wrong types; serializing back and comparing with the
-    input turns every dropped key into a reported problem.
-    """
-    name = model_name(obj)
-    where = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
-    if not hasattr(kubernetes.client, name):
-        return [f"{where}: {obj['apiVersion']} {obj['kind']} is not a Kubernetes API type"]
-    original = _quantities_as_strings(obj)
-    api = api_client()
-    try:
-        model = api._ApiClient__deserialize(original, name)
-    except pydantic.ValidationError as e:
-        # The location is relative to the innermost model (e.title); a required field that is
-        # absent reaches the model as None.
-        return [
-            f"{where}: in {e.title}: {'.'.join(map(str, err['loc']))}: "
-            + ("required field is missing" if err.get("input") is None else err["msg"])
-            for err in e.errors()
-        ]
-    except (ValueError, TypeError):
-        # Clients generated without pydantic raise a bare ValueError (int("grpc"), or a
-        # required field set to None) that names no model: find the innermost one that fails.
-        return [f"{where}: {problem}" for problem in _conversion_problems(original, name)]
-    return list(_differences(original, api.sanitize_for_serialization(model), where))
-
-
-_REQUIRED = re.compile(r"Invalid value for `(\w+)`, must not be `None`")
-
-
-def _conversion_problems(data: Any, klass: str) -> list[str]:
-    """`in <Model>: <field>: <problem>` for the innermost models that refuse `data`."""
-    if data is None:
-        return []
-    if klass.startswith("list["):
-        items = data if isinstance(data, list) else []
-        return [p for item in items for p in _conversion_problems(item, klass[5:-1])]
-    if klass.startswith("dict["):
-        values = data.values() if isinstance(data, dict) else []
-        value_type = klass[5:-1].partition(", ")[2]
-        return [p for value in values for p in _conversion_problems(value, value_type)]
-    model = getattr(kubernetes.client.models, klass, None)
-    if model is None or not isinstance(data, dict):
-        return []  # primitives are reported by the model that holds them
-    problems = []
-    for attr, attr_type in model.openapi_types.items():
-        key = model.attribute_map[attr]
-        if key not in data:
-            continue
-        inner = _conversion_problems(data[key], attr_type)
-        if inner:
-            problems += inner
-            continue
-        try:
-            api_client()._ApiClient__deserialize(data[key], attr_type)
-        except (ValueError, TypeError) as e:
-            problems.append(f"in {klass}: {key}: {data[key]!r} is not a valid {attr_type} ({e})")
-    if problems:
-        return problems
-    try:
-        api_client()._ApiClient__deserialize(data, klass)
-    except (ValueError, TypeError) as e:
-        required = _REQUIRED.search(str(e))
-        if required:
-            field_name = model.attribute_map.get(required.group(1), required.group(1))
-            return [f"in {klass}: {field_name}: required field is missing"]
-        return [f"in {klass}: {e}"]
-    return []
-
-
-def is_kubernetes_kind(obj: Obj) -> bool:
-    return obj["apiVersion"].rpartition("/")[0] in CORE_GROUPS
-
-
-def typed(obj: Obj) -> Any:
-    """The kubernetes client's model of a rendered object (V1Deployment, V1NetworkPolicy, ...)."""
-    assert kubernetes_schema_problems(obj) == [], ident(obj)
-    return api_client()._ApiClient__deserialize(_quantities_as_strings(obj), model_name(obj))
