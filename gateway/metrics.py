@@ -96,8 +96,10 @@ QUEUE_WAIT = Histogram(
 )
 BATCH_SPLITS = Counter(
     "vision_gateway_batch_splits",
-    "Batches sent again one image per call, by model and reason: refused (TF Serving refused "
-    "the batch, e.g. as too large) or unsplittable (an output without the batch dimension).",
+    "Batches sent again in parts, by model and reason: too_large (TF Serving refused the "
+    "batch's size: sent again in halves), refused (perhaps one image it cannot take: halves, "
+    "down to that image) or unsplittable (an output without the batch dimension: one image "
+    "per call).",
     ["model", "reason"],
 )
 

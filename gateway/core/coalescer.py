@@ -12,10 +12,11 @@ Each image keeps its own deadline: it leaves with DEADLINE_EXCEEDED when it pass
 disturbing the batch; a queue is sent before its earliest deadline would leave no time for
 the call (judged from its recent calls). A cancelled image leaves its queue, or is simply not
 answered when its batch returns. Decoding happens before batching, so a bad image fails
-alone. A batch TF Serving refuses (INVALID_ARGUMENT, RESOURCE_EXHAUSTED: too large, or one
-image it cannot take) is sent again one image per call, once; when every image then
-succeeds, the queue's batches are halved. A batch whose outputs lack the batch dimension is
-answered image by image, and that queue stops batching.
+alone. A batch TF Serving refuses for its size or perhaps for one image is sent again in
+halves, and a size refusal lowers the queue's batches for a while; a batch refused for load
+is not sent again at all: its images are answered OVERLOADED or UNAVAILABLE with a retry
+delay (gateway.core.batchlimit). A batch whose outputs lack the batch dimension is answered
+image by image, and that queue stops batching.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from typing import Any, NamedTuple
+from typing import Any
 
 from gateway import metrics
 from gateway.config import MESSAGE_OVERHEAD, Settings
 from gateway.core.batching import BatchPlan
+from gateway.core.batchlimit import IMAGE, LOAD, SIZE, advised, refusal
+from gateway.core.batchqueue import Answer, Item, Metadata, Queue
 from gateway.core.inputs import ModelInput
 from gateway.domain import ModelRef
 from gateway.errors import GatewayError, Kind
@@ -42,84 +44,11 @@ from gateway.upstream.wire import batch_request, string_batch_request
 
 log = logging.getLogger("gateway.batching")
 
-# Refusals of a whole batch that one image, or the batch's size, can cause.
-SPLIT_KINDS = frozenset({Kind.INVALID_INPUT, Kind.OVERLOADED, Kind.OUT_OF_RANGE})
 # Batches at least this large are stacked in a worker thread: copying megabytes on the event
 # loop would hold up every other request for that long.
 BUILD_IN_THREAD_BYTES = 1024 * 1024
-# Weight of the newest call in a queue's running estimate of its call time.
-_CALL_TIME_WEIGHT = 0.2
 # Queues kept (one per model version, plan and shape); bounded, idle ones are dropped.
 _MAX_QUEUES = 4096
-
-Metadata = tuple[tuple[str, str], ...]
-
-
-class Answer(NamedTuple):
-    """One image's part of a Predict answer."""
-
-    version: int
-    outputs: Mapping[str, Tensor]
-    batch: int  # images in the call that answered (1: alone)
-    waited: float  # seconds the image waited before its call was sent
-    lead: str  # request id of the image whose trace headers went with the call
-
-
-class _Item:
-    __slots__ = ("future", "input", "queued", "request_id", "timer", "trace", "until")
-
-    def __init__(
-        self,
-        model_input: ModelInput,
-        until: float | None,
-        trace: Metadata,
-        request_id: str,
-        future: asyncio.Future[Answer],
-    ) -> None:
-        self.input = model_input
-        self.until = until  # the caller's deadline (time.monotonic()), or None
-        self.trace = trace
-        self.request_id = request_id
-        self.future = future
-        self.queued = time.monotonic()
-        self.timer: asyncio.TimerHandle | None = None
-
-
-class _Queue:
-    def __init__(self, model: ModelRef, envelope: bytes, key: str, plan: BatchPlan) -> None:
-        self.model = model
-        self.envelope = envelope
-        self.input_key = key
-        self.max_batch = plan.max_batch
-        self.max_delay = plan.max_delay
-        self.waiting: deque[_Item] = deque()
-        self.in_flight = 0
-        self.call_time = 0.0  # running estimate of a call's duration (0: none seen yet)
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at = 0.0
-        self.splittable = True
-
-    @property
-    def limit(self) -> int:
-        """Images per call now: max_batch, or 1 once answers proved unsplittable."""
-        return self.max_batch if self.splittable else 1
-
-    def observe(self, seconds: float) -> None:
-        if self.call_time:
-            self.call_time += _CALL_TIME_WEIGHT * (seconds - self.call_time)
-        else:
-            self.call_time = seconds
-
-    def send_by(self, item: _Item) -> float:
-        """When `item`'s batch must be sent at the latest (time.monotonic())."""
-        at = float("inf")
-        if self.in_flight == 0 and self.max_delay:
-            at = item.queued + self.max_delay
-        if item.until is not None:
-            # Leave the call the time calls take; before any is known, half the time left.
-            margin = self.call_time or (item.until - item.queued) / 2
-            at = min(at, item.until - margin)
-        return at
 
 
 class Coalescer:
@@ -137,7 +66,7 @@ class Coalescer:
         self._timeout_cap = settings.upstream_timeout
         self._max_bytes = max(settings.upstream_send_bytes - MESSAGE_OVERHEAD, 1)
         self._executor = executor
-        self._queues: dict[tuple[Any, ...], _Queue] = {}
+        self._queues: dict[tuple[Any, ...], Queue] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def predict(
@@ -162,7 +91,7 @@ class Coalescer:
         if queue is None:
             if len(self._queues) >= _MAX_QUEUES:
                 self._drop_idle_queues()
-            queue = self._queues[key] = _Queue(model, envelope, input_key, plan)
+            queue = self._queues[key] = Queue(model, envelope, input_key, plan)
         metric = metrics.QUEUE_WAIT.labels(self._label(model.name))
         if not queue.splittable or (
             queue.in_flight == 0 and not queue.waiting and not queue.max_delay
@@ -189,7 +118,10 @@ class Coalescer:
         trace: Metadata,
         request_id: str,
     ) -> Answer:
-        prediction = await self._client.predict(model, request, self._timeout(deadline), trace)
+        try:
+            prediction = await self._client.predict(model, request, self._timeout(deadline), trace)
+        except GatewayError as exc:
+            raise (advised(exc) if refusal(exc) == LOAD else exc) from None
         metrics.BATCH_SIZE.labels(self._label(model.name)).observe(1)
         return Answer(prediction.version, prediction.outputs, 1, 0.0, request_id)
 
@@ -203,14 +135,14 @@ class Coalescer:
 
     async def _wait(
         self,
-        queue: _Queue,
+        queue: Queue,
         model_input: ModelInput,
         deadline: float | None,
         trace: Metadata,
         request_id: str,
     ) -> Answer:
         loop = asyncio.get_running_loop()
-        item = _Item(model_input, deadline, trace, request_id, loop.create_future())
+        item = Item(model_input, deadline, trace, request_id, loop.create_future())
         if deadline is not None:
             item.timer = loop.call_later(deadline - item.queued, self._expire, queue, item)
         queue.waiting.append(item)
@@ -225,13 +157,13 @@ class Coalescer:
             self._leave(queue, item)
             raise
 
-    def _leave(self, queue: _Queue, item: _Item) -> None:
+    def _leave(self, queue: Queue, item: Item) -> None:
         if item.timer is not None:
             item.timer.cancel()
         with contextlib.suppress(ValueError):  # unless taken into a batch already
             queue.waiting.remove(item)
 
-    def _expire(self, queue: _Queue, item: _Item) -> None:
+    def _expire(self, queue: Queue, item: Item) -> None:
         if not item.future.done():
             item.future.set_exception(
                 GatewayError(
@@ -242,7 +174,7 @@ class Coalescer:
             )
         self._leave(queue, item)
 
-    def _arm(self, queue: _Queue, at: float) -> None:
+    def _arm(self, queue: Queue, at: float) -> None:
         """Makes sure the queue is dispatched by `at` (time.monotonic())."""
         if at == float("inf") or (queue.timer is not None and queue.timer_at <= at):
             return
@@ -252,7 +184,7 @@ class Coalescer:
         queue.timer = loop.call_later(max(at - time.monotonic(), 0.0), self._dispatch, queue)
         queue.timer_at = at
 
-    def _dispatch(self, queue: _Queue) -> None:
+    def _dispatch(self, queue: Queue) -> None:
         """Sends what waits in `queue`: one batch, then more only while full ones wait."""
         if queue.timer is not None:
             queue.timer.cancel()
@@ -269,9 +201,9 @@ class Coalescer:
         if queue.waiting:
             self._arm(queue, min(queue.send_by(item) for item in queue.waiting))
 
-    def _take(self, queue: _Queue) -> list[_Item]:
+    def _take(self, queue: Queue) -> list[Item]:
         """The next batch: live images, up to max_batch and the upstream send limit."""
-        items: list[_Item] = []
+        items: list[Item] = []
         size = 0
         limit = queue.limit
         while queue.waiting and len(items) < limit:
@@ -286,7 +218,7 @@ class Coalescer:
             size += item.input.tail
         return items
 
-    async def _send(self, queue: _Queue, items: list[_Item]) -> None:
+    async def _send(self, queue: Queue, items: list[Item]) -> None:
         """A batch's call, as a task of its own: no caller's cancellation reaches it."""
         try:
             await self._call(queue, items)
@@ -303,7 +235,7 @@ class Coalescer:
             if queue.waiting:
                 self._dispatch(queue)
 
-    async def _call(self, queue: _Queue, items: list[_Item]) -> None:
+    async def _call(self, queue: Queue, items: list[Item]) -> None:
         """One Predict for `items`; every item answered or failed."""
         sent = time.monotonic()
         count = len(items)
@@ -320,13 +252,16 @@ class Coalescer:
                 _fail(item, exc)
             return
         except GatewayError as exc:
-            if count > 1 and exc.kind in SPLIT_KINDS:
-                await self._one_by_one(queue, items, "refused")
-            else:
+            why = refusal(exc)
+            if count > 1 and why in (SIZE, IMAGE):
+                await self._halves(queue, items, why)
+            else:  # load (never sent again) or the answer for every image
+                error = advised(exc) if why == LOAD else exc
                 for item in items:
-                    _fail(item, exc)
+                    _fail(item, error)
             return
         queue.observe(time.monotonic() - sent)
+        queue.size.answered(count, time.monotonic())
         metrics.BATCH_SIZE.labels(self._label(queue.model.name)).observe(count)
         parts: list[Mapping[str, Tensor]] | None = [prediction.outputs]
         if count > 1:
@@ -348,7 +283,7 @@ class Coalescer:
                 answer = Answer(prediction.version, outputs, count, waited, lead.request_id)
                 item.future.set_result(answer)
 
-    async def _stack(self, queue: _Queue, items: list[_Item]) -> bytes:
+    async def _stack(self, queue: Queue, items: list[Item]) -> bytes:
         """The batch's PredictRequest: each image's tail stacked (see gateway.upstream.wire)."""
         first = items[0].input
         tails = [memoryview(item.input.request)[-item.input.tail :] for item in items]
@@ -360,29 +295,50 @@ class Coalescer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, batch_request, *args)
 
-    async def _one_by_one(self, queue: _Queue, items: list[_Item], reason: str) -> None:
-        """Each image of a refused (or unsplittable) batch sent alone, once."""
+    async def _one_by_one(self, queue: Queue, items: list[Item], reason: str) -> None:
+        """Each image of an unsplittable answer's batch sent alone, once."""
         metrics.BATCH_SPLITS.labels(self._label(queue.model.name), reason).inc()
         items = [item for item in items if not item.future.done()]
-        results = await asyncio.gather(
-            *(self._call(queue, [item]) for item in items), return_exceptions=True
-        )
-        for item, result in zip(items, results, strict=True):
-            if isinstance(result, BaseException):
-                _fail(item, result)
+        await self._each(queue, [[item] for item in items])
+
+    async def _halves(self, queue: Queue, items: list[Item], why: str) -> None:
+        """A batch refused for its size, or perhaps for one image, sent again as two halves
+        (each split again if refused), so a bad image fails alone and the others are answered;
+        two calls where the batch was one, never one per image at once."""
+        if why == SIZE:
+            self._shrink(queue, len(items), "refused a batch of this size")
+        reason = "too_large" if why == SIZE else "refused"
+        metrics.BATCH_SPLITS.labels(self._label(queue.model.name), reason).inc()
+        live = [item for item in items if not item.future.done()]
+        middle = (len(live) + 1) // 2
+        await self._each(queue, [part for part in (live[:middle], live[middle:]) if part])
         answered = all(
             item.future.done() and not item.future.cancelled() and item.future.exception() is None
-            for item in items
+            for item in live
         )
-        if reason == "refused" and items and answered and queue.max_batch > 1:
-            queue.max_batch = max(1, len(items) // 2)
+        if why == IMAGE and live and answered:  # no image was the cause: the batch's size was
+            self._shrink(queue, len(items), "took in halves a batch it refused whole")
+
+    async def _each(self, queue: Queue, parts: list[list[Item]]) -> None:
+        results = await asyncio.gather(
+            *(self._call(queue, part) for part in parts), return_exceptions=True
+        )
+        for part, result in zip(parts, results, strict=True):
+            if isinstance(result, BaseException):
+                for item in part:
+                    _fail(item, result)
+
+    def _shrink(self, queue: Queue, count: int, what: str) -> None:
+        before = queue.size.limit
+        queue.size.too_large(count, time.monotonic())
+        if queue.size.limit < before:
             log.warning(
-                "TF Serving refused a batch whose images it took one by one; this model's "
-                "batches hold at most max_batch images from now on (set "
-                "[models.NAME.batching] max_batch to what TF Serving accepts)",
+                f"TF Serving {what}; this model's batches hold at most `limit` images until "
+                "batches that size have been answered for a while (set [models.NAME.batching] "
+                "max_batch to what TF Serving accepts if this repeats)",
                 extra={
-                    "fields": {"model": queue.model.describe(), "refused": len(items),
-                               "max_batch": queue.max_batch}
+                    "fields": {"model": queue.model.describe(), "refused": count,
+                               "limit": queue.size.limit, "max_batch": queue.max_batch}
                 },
             )  # fmt: skip
 
@@ -392,6 +348,6 @@ class Coalescer:
                 del self._queues[key]
 
 
-def _fail(item: _Item, error: BaseException) -> None:
+def _fail(item: Item, error: BaseException) -> None:
     if not item.future.done():
         item.future.set_exception(error)

@@ -5,8 +5,6 @@ gRPC; tests wait for events (a call arriving, a task ending), never for time."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,67 +15,20 @@ import tensorflow as tf
 from gateway import metrics
 from gateway.domain import Outcome
 from gateway.errors import GatewayError, Kind
-from tests.support.fakeserving import FakeModel, FakeServing, Rejected
+from tests.support.coalescing import (
+    batches,
+    config,
+    per_image,
+    scores_model,
+    shade,
+    start,
+    top,
+    until,
+    waiting,
+)
+from tests.support.facts import text
+from tests.support.fakeserving import FakeModel, Rejected
 from tests.support.pipelines import classify, pipeline_for, png, solid, write_config
-
-SCALE = "scale = 0.00392156862745098"
-
-
-def config(tmp: Path, batching: str = "max_batch = 4", extra: str = "") -> Path:
-    return write_config(
-        tmp,
-        f'[models.scores]\ntask = "classification"\nlabels = "labels.txt"\n'
-        f"[models.scores.input]\n{SCALE}\n[models.scores.batching]\n{batching}\n{extra}",
-    )
-
-
-def shade(k: int) -> bytes:
-    """An image the model below classifies as class k (its red level is k/7)."""
-    return png(solid(40 + k, 30, (round(255 * k / 7), 0, 0)))
-
-
-def per_image(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each image's class: its mean red level x 7, at 0.9."""
-    images = inputs["input_tensor"]
-    classes = np.rint(images[..., 0].mean(axis=(1, 2)) * 7).astype(int)
-    probs = np.full((len(images), 8), 0.1 / 7, np.float32)
-    probs[np.arange(len(images)), classes] = 0.9
-    return {"probabilities": probs}
-
-
-def scores_model(compute: Callable[[Any], dict[str, np.ndarray]] = per_image) -> FakeModel:
-    return FakeModel(
-        "scores",
-        {"input_tensor": (tf.float32, [-1, 224, 224, 3])},
-        {"probabilities": (tf.float32, [-1, 8])},
-        compute,
-    )
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Lets the event loop run until `condition` holds (no sleeping: loop iterations)."""
-    for _ in range(500_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
-
-
-def waiting(pipeline: Any) -> int:
-    return sum(len(q.waiting) for q in pipeline._coalescer._queues.values())
-
-
-def top(outcome: Outcome) -> int:
-    return outcome.result.classes[0].class_id
-
-
-def batches(serving: FakeServing) -> list[int]:
-    return [len(call.inputs["input_tensor"]) for call in serving.calls]
-
-
-def start(pipeline: Any, k: int, **kwargs: Any) -> asyncio.Task[Outcome]:
-    request = classify(shade(k), "scores")._replace(**kwargs)
-    return asyncio.ensure_future(pipeline.run("classification", request))
 
 
 def test_an_image_that_finds_the_model_idle_goes_alone_at_once(tmp_path):
@@ -214,17 +165,16 @@ def _split_count(reason: str) -> float:
     return value or 0.0
 
 
-def test_a_batch_refused_as_too_large_is_sent_again_one_image_per_call(tmp_path):
+def test_a_batch_refused_as_too_large_is_sent_again_in_halves_and_batches_shrink(tmp_path):
     def at_most_two(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         count = len(inputs["input_tensor"])
-        if count > 2:
+        if count > 2:  # a batching TF Serving's max_batch_size of 2
             raise Rejected(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"Task size {count} is larger than maximum input batch size 2",
+                grpc.StatusCode.INVALID_ARGUMENT, text("batch_too_large", size=count, max=2)
             )
         return per_image(inputs)
 
-    before = _split_count("refused")
+    before = _split_count("too_large")
 
     async def scenario() -> tuple[list[Outcome], list[int], int]:
         async with pipeline_for([scores_model(at_most_two)], config(tmp_path)) as (
@@ -239,13 +189,14 @@ def test_a_batch_refused_as_too_large_is_sent_again_one_image_per_call(tmp_path)
             serving.gate.set()
             outcomes = await asyncio.gather(first, *queued)
             [queue] = pipeline._coalescer._queues.values()
-            return outcomes, batches(serving), queue.max_batch
+            return outcomes, batches(serving), queue.limit
 
-    outcomes, sizes, max_batch = asyncio.run(scenario())
+    outcomes, sizes, limit = asyncio.run(scenario())
     assert [top(o) for o in outcomes] == [1, 2, 3, 4]
-    assert sizes == [1, 3, 1, 1, 1]
-    assert max_batch == 1  # halved from 3: every image went through alone
-    assert _split_count("refused") == before + 1
+    # Two calls for the refused three (not one per image), and batches of two from now on.
+    assert sizes[:2] == [1, 3] and sorted(sizes[2:]) == [1, 2]
+    assert limit == 2
+    assert _split_count("too_large") == before + 1
 
 
 def test_an_image_the_model_refuses_fails_alone_after_its_batch_is_split(tmp_path):
@@ -268,13 +219,13 @@ def test_an_image_the_model_refuses_fails_alone_after_its_batch_is_split(tmp_pat
             serving.gate.set()
             results = await asyncio.gather(first, *queued, return_exceptions=True)
             [queue] = pipeline._coalescer._queues.values()
-            return results, queue.max_batch
+            return results, queue.limit
 
-    results, max_batch = asyncio.run(scenario())
+    results, limit = asyncio.run(scenario())
     assert isinstance(results[2], GatewayError) and results[2].kind is Kind.INVALID_INPUT
     assert "cannot take class 5" in results[2].message
     assert [top(results[i]) for i in (0, 1, 3)] == [1, 2, 4]
-    assert max_batch == 4  # the image was the cause, not the batch's size
+    assert limit == 4  # the image was the cause, not the batch's size
 
 
 def test_answers_without_a_batch_dimension_are_fetched_one_image_per_call(tmp_path):
