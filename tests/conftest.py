@@ -1,14 +1,17 @@
-"""Shared fixtures (the reference SavedModels, from the export cache of tests/support/models.py),
-the markers given by place (everything under tests/e2e is `e2e`) and the run's last line: what
-was skipped and why (under CI=1 a missing tool fails instead: tests/support/tools.py)."""
+"""Shared fixtures (the reference SavedModels, from the export cache of tests/support/models.py,
+and one local TF Serving with them for the whole run), the markers given by place (everything
+under tests/e2e is `e2e`) and the run's last line: what was skipped and why (under CI=1 a
+missing tool fails instead: tests/support/tools.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import models
+from tests.support.localserver import LocalServer, run_local_server
 
 # The run's last line: what was skipped and why (tests/support/skipsummary.py); the
 # session's `make run` (the `make_run` fixture, tests/support/makerun.py).
@@ -108,3 +111,36 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     or labels.txt).
     """
     return models.copy_to(tmp_path_factory.mktemp("models"))
+
+
+# What the shared TF Serving serves: the reference detectors and classifiers its users call.
+SHARED_MODELS = (
+    "detector",
+    "detector_fixed",
+    "detector_float",
+    "classifier",
+    "classifier_logits",
+    "classifier_scores",
+)
+
+
+@pytest.fixture(scope="session")
+def reference_serving(
+    model_repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    """One local TF Serving with version 1 of SHARED_MODELS, started once for the run and
+    shared by the modules that only send it Predicts (the `tfs` of the doors' tests of
+    tests/paylog and tests/policy, tests/test_metrics_per_model.py,
+    tests/e2e/test_classification.py): each start imports TensorFlow and loads its models,
+    about 13 CPU-s. A test that stops, restarts or reads the log of its TF Serving, or serves
+    models or flags of its own, starts its own.
+    """
+    directory = tmp_path_factory.mktemp("reference-serving")
+    entries = "".join(
+        f"  config {{ name: '{n}' base_path: '{model_repo / n}' model_platform: 'tensorflow' }}\n"
+        for n in SHARED_MODELS
+    )
+    config = directory / "models.config"
+    config.write_text(f"model_config_list {{\n{entries}}}\n")
+    with run_local_server([f"--model_config_file={config}"], log_dir=directory) as server:
+        yield server

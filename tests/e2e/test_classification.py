@@ -22,7 +22,7 @@ from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
 from serving.reference import CLASSIFIER_PALETTE, read_labels
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
-from tests.support.localserver import run_local_server
+from tests.support.localserver import LocalServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = ROOT / "serving" / "gateway-models.toml"
@@ -42,16 +42,9 @@ _UNDO = {
 
 
 @pytest.fixture(scope="module")
-def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    names = [*CLASSIFIERS, "detector", "detector_fixed", "detector_float"]
-    config = tmp_path_factory.mktemp("classification") / "models.config"
-    entries = "".join(
-        f"config {{ name: '{n}' base_path: '{model_repo / n}' model_platform: 'tensorflow' }}\n"
-        for n in names
-    )
-    config.write_text(f"model_config_list {{\n{entries}}}\n")
-    with run_local_server([f"--model_config_file={config}"]) as server:
-        yield server
+def tfs(reference_serving: LocalServer) -> LocalServer:
+    """The run's local TF Serving with every reference model (tests/conftest.py)."""
+    return reference_serving
 
 
 @pytest.fixture(scope="module")

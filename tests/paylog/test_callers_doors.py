@@ -29,7 +29,7 @@ from serving import scenes
 from tests.support.certs import Certificates, make_certificates
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.jobs import _wait_serving
-from tests.support.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer
 
 AUDITED = "spiffe://test.local/ns/shop/sa/audited"
 ADS = "spiffe://test.local/ns/ads/sa/banner"
@@ -86,10 +86,9 @@ def collector() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    args = ["--model_name=detector", f"--model_base_path={model_repo / 'detector'}"]
-    with run_local_server(args, log_dir=tmp_path_factory.mktemp("paylog-serving")) as server:
-        yield server
+def tfs(reference_serving: LocalServer) -> LocalServer:
+    """The run's local TF Serving with every reference model (tests/conftest.py)."""
+    return reference_serving
 
 
 @pytest.fixture(scope="module")

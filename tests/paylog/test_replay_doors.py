@@ -29,17 +29,16 @@ from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
 from tests.support import batch
 from tests.support.gatewayproc import GatewayProcess, run_gateway
-from tests.support.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # a gateway process, the local TF Serving, batch runners
 
 
 @pytest.fixture(scope="module")
-def tfs(model_repo: Path) -> Iterator[LocalServer]:
-    args = ["--model_name=detector", f"--model_base_path={model_repo / 'detector'}"]
-    with run_local_server(args) as server:
-        yield server
+def tfs(reference_serving: LocalServer) -> LocalServer:
+    """The run's local TF Serving with every reference model (tests/conftest.py)."""
+    return reference_serving
 
 
 def label_maps(model_repo: Path) -> str:

@@ -20,7 +20,6 @@ import subprocess
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import pytest
@@ -36,7 +35,7 @@ from tests.support.certs import Certificates, make_certificates
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess, run_gateway
 from tests.support.jobs import _wait_serving
-from tests.support.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer
 
 BURSTER = "spiffe://test.local/ns/shop/sa/burster"
 STEADY = "spiffe://test.local/ns/shop/sa/steady"
@@ -57,10 +56,9 @@ pytestmark = pytest.mark.slow  # a gateway process and the local TF Serving
 
 
 @pytest.fixture(scope="module")
-def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    args = ["--model_name=detector", f"--model_base_path={model_repo / 'detector'}"]
-    with run_local_server(args, log_dir=tmp_path_factory.mktemp("fair-serving")) as server:
-        yield server
+def tfs(reference_serving: LocalServer) -> LocalServer:
+    """The run's local TF Serving with every reference model (tests/conftest.py)."""
+    return reference_serving
 
 
 @pytest.fixture(scope="module")
