@@ -8,10 +8,12 @@ file:line when it cannot.
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
-from tests.support import doccommands
-from tests.support.doccommands import Block
+from tests.support import doccommands, docshapes
+from tests.support.doccommands import ROOT, Block
 from tests.support.docworkspace import Ports, Workspace, problems, run_block
 from tests.support.makerun import MakeRun
 
@@ -53,4 +55,25 @@ def test_the_block_runs_against_make_run_and_answers_as_shown(
     sample = doccommands.answer_sample(block)
     if sample is not None:
         found += doccommands.answer_misses(sample, outcomes[-1].stdout)
+    assert not found, "\n\n".join(found)
+
+
+def test_the_commands_make_run_prints_run_and_answer(
+    make_run: MakeRun, workspace: Workspace
+) -> None:
+    """The ready-to-paste commands of make run's banner (after "try:"), as printed: its own
+    ports and sample pictures, nothing substituted."""
+    banner = make_run.banner
+    assert "\ntry:\n" in banner, banner
+    printed = textwrap.dedent(banner.split("\ntry:\n", 1)[1])
+    block = Block(ROOT / "tools" / "devrun.py", 0, "sh", printed, "run", "")
+    commands = doccommands.shell_commands(block)
+    assert len(commands) >= 4, printed
+    found = []
+    for command in commands:
+        outcome = workspace.run_shell(command.text)
+        outcome.values = docshapes.json_values(outcome.stdout) if outcome.stdout.strip() else []
+        found += problems(block, command, outcome)
+        if not outcome.values:
+            found.append(f"make run's banner: {command.text!r} printed no answer")
     assert not found, "\n\n".join(found)
