@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway import errors
-from gateway.api.bindings import Binding, Bindings, model_spec
+from gateway.api.bindings import Binding, Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
@@ -146,7 +146,7 @@ class Admission:
         the model exists and is configured for the task, the options are valid for it, its
         outputs are ones the task can read); the names and types of the options first."""
         binding.check_options(spec.options)  # names and types; the task judges the values
-        message = binding.request(b"", model_spec(*spec.model), "", **spec.options)
+        message = spec.request(binding)
         request = binding.to_request(message, "", "", None, ())
         await self._pipeline.check(spec.task, request)
 

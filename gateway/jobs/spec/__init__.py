@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
+from google.protobuf.message import Message
+
 from gateway import errors
-from gateway.api.bindings import Binding, Bindings
+from gateway.api.bindings import Binding, Bindings, model_spec
 from gateway.domain import ModelRef
+from gateway.proto.detection.v1.detection_pb2 import ModelSpec
 
 FORMATS = ("auto", "images", "manifest", "tfrecord")
 MAX_SHARDS = 1000
@@ -56,6 +60,16 @@ class JobSpec:
             raise errors.invalid_input(f"task must be one of {names}, got {self.task!r}") from None
         binding.check_options(self.options)
         return binding
+
+    def request(self, binding: Binding, image: bytes = b"", request_id: str = "") -> Message:
+        """The task's request message for this job (`binding`: the task's, as `binding()`
+        gives it): its model and options, with `image` and `request_id`. Every image's request
+        is made here, on every transport, and admission judges the job's own (no image)."""
+        return binding.request(image, self._model_spec, request_id, **self.options)
+
+    @cached_property
+    def _model_spec(self) -> ModelSpec:
+        return model_spec(self.model.name, self.model.version, self.model.label)
 
     def check(self) -> None:
         """GatewayError INVALID_INPUT naming the first field out of range (the task's options

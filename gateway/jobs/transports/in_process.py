@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.api.bindings import Binding, model_spec
+from gateway.api.bindings import Binding
 from gateway.api.protojson import to_dict
 from gateway.core.pipeline import Pipeline
 from gateway.domain import Outcome, Request
@@ -102,8 +102,6 @@ class InProcessTransport(CallTransport):
         self.spec = spec
         self.binding = binding
         self._lane = lane
-        self._model = model_spec(spec.model.name, spec.model.version, spec.model.label)
-        self._options = dict(spec.options)
         self._owner = owner
 
     async def call(self, work: Work) -> Answer:
@@ -112,6 +110,6 @@ class InProcessTransport(CallTransport):
 
     def request(self, data: bytes, request_id: str) -> Request:
         """The pipeline's request, made as a door makes it from the task's message."""
-        message = self.binding.request(data, self._model, request_id, **self._options)
+        message = self.spec.request(self.binding, data, request_id)
         request = self.binding.to_request(message, request_id, METHOD, None, ())
         return request._replace(caller=self._owner)

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from gateway.api import status
-from gateway.api.bindings import Binding, model_spec
+from gateway.api.bindings import Binding
 from gateway.api.channel import (
     DEFAULT_MAX_MESSAGE_BYTES,
     AioTaskStub,
@@ -115,11 +115,10 @@ class Calls:
             for n in range(max(1, knobs.connections))
         ]
         self.stubs = [AioTaskStub(channel, binding) for channel in self.channels]
-        self.model = model_spec(spec.model.name, spec.model.version, spec.model.label)
-        self.options = dict(spec.options)
+        self.spec = spec
 
     def request(self, work: Work) -> Any:
-        return self.binding.request(work.data, self.model, work.request_id, **self.options)
+        return self.spec.request(self.binding, work.data, work.request_id)
 
     def stream(self, index: int) -> Any:
         return self.stubs[index % len(self.stubs)].stream(metadata=self.knobs.metadata)
@@ -147,8 +146,7 @@ def check_options(spec: JobSpec, binding: Binding, knobs: Knobs) -> None:
     made in an event loop of its own before the run's left the run's calls hanging (grpc.aio
     keeps to the first loop it meets)."""
     binding.check_options(spec.options)
-    model = model_spec(spec.model.name, spec.model.version, spec.model.label)
-    request = binding.request(b"", model, CHECK_REQUEST_ID, **spec.options)
+    request = spec.request(binding, request_id=CHECK_REQUEST_ID)
     with open_channel(knobs.target, knobs.tls, DEFAULT_MAX_MESSAGE_BYTES) as channel:
         unary, _ = task_methods(channel, binding)
         try:
