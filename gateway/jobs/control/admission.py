@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway import errors
+from gateway.api import strings
 from gateway.api.bindings import Binding, Bindings
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline
@@ -21,8 +22,6 @@ from gateway.jobs.runner.dataset_limits import LimitExceeded, Limits
 from gateway.jobs.spec import JobSpec
 from gateway.jobs.spec.records import Job
 from gateway.jobs.spec.views import CreateJob
-
-MAX_REQUEST_ID = 64
 
 
 def split(text: str) -> list[str]:
@@ -90,10 +89,7 @@ class Admission:
 
     def check_fields(self, request: CreateJob) -> Binding:
         """What needs no I/O (GatewayError INVALID_INPUT); the task's binding."""
-        if len(request.request_id) > MAX_REQUEST_ID or not request.request_id.isascii():
-            raise errors.invalid_input(
-                f"request_id must be at most {MAX_REQUEST_ID} ASCII characters (a UUID4 is usual)"
-            )
+        strings.request_id(request.request_id)  # the doors' rule for caller strings
         if bool(request.spec.input) == bool(request.upload_id):
             raise errors.invalid_input(
                 "set exactly one of input_uri (a dataset the gateway can read) and upload_id "

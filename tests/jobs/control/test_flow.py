@@ -226,6 +226,7 @@ def test_same_request_id_gives_the_same_operation_never_two_jobs(client, dirs) -
             "options sets request_id",
         ),
         ({"task": "transcribe"}, grpc.StatusCode.INVALID_ARGUMENT, "task must be one of detect"),
+        ({"request_id": "a\tb"}, grpc.StatusCode.INVALID_ARGUMENT, "control character U+0009"),
         ({"shards": 41}, grpc.StatusCode.INVALID_ARGUMENT, "shards"),
         ({"upload_id": "abc123"}, grpc.StatusCode.NOT_FOUND, "upload abc123"),
     ],
