@@ -33,8 +33,8 @@ from gateway.frontends.http import bodies, openapi, page
 from gateway.frontends.http.limits import BodyLimits
 from gateway.frontends.http.responses import (
     REQUEST_ID,
+    Encoder,
     error_response,
-    result_response,
     wants_msgpack,
 )
 from gateway.frontends.http.status import (
@@ -74,6 +74,7 @@ class Handlers:
             settings.http_max_metadata_bytes, settings.http_max_metadata_keys
         )
         self.draining = False  # set on SIGTERM: /ping answers 503 from then on
+        self.encoder = Encoder()  # large answers encoded off the event loop
         # Who reads operator views; AdminsError (the gateway does not start) for a bad entry.
         self._operators = identity.Operators(
             (e.strip() for e in settings.operator_identities.split(",") if e.strip()),
@@ -188,7 +189,8 @@ class Handlers:
             return error_response(
                 status, exc.code, exc.message, request_id, as_msgpack, exc.retry_after
             )
-        return result_response(binding.to_result(outcome), request_id, as_msgpack, decoded.metadata)
+        result = binding.to_result(outcome)
+        return await self.encoder.result_response(result, request_id, as_msgpack, decoded.metadata)
 
     async def _request_message(
         self,

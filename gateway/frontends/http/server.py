@@ -80,3 +80,4 @@ class HttpDoor:
         """Stops listening, lets in-flight requests finish within the shutdown grace."""
         if self._runner is not None:
             await self._runner.cleanup()
+        self.handlers.encoder.close()
