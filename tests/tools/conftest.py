@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from tests.support.browser import browser  # noqa: F401
 from tests.support.gatewayproc import CHANNEL_OPTIONS
 from tests.support.makerun import MakeRun
 
