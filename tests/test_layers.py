@@ -255,3 +255,18 @@ def test_no_hand_written_module_is_over_400_lines() -> None:
     assert "tests/test_layers.py" in sizes
     over = {path: lines for path, lines in sizes.items() if lines > 400}
     assert not over, over
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers live in tests/support/ (docs/testing.md): a test module that imports another
+    drags its fixtures and its collection along, and hides a helper where nobody looks."""
+    tests = ROOT / "tests"
+    wrong = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.startswith("tests.") and node.module.rsplit(".", 1)[-1].startswith(
+                    "test_"
+                ):
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}")
+    assert wrong == []

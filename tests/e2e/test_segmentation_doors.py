@@ -17,7 +17,9 @@ import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as dpb
 from gateway.proto.detection.v1 import detection_pb2_grpc as dpb_grpc
-from tests.e2e.test_segmentation import (
+from tests.support.gatewayproc import CHANNEL_OPTIONS, SERVING, GatewayProcess, run_gateway
+from tests.support.localserver import run_local_server
+from tests.support.segmentmodels import (
     BOX,
     MODEL_CONFIG,
     TRUTH,
@@ -26,8 +28,6 @@ from tests.e2e.test_segmentation import (
     picture,
     shape,
 )
-from tests.support.gatewayproc import CHANNEL_OPTIONS, SERVING, GatewayProcess, run_gateway
-from tests.support.localserver import run_local_server
 
 pytestmark = pytest.mark.e2e
 

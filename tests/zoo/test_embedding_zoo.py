@@ -22,9 +22,9 @@ from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.proto.embedding.v1 import embedding_pb2_grpc as epb_grpc
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import LocalServer
+from tests.support.zoomistakes import DCT_SCALED, MISTAKES, wrong_config
 from tests.zoo.compare import TIMEOUT, image
 from tests.zoo.conftest import DETECTORS, EMBEDDERS
-from tests.zoo.test_mistakes import DCT_SCALED, MISTAKES, wrong_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(5400)]
 

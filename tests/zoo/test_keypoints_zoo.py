@@ -25,9 +25,9 @@ from gateway.proto.keypoints.v1 import keypoints_pb2_grpc as kpb_grpc
 from gateway.tasks.keypoints.names import COCO17_NAMES, COCO17_SKELETON
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import LocalServer
+from tests.support.zoomistakes import wrong_config
 from tests.zoo.compare import BOX_TOLERANCE_PX, DETECTION_SCORE_TOLERANCE, TIMEOUT, image
 from tests.zoo.conftest import DETECTORS, KEYPOINTERS
-from tests.zoo.test_mistakes import wrong_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(5400)]
 

@@ -12,9 +12,6 @@ gateway sends the others the encoded file, which their graph decodes).
 
 from __future__ import annotations
 
-import copy
-import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +20,13 @@ import pytest
 
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import LocalServer
-from tests.zoo.compare import classifier_differences, detector_differences, to_toml
-from tests.zoo.conftest import CLASSIFIERS, DETECTORS, MODEL_CONFIG
+from tests.support.zoomistakes import DCT_SCALED, MISTAKES, wrong_config
+from tests.zoo.compare import classifier_differences, detector_differences
+from tests.zoo.conftest import DETECTORS
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(5400)]
 
 
-def _swap_channels(prep: dict[str, Any]) -> bool:
-    prep["channel_order"] = "RGB" if prep.get("channel_order") == "BGR" else "BGR"
-    return True
-
-
-def _drop_mean(prep: dict[str, Any]) -> bool:
-    return prep.pop("mean", None) is not None
-
-
-def _fast_resize(prep: dict[str, Any]) -> bool:
-    return prep.pop("resize_filter", None) is not None
-
-
-MISTAKES: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "channels swapped": _swap_channels,
-    "mean dropped": _drop_mean,
-    "fast resize": _fast_resize,
-}
-# The photos the fast path decodes at a fraction of their size: where it must be caught.
-DCT_SCALED = {"photo640x480", "photo1200x900", "exif6_600x800", "exif3_800x600"}
 # The detectors the gateway sends pixels (their graphs take no encoded file).
 PIXEL_DETECTORS = (
     "mg_retinanet_image_tensor",
@@ -56,22 +34,6 @@ PIXEL_DETECTORS = (
     "yolo_v8_layout",
     "keras_hub_retinanet_decoded",
 )
-
-
-def wrong_config(
-    mistake: str, directory: Path, models: tuple[str, ...] = CLASSIFIERS
-) -> tuple[Path, list[str]]:
-    """The zoo's model config with `mistake` made for every one of `models` it applies to."""
-    config = tomllib.loads(MODEL_CONFIG.read_text())
-    wrong = copy.deepcopy(config)
-    changed = []
-    for model in models:
-        table = wrong["models"][model]
-        if MISTAKES[mistake](table.setdefault("input", {})):
-            changed.append(model)
-    path = directory / "models.toml"
-    path.write_text(to_toml(wrong))
-    return path, changed
 
 
 @pytest.mark.parametrize("mistake", list(MISTAKES))

@@ -16,10 +16,6 @@ import pytest
 from PIL import Image
 
 from gateway.frontends.http.page import BOX_COLOUR
-from tests.e2e.test_segmentation import MODEL_CONFIG as MASK_MODELS
-from tests.e2e.test_segmentation import export_model as export_mask_model
-from tests.e2e.test_segmentation import picture as mask_picture
-from tests.e2e.test_segmentation import shape as mask_shape
 from tests.support import masks
 from tests.support.browser import Page, Shown, run_page, with_page
 from tests.support.gatewayproc import GatewayProcess, run_gateway
@@ -27,6 +23,10 @@ from tests.support.keypointmodels import MODEL_CONFIG as KEYPOINT_MODELS
 from tests.support.keypointmodels import export_models as export_keypoint_models
 from tests.support.keypointmodels import picture as keypoint_picture
 from tests.support.localserver import run_local_server
+from tests.support.segmentmodels import MODEL_CONFIG as MASK_MODELS
+from tests.support.segmentmodels import export_model as export_mask_model
+from tests.support.segmentmodels import picture as mask_picture
+from tests.support.segmentmodels import shape as mask_shape
 
 BOX_RGB = np.array([int(BOX_COLOUR[i : i + 2], 16) for i in (1, 3, 5)])
 
