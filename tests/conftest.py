@@ -76,6 +76,16 @@ SLOW = {
     "serving/test_local_config.py": 22,
     "serving/test_reference_models.py": 121,
     "serving/test_unparsable_input.py": 36,
+    # Process-heavy files the quick loop still ran, from `python -m tests.support.suitetime
+    # --fast` (2026-11-29, load 13.8; bench/results.md#suite-fast): the seconds of their tests
+    # that the section lists among the slowest. Each starts gateways (and TF Serving, chromium).
+    "frontends/http/test_page_tasks.py": 270,  # two TF Servings, gateways, chromium
+    "jobs/control/test_job_slots.py": 101,  # two gateways racing on one store
+    "jobs/spec/test_task_options.py": 88,  # a TF Serving of its own and a gateway
+    "jobs/executors/test_poison.py": 100,  # runners killed and out of memory
+    "security/test_hostile_datasets.py": 57,
+    "jobs/executors/test_lease_fence.py": 41,
+    "jobs/control/test_store_budget.py": 38,
 }
 
 
