@@ -195,6 +195,15 @@ def container_env(
             )
             env[entry["name"]] = json.loads(found.stdout)["data"][ref["key"]]
             continue
+        ref = entry["valueFrom"].get("secretKeyRef")
+        if ref is not None:  # as the kubelet: an optional Secret that is not there sets nothing
+            found = server.kubectl("get", "secret", ref["name"], f"--namespace={NAMESPACE}",
+                                   "--output=json", check=False)  # fmt: skip
+            assert found.returncode == 0 or ref.get("optional"), f"Secret {ref['name']} is missing"
+            if found.returncode == 0:
+                value = json.loads(found.stdout)["data"][ref["key"]]
+                env[entry["name"]] = base64.b64decode(value).decode()
+            continue
         path = entry["valueFrom"]["fieldRef"]["fieldPath"]
         assert pod is not None and path.startswith("metadata."), entry
         env[entry["name"]] = pod["metadata"][path.removeprefix("metadata.")]
