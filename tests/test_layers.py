@@ -264,9 +264,10 @@ def test_no_test_module_imports_another() -> None:
     wrong = []
     for path in sorted(tests.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module.startswith("tests.") and node.module.rsplit(".", 1)[-1].startswith(
-                    "test_"
-                ):
-                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}")
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+                continue
+            if node.module.startswith("tests.") and node.module.rsplit(".", 1)[-1].startswith(
+                "test_"
+            ):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}")
     assert wrong == []
