@@ -41,8 +41,9 @@ class Task(Protocol):
     name: str  # as in the model config: "detection", "classification"
     binding: Binding  # its public API
     # True when mapping one image's outputs may take milliseconds (masks: a bitmap per
-    # instance): the pipeline then runs `map` in its decode threads, off the event loop that
-    # answers every other request; False keeps it inline (a few µs of Python per image).
+    # instance): the pipeline then runs `map` in map threads of their own, off the event loop
+    # and apart from the decode threads, and `frame.work.check()` between instances stops it
+    # at the request's deadline; False keeps it inline (a few µs of Python per image).
     map_in_thread: bool
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> Any:

@@ -1,6 +1,7 @@
 """Where a task's mapping runs: inline on the event loop (a few µs of Python per image), or,
 for a task that says its mapping takes milliseconds (`map_in_thread`: masks), in the
-pipeline's decode threads, so the loop keeps answering other requests meanwhile."""
+pipeline's map threads, so the loop keeps answering other requests meanwhile and a held
+mapping never takes the decode threads other requests need."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class Recording(DetectionTask):
 
 
 @pytest.mark.parametrize("in_thread", [False, True])
-def test_a_task_maps_on_the_loop_or_in_a_decode_thread_as_it_says(in_thread: bool) -> None:
+def test_a_task_maps_on_the_loop_or_in_a_thread_as_it_says(in_thread: bool) -> None:
     task = Recording(in_thread)
 
     async def scenario() -> tuple[int, int]:
