@@ -181,10 +181,11 @@ class Pipeline:
                 self._limit.release(
                     ticket, time.perf_counter() - started, reserved, spent(reserved, work)
                 )
-            if shadowed is not None:
+            if shadowed is not None:  # the copy gets what is left of the caller's deadline
+                left = None if work.deadline is None else work.deadline - time.monotonic()
+                copy = request if left is None else request._replace(timeout=max(left, 1e-3))
                 self.shadows.send(shadowed, outcome, partial(
-                    self._run, task, shadowed.shadow, request, request_id, timings.copy(), {},
-                    Work(),
+                    self._run, task, shadowed.shadow, copy, request_id, timings.copy(), {}, Work()
                 ), task.compare)  # fmt: skip
             return outcome
         except GatewayError as exc:

@@ -8,7 +8,8 @@ sizes, which the model's limits bound (a thousand boxes a side: milliseconds).
 Bounded: at most MAX_PENDING copies at a time in a process. A copy is dropped (and counted)
 when that many are pending, or when the gateway's requests in flight are within a quarter of
 --max-concurrent-requests: shadow traffic is the first thing to go under load. Copies take no
-concurrency ticket and no caller's fair share (gateway.policy.fairshare).
+concurrency ticket and no caller's fair share (gateway.policy.fairshare), and have what was
+left of the caller's deadline when its answer went out (gateway.core.pipeline).
 """
 
 from __future__ import annotations
