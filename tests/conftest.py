@@ -123,7 +123,8 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return models.copy_to(tmp_path_factory.mktemp("models"))
 
 
-# What the shared TF Serving serves: the reference detectors and classifiers its users call.
+# What the shared TF Serving serves: the reference models its users call (make run's, one per
+# task and the detectors' and classifiers' input forms; tests/e2e/test_door_matrix.py).
 SHARED_MODELS = (
     "detector",
     "detector_fixed",
@@ -131,6 +132,9 @@ SHARED_MODELS = (
     "classifier",
     "classifier_logits",
     "classifier_scores",
+    "maskrcnn",
+    "pose",
+    "embedder",
 )
 
 

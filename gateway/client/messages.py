@@ -32,8 +32,9 @@ def task_request(
 
 def result_dict(result: Any) -> dict[str, Any]:
     """A result message as plain data: request_id, model, image size, then the task's fields
-    (every field present); scores rounded to 4 decimals, normalized coordinates to 5. A
-    result whose `error` is set becomes its request_id and the error."""
+    (every field present, a message field when set: the HTTP door's fields); scores rounded
+    to 4 decimals, normalized coordinates to 5. A result whose `error` is set becomes its
+    request_id and the error."""
     if result.HasField("error"):
         error = result.error
         code = _CODE_NAMES.get(error.code, grpc.StatusCode.UNKNOWN.name)
@@ -43,7 +44,11 @@ def result_dict(result: Any) -> dict[str, Any]:
     names += [
         field.name for field in result.DESCRIPTOR.fields if field.name not in (*_LEADING, "error")
     ]
-    return {name: _value(result, fields[name]) for name in names}
+    return {
+        name: _value(result, fields[name])
+        for name in names
+        if not fields[name].has_presence or result.HasField(name)
+    }
 
 
 def _value(message: Message, field: FieldDescriptor) -> Any:

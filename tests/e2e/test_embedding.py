@@ -1,7 +1,8 @@
 """Embeddings end to end: the built-in embedding task through a real gateway process in front
-of the local TF Serving, over gRPC (unary, stream, reflection), HTTP (JSON, MessagePack, raw,
-multipart, /invocations, OpenAPI), health, the client command, detection-batch and
-check-models.
+of the local TF Serving, over gRPC (the vector, its options and refusals), HTTP (JSON,
+MessagePack, raw, multipart, /invocations, OpenAPI) and check-models. What every task does at
+every door (stream, health, reflection, the client command, detection-batch, a model of
+another task refused) is tests/e2e/test_door_matrix.py.
 
 The model is the reference `classifier_scores`, served twice: its float [1, 8] output is the
 share of the image's pixels nearest to each palette colour, so for an image made of palette
@@ -26,14 +27,11 @@ import grpc
 import msgpack
 import numpy as np
 import pytest
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-    ProtoReflectionDescriptorDatabase,
-)
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.proto.embedding.v1 import embedding_pb2_grpc as epb_grpc
-from tests.support.gatewayproc import CHANNEL_OPTIONS, SERVING, GatewayProcess, run_gateway
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
 from tests.support.stripes import IMAGE, LABELS, OTHER, SIDE, shares, stripes, unit
 
@@ -140,43 +138,6 @@ def test_a_zero_vector_comes_back_unnormalised(stub: epb_grpc.EmbeddingServiceSt
     assert not result.normalized and list(result.embedding) == [0.0, 0.0]
 
 
-def test_a_model_of_another_task_is_refused(stub: epb_grpc.EmbeddingServiceStub) -> None:
-    with pytest.raises(grpc.RpcError) as refused:
-        embed(stub, stripes(*IMAGE), model="classifier_scores")
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "configured as a classification model" in (refused.value.details() or "")
-
-
-def test_the_stream_answers_in_order_with_per_image_errors(
-    stub: epb_grpc.EmbeddingServiceStub,
-) -> None:
-    requests = [
-        epb.EmbedRequest(image=stripes(*IMAGE), request_id="a"),
-        epb.EmbedRequest(image=b"not an image", request_id="b"),
-        epb.EmbedRequest(image=stripes(*OTHER), request_id="c", dimensions=-1),
-        epb.EmbedRequest(image=stripes(*OTHER), request_id="d"),
-    ]
-    results = list(stub.EmbedStream(iter(requests), timeout=60))
-    assert [r.request_id for r in results] == ["a", "b", "c", "d"]
-    assert [r.HasField("error") for r in results] == [False, True, True, False]
-    assert results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    np.testing.assert_allclose(results[0].embedding, unit(shares(*IMAGE)), atol=1e-6)
-    np.testing.assert_allclose(results[3].embedding, unit(shares(*OTHER)), atol=1e-6)
-
-
-def test_health_reports_the_service(gateway: GatewayProcess) -> None:
-    assert gateway.health("embedding.v1.EmbeddingService") == SERVING
-
-
-def test_reflection_describes_the_service(gateway: GatewayProcess) -> None:
-    with grpc.insecure_channel(gateway.target) as channel:
-        database = ProtoReflectionDescriptorDatabase(channel)
-        assert "embedding.v1.EmbeddingService" in database.get_services()
-        found = database.FindFileContainingSymbol("embedding.v1.EmbeddingService")
-    assert found.package == "embedding.v1"
-    assert {m.name for m in found.service[0].method} == {"Embed", "EmbedStream"}
-
-
 def post(
     gateway: GatewayProcess, path: str, body: bytes, content_type: str, accept: str = ""
 ) -> tuple[int, bytes]:
@@ -262,21 +223,6 @@ def test_openapi_describes_the_route_and_result(gateway: GatewayProcess) -> None
     assert properties["dimension"]["type"] == "integer"
 
 
-def test_the_client_command_embeds_over_both_doors(gateway: GatewayProcess, tmp_path: Path) -> None:
-    image = tmp_path / "stripes.png"
-    image.write_bytes(stripes(*IMAGE))
-    for door in (f"--target={gateway.target}", f"--http={gateway.http_url}"):
-        done = subprocess.run(
-            [sys.executable, "-m", "gateway.client", str(image), door, "--task=embed",
-             "--model=embedder_raw", "--dimensions=1"],
-            capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        (line,) = done.stdout.splitlines()
-        result = json.loads(line)
-        assert result["embedding"] == [0.75] and result["normalized"] is False, door
-
-
 def test_check_models_shows_the_plan_and_a_trial(served: LocalServer, root: Path) -> None:
     config = root / "gateway-models.toml"
     done = subprocess.run(
@@ -298,29 +244,3 @@ def test_check_models_shows_the_plan_and_a_trial(served: LocalServer, root: Path
     assert named["outputs"]["normalize"] == "no (the model's values)"
     assert recognised["trial"]["summary"] == {"dimension": 8, "normalized": True}
     assert len(recognised["trial"]["result"]["embedding"]) == 3  # the report's first values
-
-
-def test_detection_batch_writes_the_http_doors_fields(gateway: GatewayProcess, root: Path) -> None:
-    images = root / "dataset"
-    images.mkdir()
-    (images / "a.png").write_bytes(stripes(*IMAGE))
-    (images / "b.png").write_bytes(b"not an image")
-    (images / "c.png").write_bytes(stripes(*OTHER))
-    out = root / "batch-out"
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway.jobs.runner", str(images), str(out),
-         f"--target={gateway.target}", "--task=embed", "--model=embedder"],
-        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (results,) = out.glob("results-*.jsonl")
-    lines = [json.loads(line) for line in results.read_text().splitlines()]
-    assert [line["id"] for line in lines] == ["a.png", "b.png", "c.png"]
-    assert lines[1]["error"]["code"] == "INVALID_ARGUMENT"
-    first = lines[0]["result"]
-    assert set(first) == {
-        "embedding", "dimension", "normalized", "image_width", "image_height", "model",
-        "request_id",
-    }  # fmt: skip
-    np.testing.assert_allclose(first["embedding"], unit(shares(*IMAGE)), atol=1e-6)
-    np.testing.assert_allclose(lines[2]["result"]["embedding"], unit(shares(*OTHER)), atol=1e-6)

@@ -1,7 +1,8 @@
 """Keypoints end to end: client -> gateway process -> local TF Serving -> keypoint models
-exported here with TensorFlow, over gRPC (unary, stream, reflection, health), HTTP (JSON,
-MessagePack, multipart, raw image, /invocations, OpenAPI), the client's command line over both
-doors, detection-batch (JSON Lines with the HTTP door's fields) and check-models.
+exported here with TensorFlow, over gRPC (the points in the caller's pixels, options), HTTP
+(JSON, MessagePack, multipart, raw image, /invocations, OpenAPI) and check-models. What every
+task does at every door (stream, health, reflection, the client command, detection-batch, a
+model of another task refused) is tests/e2e/test_door_matrix.py.
 
 The models find the image's red rectangle and put COCO-17's keypoints on its diagonal: point
 k at (x_min + k/16 (x_max - x_min), y_min + k/16 (y_max - y_min)) in pixels of what they
@@ -26,11 +27,10 @@ import msgpack
 import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as dpb
-from gateway.proto.detection.v1 import detection_pb2_grpc as dpb_grpc
 from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
 from gateway.proto.keypoints.v1 import keypoints_pb2_grpc as pb_grpc
 from gateway.tasks.keypoints.names import COCO17_NAMES, COCO17_SKELETON
-from tests.support.gatewayproc import CHANNEL_OPTIONS, SERVING, GatewayProcess, run_gateway
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.httpcalls import call, multipart, ok_status
 from tests.support.keypointmodels import MODEL_CONFIG, expected, export_models, picture
 from tests.support.localserver import LocalServer, run_local_server
@@ -142,22 +142,6 @@ def test_options_are_checked_and_applied(stub: pb_grpc.KeypointServiceStub) -> N
     assert "min_score must be in [0, 1]" in (refused.value.details() or "")
 
 
-def test_the_stream_answers_in_order_with_per_image_errors(
-    stub: pb_grpc.KeypointServiceStub,
-) -> None:
-    other = (10, 20, 60, 90)
-    requests = [
-        pb.DetectKeypointsRequest(image=picture(400, 300, BOX), request_id="a"),
-        pb.DetectKeypointsRequest(image=b"not an image", request_id="b"),
-        pb.DetectKeypointsRequest(image=picture(320, 240, other), request_id="c"),
-    ]
-    results = list(stub.DetectKeypointsStream(iter(requests), timeout=60))
-    assert [r.request_id for r in results] == ["a", "b", "c"]
-    assert results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert_keypoints(as_dict(results[0])["instances"][0], BOX, 1e-3)
-    assert_keypoints(as_dict(results[2])["instances"][0], other, 1e-3)
-
-
 def test_the_http_door_answers_in_every_body_form(gateway: GatewayProcess) -> None:
     image = picture(400, 300, BOX)
     raw = ok_status(call(gateway, "/v1/models/pose_od:keypoints?min_score=0.5", image,
@@ -192,27 +176,6 @@ def test_the_http_door_answers_in_every_body_form(gateway: GatewayProcess) -> No
     assert "/v1/models/{model}:keypoints" in spec["paths"]
 
 
-def test_reflection_and_the_client_command(gateway: GatewayProcess, tmp_path: Path) -> None:
-    from tests.support import tools
-
-    path = tmp_path / "picture.png"
-    path.write_bytes(picture(400, 300, BOX))
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway.client", str(path), "--task=keypoints",
-         f"--target={gateway.target}", "--model=pose_od", "--min-score=0.5"],
-        capture_output=True, timeout=120, check=False, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    line = json.loads(done.stdout.decode().splitlines()[0])
-    assert_keypoints(line["instances"][0], BOX, 1e-3)
-    grpcurl = tools.binary("grpcurl", tools.GRPCURL_INSTALL)
-    listed = subprocess.run(
-        [grpcurl, "-plaintext", gateway.target, "describe", "keypoints.v1.KeypointService"],
-        capture_output=True, timeout=60, check=True,
-    ).stdout.decode()  # fmt: skip
-    assert "rpc DetectKeypointsStream ( stream .keypoints.v1.DetectKeypointsRequest )" in listed
-
-
 def test_check_models_shows_each_plan(tfs: LocalServer, gateway_config: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "gateway", "check-models", "--json", f"--upstream={tfs.target}",
@@ -230,61 +193,3 @@ def test_check_models_shows_each_plan(tfs: LocalServer, gateway_config: Path) ->
     trial = reports["pose_od"]["trial"]
     assert trial["summary"] == {"instances": 1}
     assert trial["result"]["instances"][0]["keypoints"][0]["name"] == "nose"
-
-
-def test_health_reports_the_service(gateway: GatewayProcess) -> None:
-    assert gateway.health("keypoints.v1.KeypointService") == SERVING
-
-
-def test_a_model_of_another_task_is_refused_naming_it(gateway: GatewayProcess) -> None:
-    with grpc.insecure_channel(gateway.target, options=CHANNEL_OPTIONS) as channel:
-        detect = dpb_grpc.DetectionServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as refused:
-            detect.Detect(dpb.DetectRequest(image=picture(400, 300, BOX),
-                                            model=dpb.ModelSpec(name="pose_yolo")))  # fmt: skip
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "'pose_yolo' is configured as a keypoints model" in (refused.value.details() or "")
-
-
-def test_the_client_command_over_http(gateway: GatewayProcess, tmp_path: Path) -> None:
-    path = tmp_path / "picture.png"
-    path.write_bytes(picture(400, 300, BOX))
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway.client", str(path), "--task=keypoints",
-         f"--http={gateway.http_url}", "--model=pose_yolo", "--max-detections=1"],
-        capture_output=True, timeout=120, check=False, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    (line,) = done.stdout.decode().splitlines()
-    assert_keypoints(json.loads(line)["instances"][0], BOX, 1e-3)
-
-
-def test_detection_batch_writes_the_http_doors_fields(
-    gateway: GatewayProcess, tmp_path: Path
-) -> None:
-    images = tmp_path / "dataset"
-    images.mkdir()
-    other = (10, 20, 60, 90)
-    (images / "a.png").write_bytes(picture(400, 300, BOX))
-    (images / "b.png").write_bytes(b"not an image")
-    (images / "c.jpg").write_bytes(picture(300, 400, (40, 200, 160, 330), "JPEG", 6))
-    (images / "d.png").write_bytes(picture(320, 240, other))
-    out = tmp_path / "batch-out"
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway.jobs.runner", str(images), str(out),
-         f"--target={gateway.target}", "--task=keypoints", "--model=pose_od",
-         "--min-score=0.5"],
-        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (results,) = out.glob("results-*.jsonl")
-    lines = [json.loads(line) for line in results.read_text().splitlines()]
-    assert [line["id"] for line in lines] == ["a.png", "b.png", "c.jpg", "d.png"]
-    assert lines[1]["error"]["code"] == "INVALID_ARGUMENT"
-    first = lines[0]["result"]
-    assert set(first) == {
-        "instances", "skeleton", "image_width", "image_height", "model", "request_id",
-    }  # fmt: skip
-    assert_keypoints(first["instances"][0], BOX, 1e-3)
-    assert_keypoints(lines[2]["result"]["instances"][0], (40, 200, 160, 330), 1.0)
-    assert_keypoints(lines[3]["result"]["instances"][0], other, 1e-3)

@@ -1,7 +1,9 @@
 """Instance segmentation end to end: client -> gateway process -> local TF Serving -> a
-Mask R-CNN-style model exported here with TensorFlow, over gRPC (unary, stream,
-reflection), HTTP (JSON, MessagePack, multipart, raw image, /invocations, OpenAPI), the
-client's command line and check-models.
+Mask R-CNN-style model exported here with TensorFlow, over gRPC (unary, reflection), HTTP
+(JSON, MessagePack, multipart, raw image, /invocations, OpenAPI), the client's command line
+with a mask format and check-models. What every task does at every door (stream, health, the
+client command over HTTP, detection-batch, a model of another task refused) is
+tests/e2e/test_door_matrix.py.
 
 The model finds the image's red pixels: its one detection is their bounding box
 (detection_boxes, normalized, as the OD API and Model Garden's normalized export give them)
@@ -164,23 +166,6 @@ def test_options_are_checked_and_applied(stub: pb_grpc.SegmentationServiceStub) 
             stub.Segment(request)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert message in (refused.value.details() or "")
-
-
-def test_the_stream_answers_in_order_with_per_image_errors(
-    stub: pb_grpc.SegmentationServiceStub,
-) -> None:
-    other = (10, 20, 90, 130)
-    small = shape(320, 240, other)
-    requests = [
-        pb.SegmentRequest(image=picture(TRUTH), request_id="a"),
-        pb.SegmentRequest(image=b"not an image", request_id="b"),
-        pb.SegmentRequest(image=picture(small), request_id="c", mask_format="png"),
-    ]
-    results = list(stub.SegmentStream(iter(requests), timeout=60))
-    assert [r.request_id for r in results] == ["a", "b", "c"]
-    assert results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert_instance(as_dict(results[0])["instances"][0], TRUTH, BOX, 0.97)
-    assert_instance(as_dict(results[2])["instances"][0], small, other, 0.95)
 
 
 def test_the_http_door_answers_in_every_body_form(gateway: GatewayProcess) -> None:

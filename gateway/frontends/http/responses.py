@@ -150,9 +150,12 @@ def to_msgpack(
 
 
 def _native(message: Message) -> dict[str, Any]:
-    """Every field of a message as plain values; message fields only when set."""
+    """Every field of a message as plain values; message fields, and the members of a oneof,
+    only when set (as the JSON door writes them)."""
     out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
+        if field.containing_oneof is not None and not message.HasField(field.name):
+            continue
         value = getattr(message, field.name)
         if field.type == Field.TYPE_MESSAGE:
             if field.is_repeated:
