@@ -38,7 +38,7 @@ PATH = [
     ("  tensors: OutputTensor (each response tensor checked)", "OutputTensor.__init__ "),
     ("  tensors: OutputTensor.head (the rows a detector found)", "OutputTensor.head "),
     ("task: DetectionTask.map (outputs -> detections)", "DetectionTask.map "),
-    ("api: to_detection_result (-> protobuf)", "to_detection_result "),
+    ("api: Binding.to_result (-> protobuf)", "Binding.to_result "),
     ("pipeline: _record (metrics + request log)", "Pipeline._record "),
     ("  metrics: record", "record (gateway/metrics.py"),
     ("  logging: Logger.info (JSON line)", "Logger.info "),

@@ -9,21 +9,30 @@ and it converts: `to_request` makes the pipeline's plain Request from the reques
 `to_result` the result message from the pipeline's Outcome. The gRPC servicers, the HTTP door,
 OpenAPI, the client and the batch runner loop over the bindings.
 
+A task folder declares its binding with `Binding.of`: the service descriptor says the RPCs and
+the messages, the folder holds the page (page.js) and the drawing (drawing.py), and the task
+gives what is its own (names, options, how its result fills the result message).
+
 Every task's messages follow one shape, which the doors rely on: the request has `bytes
 image`, `detection.v1.ModelSpec model`, `string request_id` and scalar options; the result
-has `string request_id` and `google.rpc.Status error` (a stream's per-image error).
+has `int32 image_width`, `int32 image_height`, `detection.v1.ServedModel model`, `string
+request_id` and `google.rpc.Status error` (a stream's per-image error).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 
 from gateway import errors
 from gateway.domain import ModelRef, Outcome, Request, Trace
@@ -46,7 +55,8 @@ TRACE_HEADERS = frozenset(
 )
 # (request message, request id, method name for logs and metrics, seconds left or None, trace)
 ToRequest = Callable[[Any, str, str, "float | None", Trace], Request]
-ToResult = Callable[[Outcome], Any]
+# (result message, the task's result): sets the task's own fields of a result message
+FillResult = Callable[[Any, Any], None]
 
 
 @dataclass(frozen=True)
@@ -63,16 +73,16 @@ class Binding:
     # The task's options type (a NamedTuple), made from the request's option fields: its
     # fields are `options`' names, in that order.
     options_type: Callable[..., Any]
-    to_result: ToResult
+    fill_result: FillResult  # the task's own fields of a result message (to_result)
     summary: str  # what a call does, for OpenAPI ("Detect objects")
     # The request's options (scalar fields besides request_id), each with its description.
     options: Mapping[str, str]
-    # JavaScript drawing a result on the page: its task folder's page.js (page_script), the
+    # JavaScript drawing a result on the page: its task folder's page.js (Binding.of), the
     # body of an async (result, view) function (gateway/frontends/http/page.py: the contract).
     # "" for none: the page then shows the JSON only.
     page: str = ""
     # The client's `--draw`: draws a result (as JSON-ready data) on a gateway.imaging.sketch
-    # Sketch; its task folder's drawing.py. None: the task draws nothing.
+    # Sketch; its task folder's drawing.py (Binding.of). None: the task draws nothing.
     draw: Callable[[Any, Mapping[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
@@ -90,6 +100,48 @@ class Binding:
         )
         object.__setattr__(self, "_read_options", read)
 
+    @classmethod
+    def of(
+        cls,
+        service: ServiceDescriptor,
+        *,
+        task: str,
+        verb: str,
+        options_type: Callable[..., Any],
+        fill_result: FillResult,
+        summary: str,
+        options: Mapping[str, str],
+        package: str,
+    ) -> Binding:
+        """A task's binding from its gRPC service: the unary and the streaming RPC and their
+        messages as the service descriptor declares them; `fill_result` sets the task's own
+        fields of a result message (to_result sets the rest); `package` is the task folder's
+        (`__package__`), whose page.js is the page and whose drawing.py's `draw` the client's
+        --draw (each optional)."""
+        unary = _method(service, streaming=False)
+        stream = _method(service, streaming=True)
+        page = resources.files(package) / "page.js"
+        drawing = f"{package}.drawing"
+        return cls(
+            task=task,
+            verb=verb,
+            service=service,
+            unary=unary.name,
+            stream=stream.name,
+            request_type=GetMessageClass(unary.input_type),
+            result_type=GetMessageClass(unary.output_type),
+            options_type=options_type,
+            fill_result=fill_result,
+            summary=summary,
+            options=options,
+            page=page.read_text(encoding="utf-8") if page.is_file() else "",
+            draw=(
+                importlib.import_module(drawing).draw
+                if importlib.util.find_spec(drawing) is not None
+                else None
+            ),
+        )
+
     @property
     def service_name(self) -> str:
         return str(self.service.full_name)
@@ -104,6 +156,18 @@ class Binding:
         return Request(
             message.image, to_model_ref(message.model), options, request_id, timeout, method, trace
         )
+
+    def to_result(self, outcome: Outcome) -> Any:
+        """The result message of an Outcome: the fields every result has (image size, served
+        model, request id), then the task's own (`fill_result`)."""
+        result = self.result_type(
+            image_width=outcome.image_width,
+            image_height=outcome.image_height,
+            model=served_model(outcome),
+            request_id=outcome.request_id,
+        )
+        self.fill_result(result, outcome.result)
+        return result
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """GatewayError INVALID_INPUT naming an option this task does not have (never
@@ -160,6 +224,19 @@ def page_script(binding_module: str) -> str:
     """The page renderer beside a binding module (`page_script(__file__)`): the page.js of its
     task folder."""
     return (Path(binding_module).parent / "page.js").read_text(encoding="utf-8")
+
+
+def _method(service: ServiceDescriptor, *, streaming: bool) -> MethodDescriptor:
+    """The service's one unary RPC, or its one RPC streaming both ways."""
+    found = [
+        method
+        for method in service.methods
+        if method.client_streaming == method.server_streaming == streaming
+    ]
+    if len(found) != 1:
+        kind = "streaming" if streaming else "unary"
+        raise ValueError(f"service {service.full_name} has {len(found)} {kind} RPCs, not one")
+    return found[0]
 
 
 # --- conversions shared by the bindings -------------------------------------------------

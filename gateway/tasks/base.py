@@ -1,18 +1,61 @@
-"""What the task folders share: a task's own config of a model (`task_config`), a model's
-ceilings on one request's work (`limits_of`). The contract a
-task implements (Task, TaskRegistry) is gateway.api.task; the nouns it works on (Frame,
+"""What the task folders share: `FolderTask`, the members every task has alike (its name from
+its binding, its model-config keys read by its config module, its own config of a model, its
+shadow comparison), a model's ceilings on one request's work (`limits_of`), and the readers of
+`[models.NAME.outputs]` output names and of one output's numbers. The contract a task
+implements (Task, TaskRegistry) is gateway.api.task; the nouns it works on (Frame,
 OutputPlan, OutputError) are gateway.domain."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+import numpy as np
+
+from gateway.api.bindings import Binding
 from gateway.config import Settings
+from gateway.domain import OutputError
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
 from gateway.models.limits import resolve as resolve_limits
+from gateway.models.values import ModelConfigError, as_table, refuse_unknown
+from gateway.upstream.tensors import Tensor, as_array
 
 _Config = TypeVar("_Config")
+_Own = TypeVar("_Own", covariant=True)
+
+
+class ConfigKeys(Protocol[_Own]):
+    """A task's config module (gateway/tasks/<task>/config.py): its reader of [models.NAME]
+    and its config of a model no config file lists."""
+
+    @property
+    def DEFAULT(self) -> _Own: ...  # the module's constant
+
+    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> _Own: ...
+
+
+class FolderTask(Generic[_Config]):
+    """The members of gateway.api.task.Task every task folder's task has alike: a subclass
+    sets `binding` and `config` (its config module), and writes resolve, output_plan, map,
+    cost, compare (`staticmethod` of its compare module's function) and summary."""
+
+    name: ClassVar[str]  # its binding's task
+    binding: ClassVar[Binding]
+    config: ConfigKeys[_Config]  # its config module
+    map_in_thread: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.binding.task
+
+    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> _Config:
+        return self.config.read_config(table, path, where)
+
+    def own(self, config: ModelConfig) -> _Config:
+        """The task's own config of a model (its defaults for one no config file lists)."""
+        return task_config(config, self.config.DEFAULT)
 
 
 def task_config(config: ModelConfig, default: _Config) -> _Config:
@@ -29,3 +72,41 @@ def limits_of(config: ModelConfig, settings: Settings) -> Limits:
         config.limits, config.name, settings.max_detections_limit, settings.max_mask_pixels,
         settings.max_answer_bytes,
     )  # fmt: skip
+
+
+def read_outputs(
+    table: Mapping[str, Any], keys: Collection[str], path: Path, where: str
+) -> tuple[Mapping[str, Any], str]:
+    """[models.NAME.outputs] of the model table `table` at `where`, its keys among `keys`
+    (others refused by name), and where it is ("models.NAME.outputs")."""
+    where = where + ".outputs"
+    outputs = as_table(table.get("outputs", {}), path, where)
+    refuse_unknown(outputs, set(keys), str(path), where + ".")
+    return outputs, where
+
+
+def output_names(
+    outputs: Mapping[str, Any], keys: Collection[str], path: Path, where: str
+) -> dict[str, str]:
+    """The `keys` of [models.NAME.outputs] that are given, each the name of an output of the
+    signature (a non-empty string, or ModelConfigError naming it)."""
+    names: dict[str, str] = {}
+    for key in keys:
+        if key in outputs:
+            value = outputs[key]
+            if not isinstance(value, str) or not value:
+                raise ModelConfigError(
+                    f"{path}: {where}.{key} must name an output of the signature"
+                )
+            names[key] = value
+    return names
+
+
+def numbers(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
+    """The output `key` of TF Serving's response as an array of numbers, or OutputError."""
+    if key not in outputs:
+        raise OutputError(f"TF Serving response lacks output '{key}'")
+    values = as_array(outputs[key])
+    if values.dtype.kind not in "fiu":
+        raise OutputError(f"{key} has dtype {values.dtype}; expected numbers")
+    return values

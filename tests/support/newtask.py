@@ -118,9 +118,12 @@ from typing import Any
 from gateway.models.values import COMMON_KEYS, ModelConfigError, refuse_unknown
 
 
+DEFAULT = 0.05
+
+
 def read_config(table: Mapping[str, Any], path: Path, where: str) -> float:
     refuse_unknown(table, {*COMMON_KEYS, "min_share"}, str(path), where + ".")
-    value = table.get("min_share", 0.05)
+    value = table.get("min_share", DEFAULT)
     if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ModelConfigError(f"{path}: {where}.min_share must be in [0, 1], got {value!r}")
     return float(value)
@@ -130,37 +133,24 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> float:
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, page_script, served_model
-from gateway.domain import Outcome
+from gateway.api.bindings import Binding
 from gateway.proto.palette.v1 import palette_pb2 as pb
-from gateway.tasks.palette import drawing
-from gateway.tasks.palette.nouns import PaletteOptions
+from gateway.tasks.palette.nouns import PaletteOptions, Shares
 
 
-def to_result(outcome: Outcome) -> pb.PaletteResult:
-    return pb.PaletteResult(
-        shares=[pb.Share(label=s.label, share=s.share) for s in outcome.result.shares],
-        image_width=outcome.image_width,
-        image_height=outcome.image_height,
-        model=served_model(outcome),
-        request_id=outcome.request_id,
-    )
+def fill_result(result: pb.PaletteResult, found: Shares) -> None:
+    result.shares.extend(pb.Share(label=s.label, share=s.share) for s in found.shares)
 
 
-BINDING = Binding(
+BINDING = Binding.of(
+    pb.DESCRIPTOR.services_by_name["PaletteService"],
     task="palette",
     verb="palette",
-    service=pb.DESCRIPTOR.services_by_name["PaletteService"],
-    unary="Palette",
-    stream="PaletteStream",
-    request_type=pb.PaletteRequest,
-    result_type=pb.PaletteResult,
     options_type=PaletteOptions,
-    to_result=to_result,
+    fill_result=fill_result,
     summary="Each class's share of the image",
     options={"min_share": "least share answered, 0..1 (0: the model's default)"},
-    page=page_script(__file__),
-    draw=drawing.draw,
+    package=__package__,
 )
 ''',
     "drawing.py": '''\
@@ -191,8 +181,6 @@ view.status("Palette by " + view.served(result));
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -200,6 +188,7 @@ from gateway import errors
 from gateway.config import Settings
 from gateway.domain import Comparison, Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
+from gateway.tasks.base import FolderTask
 from gateway.tasks.palette import config as palette_config
 from gateway.tasks.palette.binding import BINDING
 from gateway.tasks.palette.nouns import PaletteOptions, Share, Shares
@@ -207,19 +196,14 @@ from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor, as_array
 
 
-class PaletteTask:
-    name = "palette"
+class PaletteTask(FolderTask[float]):
     binding = BINDING
-    map_in_thread = False
-
-    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> float:
-        return palette_config.read_config(table, path, where)
+    config = palette_config
 
     def resolve(self, options: PaletteOptions, config: ModelConfig, settings: Settings) -> float:
         if not 0.0 <= options.min_share <= 1.0:
             raise errors.invalid_input(f"min_share must be in [0, 1], got {options.min_share}")
-        default = config.task_config if isinstance(config.task_config, float) else 0.05
-        return options.min_share or default
+        return options.min_share or self.own(config)
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> OutputPlan:
         floats = sorted(k for k, s in signature.outputs.items() if s.shape and len(s.shape) == 2)

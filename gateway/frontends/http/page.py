@@ -10,8 +10,8 @@ small data: URL works), and `document.body.dataset.state` ends as `done` or `err
 browser tests drive it.
 
 The page knows no task. Each task's binding carries its renderer (`Binding.page`), read from
-the task folder's page.js (gateway/tasks/<task>/page.js, `page=page_script(__file__)` in its
-binding.py). The contract of a page.js:
+the task folder's page.js (gateway/tasks/<task>/page.js, which `Binding.of` reads). The
+contract of a page.js:
 
 - It is the BODY of an async function registered for the binding's verb:
       RENDERERS["<verb>"] = async (result, view) => { <page.js> };

@@ -13,12 +13,12 @@ from typing import Any
 from gateway.models.values import (
     COMMON_KEYS,
     ModelConfigError,
-    as_table,
     read_choice,
     read_integer,
     read_number,
     refuse_unknown,
 )
+from gateway.tasks.base import output_names, read_outputs
 
 # Classification's top_k when neither the request nor the model config gives one.
 DEFAULT_TOP_K = 5
@@ -53,18 +53,8 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> Classificat
             "models take labels = 'labels.txt' (one label per line, line k is class id k)"
         )
     refuse_unknown(table, {*COMMON_KEYS, "top_k", "min_score"}, str(path), where + ".")
-    outputs_where = where + ".outputs"
-    outputs = as_table(table.get("outputs", {}), path, outputs_where)
-    refuse_unknown(outputs, set(OUTPUT_KEYS), str(path), outputs_where + ".")
-    names: dict[str, str] = {}
-    for key in _NAMES:
-        if key in outputs:
-            value = outputs[key]
-            if not isinstance(value, str) or not value:
-                raise ModelConfigError(
-                    f"{path}: {outputs_where}.{key} must name an output of the signature"
-                )
-            names[key] = value
+    outputs, outputs_where = read_outputs(table, OUTPUT_KEYS, path, where)
+    names = output_names(outputs, _NAMES, path, outputs_where)
     forms = [k for k in ("probabilities", "logits", "label") if k in outputs]
     if len(forms) > 1:
         raise ModelConfigError(

@@ -18,21 +18,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Comparison, Cost, Frame, OutputError, OutputPlan
+from gateway.domain import Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import task_config
+from gateway.tasks.base import FolderTask
 from gateway.tasks.classification import config as classification_config
-from gateway.tasks.classification.binding import BINDING, CLASSIFICATION
+from gateway.tasks.classification.binding import BINDING
 from gateway.tasks.classification.compare import compare_classes
-from gateway.tasks.classification.config import ClassificationConfig
+from gateway.tasks.classification.config import ClassificationConfig, ClassificationOutputs
 from gateway.tasks.classification.nouns import Classes, ClassifyOptions, ScoredClass
 from gateway.tasks.decoders import scores as score_forms
 from gateway.upstream.signatures import Signature
@@ -54,23 +53,15 @@ class ClassificationSettings(NamedTuple):
     min_score: float
 
 
-def own_config(config: ModelConfig) -> ClassificationConfig:
-    """The classification config of a model (defaults for one no config file lists)."""
-    return task_config(config, classification_config.DEFAULT)
-
-
-class ClassificationTask:
-    name = CLASSIFICATION
+class ClassificationTask(FolderTask[ClassificationConfig]):
     binding = BINDING
-    map_in_thread = False
-
-    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> ClassificationConfig:
-        return classification_config.read_config(table, path, where)
+    config = classification_config
+    compare = staticmethod(compare_classes)
 
     def resolve(
         self, options: ClassifyOptions, config: ModelConfig, settings: Settings
     ) -> ClassificationSettings:
-        own = own_config(config)
+        own = self.own(config)
         top_k, min_score = own.top_k, own.min_score
         if options.top_k < 0 or options.top_k > MAX_TOP_K:
             raise errors.invalid_input(
@@ -87,7 +78,7 @@ class ClassificationTask:
         )
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> ClassificationPlan:
-        return plan_outputs(signature, config)
+        return plan_outputs(signature, self.own(config).outputs)
 
     def map(
         self,
@@ -132,9 +123,6 @@ class ClassificationTask:
     ) -> Cost:
         """The image decoded and top_k classes answered."""
         return Cost(frame.width * frame.height, 0, options.top_k * CLASS_BYTES, options.top_k)
-
-    def compare(self, current: Classes, candidate: Classes) -> Comparison:
-        return compare_classes(current, candidate)
 
     def summary(self, result: Classes) -> dict[str, object]:
         top = result.classes[0] if result.classes else None
@@ -219,10 +207,9 @@ class ClassificationPlan(OutputPlan):
         return plan
 
 
-def plan_outputs(signature: Signature, config: ModelConfig) -> ClassificationPlan:
+def plan_outputs(signature: Signature, mapping: ClassificationOutputs) -> ClassificationPlan:
     """The classification plan for `signature` with the model config's `[outputs]`."""
     outputs = signature.outputs
-    mapping = own_config(config).outputs
     what = f"model '{signature.model}' version {signature.version}"
     shown = f"its '{signature.name}' signature has {signature.describe()}"
     declared = [

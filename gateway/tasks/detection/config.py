@@ -14,12 +14,12 @@ from typing import Any
 from gateway.models.values import (
     COMMON_KEYS,
     ModelConfigError,
-    as_table,
     read_choice,
     read_integer,
     read_number,
     refuse_unknown,
 )
+from gateway.tasks.base import output_names, read_outputs
 
 # YOLO heads: Ultralytics' own NMS IoU default; candidates kept for NMS after the score filter
 # (a trained model leaves far fewer above its min_score; this bounds the work per image).
@@ -82,9 +82,7 @@ def read_detection_config(
     decoders the caller accepts."""
     refuse_unknown(table, {*COMMON_KEYS, "min_score", "max_detections", *extra_keys}, str(path),
                    where + ".")  # fmt: skip
-    outputs_where = where + ".outputs"
-    outputs_table = as_table(table.get("outputs", {}), path, outputs_where)
-    refuse_unknown(outputs_table, {*OUTPUT_KEYS, *extra_outputs}, str(path), outputs_where + ".")
+    outputs_table, outputs_where = read_outputs(table, {*OUTPUT_KEYS, *extra_outputs}, path, where)
     config = DetectionConfig(
         min_score=read_number(table, "min_score", path, where, 0.0, 1.0),
         max_detections=read_integer(table, "max_detections", path, where),
@@ -103,15 +101,7 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> DetectionCo
 def _read_outputs(
     table: Mapping[str, Any], path: Path, where: str, decoders: Collection[str]
 ) -> DetectionOutputs:
-    names: dict[str, str] = {}
-    for key in _NAMES:
-        if key in table:
-            value = table[key]
-            if not isinstance(value, str) or not value:
-                raise ModelConfigError(
-                    f"{path}: {where}.{key} must name an output of the signature"
-                )
-            names[key] = value
+    names = output_names(table, _NAMES, path, where)
     box_format = read_choice(table, "box_format", BOX_FORMATS, path, where) or "yxyx"
     coordinates = (
         read_choice(table, "box_coordinates", BOX_COORDINATES, path, where) or "normalized"

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Comparison, Cost, Frame, OutputPlan
+from gateway.domain import Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
-from gateway.tasks.base import limits_of, task_config
+from gateway.tasks.base import FolderTask, limits_of
 from gateway.tasks.detection import config as detection_config
-from gateway.tasks.detection.binding import BINDING, DETECTION
+from gateway.tasks.detection.binding import BINDING
 from gateway.tasks.detection.compare import compare_detections
 from gateway.tasks.detection.config import DetectionConfig
 from gateway.tasks.detection.forms import map_decoded
@@ -32,11 +31,6 @@ class DetectionSettings(NamedTuple):
 
     min_score: float
     max_detections: int
-
-
-def own_config(config: ModelConfig) -> DetectionConfig:
-    """The detection config of a model (its defaults for a model no config file lists)."""
-    return task_config(config, detection_config.DEFAULT)
 
 
 # Bytes of one detection in an answer at most (box, normalized box, label, score: ~150 in
@@ -82,21 +76,18 @@ def detection_cost(max_detections: int, frame: Frame) -> Cost:
     return Cost(frame.width * frame.height, 0, max_detections * DETECTION_BYTES, max_detections)
 
 
-class DetectionTask:
-    name = DETECTION
+class DetectionTask(FolderTask[DetectionConfig]):
     binding = BINDING
-    map_in_thread = False
-
-    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> DetectionConfig:
-        return detection_config.read_config(table, path, where)
+    config = detection_config
+    compare = staticmethod(compare_detections)
 
     def resolve(
         self, options: DetectOptions, config: ModelConfig, settings: Settings
     ) -> DetectionSettings:
-        return resolve_options(options, own_config(config), settings, limits_of(config, settings))
+        return resolve_options(options, self.own(config), settings, limits_of(config, settings))
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> DetectionPlan:
-        return plan_outputs(signature, own_config(config).outputs)
+        return plan_outputs(signature, self.own(config).outputs)
 
     def map(
         self,
@@ -129,9 +120,6 @@ class DetectionTask:
         self, options: DetectionSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
     ) -> Cost:
         return detection_cost(options.max_detections, frame)
-
-    def compare(self, current: Detections, candidate: Detections) -> Comparison:
-        return compare_detections(current, candidate)
 
     def summary(self, result: Detections) -> dict[str, object]:
         return {"detections": len(result.detections)}

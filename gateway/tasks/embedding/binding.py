@@ -2,44 +2,29 @@
 
 from __future__ import annotations
 
-from gateway.api.bindings import Binding, page_script, served_model
-from gateway.domain import Outcome
+from gateway.api.bindings import Binding
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
-from gateway.tasks.embedding import drawing
 from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
 
 EMBEDDING = "embedding"
 
 
-def to_embedding_result(outcome: Outcome) -> epb.EmbeddingResult:
-    result = outcome.result
-    assert isinstance(result, Embedding)
-    return epb.EmbeddingResult(
-        embedding=result.vector,
-        dimension=len(result.vector),
-        normalized=result.normalized,
-        image_width=outcome.image_width,
-        image_height=outcome.image_height,
-        model=served_model(outcome),
-        request_id=outcome.request_id,
-    )
+def fill_embedding(result: epb.EmbeddingResult, found: Embedding) -> None:
+    result.embedding.extend(found.vector)
+    result.dimension = len(found.vector)
+    result.normalized = found.normalized
 
 
-BINDING = Binding(
-    task=EMBEDDING,
-    verb="embed",
-    service=epb.DESCRIPTOR.services_by_name["EmbeddingService"],
-    unary="Embed",
-    stream="EmbedStream",
-    request_type=epb.EmbedRequest,
-    result_type=epb.EmbeddingResult,
-    options_type=EmbedOptions,
-    to_result=to_embedding_result,
-    summary="Embed an image (a feature vector for similarity search)",
-    options={
+BINDING = Binding.of(
+    epb.DESCRIPTOR.services_by_name["EmbeddingService"],
+    task=EMBEDDING,  # the task's name
+    verb="embed",  # POST /v1/models/{model}:embed, --task embed
+    options_type=EmbedOptions,  # the options' plain type, made from the message's fields
+    fill_result=fill_embedding,  # the result message's own fields from the plain result
+    summary="Embed an image (a feature vector for similarity search)",  # OpenAPI
+    options={  # each option's help: OpenAPI, --help
         "dimensions": "leading values kept before normalising, for Matryoshka-trained "
         "models (0: all)",
     },
-    page=page_script(__file__),
-    draw=drawing.draw,
+    package=__package__,  # the folder: its page.js, its drawing.py (--draw)
 )

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.models.values import COMMON_KEYS, ModelConfigError, as_table, refuse_unknown
+from gateway.models.values import COMMON_KEYS, ModelConfigError, refuse_unknown
+from gateway.tasks.base import read_outputs
 
 OUTPUT_KEYS = frozenset({"embedding", "normalize"})
 
@@ -32,9 +33,7 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> EmbeddingCo
                 f"{path}: {where}.{key}: an embedding model has no classes to name; remove it"
             )
     refuse_unknown(table, set(COMMON_KEYS), str(path), where + ".")
-    outputs_where = where + ".outputs"
-    outputs = as_table(table.get("outputs", {}), path, outputs_where)
-    refuse_unknown(outputs, set(OUTPUT_KEYS), str(path), outputs_where + ".")
+    outputs, outputs_where = read_outputs(table, OUTPUT_KEYS, path, where)
     name = outputs.get("embedding")
     if name is not None and (not isinstance(name, str) or not name):
         raise ModelConfigError(

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Comparison, Cost, Frame, OutputError, OutputPlan
+from gateway.domain import Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import task_config
+from gateway.tasks.base import FolderTask
 from gateway.tasks.embedding import config as embedding_config
-from gateway.tasks.embedding.binding import BINDING, EMBEDDING
+from gateway.tasks.embedding.binding import BINDING
 from gateway.tasks.embedding.compare import compare_embeddings
 from gateway.tasks.embedding.config import EmbeddingConfig
 from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
@@ -38,11 +36,6 @@ _FLOATS = (tfs.DT_FLOAT, tfs.DT_DOUBLE, tfs.DT_HALF, tfs.DT_BFLOAT16)
 # The longest vector a request may ask for; far over any image model's (CLIP ViT-bigG: 1280).
 MAX_DIMENSIONS = 65536
 VALUE_BYTES = 24  # one float of the vector in proto JSON
-
-
-def own_config(config: ModelConfig) -> EmbeddingConfig:
-    """The embedding config of a model (the defaults for one no config file lists)."""
-    return task_config(config, embedding_config.DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -63,13 +56,10 @@ class EmbeddingPlan(OutputPlan):
         }
 
 
-class EmbeddingTask:
-    name = EMBEDDING
+class EmbeddingTask(FolderTask[EmbeddingConfig]):
     binding = BINDING
-    map_in_thread = False
-
-    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> EmbeddingConfig:
-        return embedding_config.read_config(table, path, where)
+    config = embedding_config
+    compare = staticmethod(compare_embeddings)
 
     def resolve(self, options: EmbedOptions, config: ModelConfig, settings: Settings) -> int:
         """The caller's `dimensions` (0: all of them)."""
@@ -81,7 +71,7 @@ class EmbeddingTask:
         return options.dimensions
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> EmbeddingPlan:
-        return plan_outputs(signature, own_config(config))
+        return plan_outputs(signature, self.own(config))
 
     def map(
         self,
@@ -123,9 +113,6 @@ class EmbeddingTask:
         known = plan.dimension if isinstance(plan, EmbeddingPlan) and plan.dimension > 0 else 0
         values = options or known or MAX_DIMENSIONS
         return Cost(frame.width * frame.height, 0, values * VALUE_BYTES, values)
-
-    def compare(self, current: Embedding, candidate: Embedding) -> Comparison:
-        return compare_embeddings(current, candidate)
 
     def summary(self, result: Embedding) -> dict[str, object]:
         return {"dimension": len(result.vector), "normalized": result.normalized}

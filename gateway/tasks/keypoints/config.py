@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.models.values import ModelConfigError
+from gateway.tasks.base import output_names
 from gateway.tasks.detection.config import DetectionConfig, read_detection_config
 from gateway.tasks.keypoints.names import COCO17, COCO17_NAMES, COCO17_SKELETON
 
@@ -56,15 +57,7 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> KeypointCon
         table, path, where, extra_outputs=OUTPUT_KEYS, decoders=DECODERS
     )
     where = where + ".outputs"
-    outputs: dict[str, str] = {}
-    for key in _OUTPUT_NAMES:
-        if key in extra:
-            value = extra[key]
-            if not isinstance(value, str) or not value:
-                raise ModelConfigError(
-                    f"{path}: {where}.{key} must name an output of the signature"
-                )
-            outputs[key] = value
+    outputs = output_names(extra, _OUTPUT_NAMES, path, where)
     decoder = detection.outputs.decoder
     if decoder is None and "predictions" in outputs:
         raise ModelConfigError(

@@ -5,17 +5,15 @@ image as a viewer shows it, from a YOLOv8/11-pose raw head or OD API-style keypo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from gateway.config import Settings
-from gateway.domain import Comparison, Cost, Frame, OutputPlan
+from gateway.domain import Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
-from gateway.tasks.base import limits_of, task_config
+from gateway.tasks.base import FolderTask, limits_of
 from gateway.tasks.detection.nouns import DetectOptions
 from gateway.tasks.detection.task import DETECTION_BYTES, DetectionSettings, resolve_options
 from gateway.tasks.keypoints import config as keypoint_config
-from gateway.tasks.keypoints.binding import BINDING, KEYPOINTS
+from gateway.tasks.keypoints.binding import BINDING
 from gateway.tasks.keypoints.compare import compare_keypoints
 from gateway.tasks.keypoints.config import KeypointConfig
 from gateway.tasks.keypoints.mapping import map_keypoints
@@ -27,27 +25,19 @@ from gateway.upstream.tensors import Tensor
 KEYPOINT_BYTES = 60  # a named keypoint in proto JSON: name, x, y, score
 
 
-def own_config(config: ModelConfig) -> KeypointConfig:
-    """The keypoint config of a model (the defaults for a model no config file lists)."""
-    return task_config(config, keypoint_config.DEFAULT)
-
-
-class KeypointTask:
-    name = KEYPOINTS
+class KeypointTask(FolderTask[KeypointConfig]):
     binding = BINDING
-    map_in_thread = False
-
-    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> KeypointConfig:
-        return keypoint_config.read_config(table, path, where)
+    config = keypoint_config
+    compare = staticmethod(compare_keypoints)
 
     def resolve(
         self, options: DetectOptions, config: ModelConfig, settings: Settings
     ) -> DetectionSettings:
-        own = own_config(config).detection
+        own = self.own(config).detection
         return resolve_options(options, own, settings, limits_of(config, settings))
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> KeypointPlan:
-        return plan_keypoints(signature, own_config(config))
+        return plan_keypoints(signature, self.own(config))
 
     def map(
         self,
@@ -71,9 +61,6 @@ class KeypointTask:
         instances = options.max_detections
         answer = instances * (DETECTION_BYTES + points * KEYPOINT_BYTES)
         return Cost(frame.width * frame.height, 0, answer, instances * (1 + points))
-
-    def compare(self, current: Keypoints, candidate: Keypoints) -> Comparison:
-        return compare_keypoints(current, candidate)
 
     def summary(self, result: Keypoints) -> dict[str, object]:
         return {"instances": len(result.instances)}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.models.values import ModelConfigError
+from gateway.tasks.base import output_names
 from gateway.tasks.detection.config import DetectionConfig, read_detection_config
 
 DEFAULT_MASK_THRESHOLD = 0.5
@@ -57,15 +58,7 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> Segmentatio
         table, path, where, extra_outputs=OUTPUT_KEYS, decoders=DECODERS
     )
     where = where + ".outputs"
-    names: dict[str, str] = {}
-    for key in ("masks", "predictions", "prototypes"):
-        if key in extra:
-            value = extra[key]
-            if not isinstance(value, str) or not value:
-                raise ModelConfigError(
-                    f"{path}: {where}.{key} must name an output of the signature"
-                )
-            names[key] = value
+    names = output_names(extra, ("masks", "predictions", "prototypes"), path, where)
     decoder = detection.outputs.decoder
     if decoder is None and names.keys() & {"predictions", "prototypes"}:
         raise ModelConfigError(

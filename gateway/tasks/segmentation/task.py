@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Comparison, Cost, Frame, OutputPlan
+from gateway.domain import Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
-from gateway.tasks.base import limits_of, task_config
+from gateway.tasks.base import FolderTask, limits_of
 from gateway.tasks.detection.nouns import DetectOptions
 from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
 from gateway.tasks.segmentation import config as segmentation_config
-from gateway.tasks.segmentation.binding import BINDING, SEGMENTATION
+from gateway.tasks.segmentation.binding import BINDING
 from gateway.tasks.segmentation.compare import compare_segments
 from gateway.tasks.segmentation.config import SegmentationConfig
 from gateway.tasks.segmentation.mapping import map_segments
@@ -33,11 +31,6 @@ from gateway.tasks.segmentation.nouns import (
 from gateway.tasks.segmentation.plans import SegmentationPlan, plan_segmentation
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
-
-
-def own_config(config: ModelConfig) -> SegmentationConfig:
-    """The segmentation config of a model (the defaults for a model no config file lists)."""
-    return task_config(config, segmentation_config.DEFAULT)
 
 
 def resolve_segment(
@@ -80,21 +73,19 @@ def segmentation_cost(options: SegmentSettings, frame: Frame) -> Cost:
     return Cost(pixels, mask_pixels, answer, options.max_detections)
 
 
-class SegmentationTask:
-    name = SEGMENTATION
+class SegmentationTask(FolderTask[SegmentationConfig]):
     binding = BINDING
+    config = segmentation_config
+    compare = staticmethod(compare_segments)
     map_in_thread = True  # a mask per instance: milliseconds each
-
-    def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> SegmentationConfig:
-        return segmentation_config.read_config(table, path, where)
 
     def resolve(
         self, options: SegmentOptions, config: ModelConfig, settings: Settings
     ) -> SegmentSettings:
-        return resolve_segment(options, own_config(config), settings, limits_of(config, settings))
+        return resolve_segment(options, self.own(config), settings, limits_of(config, settings))
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> SegmentationPlan:
-        return plan_segmentation(signature, own_config(config))
+        return plan_segmentation(signature, self.own(config))
 
     def map(
         self,
@@ -111,9 +102,6 @@ class SegmentationTask:
         self, options: SegmentSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
     ) -> Cost:
         return segmentation_cost(options, frame)
-
-    def compare(self, current: Segments, candidate: Segments) -> Comparison:
-        return compare_segments(current, candidate)
 
     def summary(self, result: Segments) -> dict[str, object]:
         fields: dict[str, object] = {"instances": len(result.instances)}
