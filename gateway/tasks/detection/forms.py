@@ -6,72 +6,41 @@ image. numpy over the arrays; the outputs are checked as the OD API form's are."
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
 from gateway.domain import Frame, OutputError
 from gateway.labels import Labels
+from gateway.tasks.base import numbers
 from gateway.tasks.decoders import boxes as box_forms
 from gateway.tasks.decoders import yolo
-from gateway.tasks.detection.nouns import Detection
+from gateway.tasks.detection.nouns import Detection, Kept
 from gateway.tasks.detection.od_api import BOX_MARGIN, MAX_CLASS_ID, to_detections, valid_count
 from gateway.tasks.detection.plans import DetectionPlan
-from gateway.upstream.tensors import Tensor, as_array
+from gateway.upstream.tensors import Tensor
 
 
-def _array(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
-    if key not in outputs:
-        raise OutputError(f"TF Serving response lacks output '{key}'")
-    values = as_array(outputs[key])
-    if values.dtype.kind not in "fiu":
-        raise OutputError(f"{key} has dtype {values.dtype}; expected numbers")
-    return values
+class Decoded(NamedTuple):
+    """The detections of the first batch item, best first, in pixels of the image; the rows
+    of the outputs they came from (the index along the N of [1, N, ...] outputs, or the
+    candidate of a YOLO head), for tasks that read more per detection (keypoints, masks); and
+    their boxes as the model gave them: [n, 4] normalized (ymin, xmin, ymax, xmax) of the
+    image sent, before the frame's transform and clamping (for masks pasted into the box)."""
+
+    found: list[Detection]
+    rows: np.ndarray
+    boxes: np.ndarray
 
 
 def map_decoded(
-    outputs: Mapping[str, Tensor],
-    plan: DetectionPlan,
-    frame: Frame,
-    labels: Labels,
-    min_score: float,
-    max_detections: int,
-) -> list[Detection]:
-    """Detections of the first batch item, best first, in pixels of the image, for a plan of
-    form `boxes` or `yolo`; class values plus the plan's `class_offset` checked as class
-    ids."""
-    return map_decoded_rows(outputs, plan, frame, labels, min_score, max_detections)[0]
-
-
-def map_decoded_rows(
-    outputs: Mapping[str, Tensor],
-    plan: DetectionPlan,
-    frame: Frame,
-    labels: Labels,
-    min_score: float,
-    max_detections: int,
-) -> tuple[list[Detection], np.ndarray]:
-    """map_decoded's detections and the rows of the outputs they came from (the index along
-    the N of [1, N, ...] outputs, or the candidate of a YOLO head), for tasks that read more
-    per detection (keypoints, masks). An `od_api` plan is read as the `boxes` form."""
-    found, rows, _ = map_decoded_boxes(outputs, plan, frame, labels, min_score, max_detections)
-    return found, rows
-
-
-def map_decoded_boxes(
-    outputs: Mapping[str, Tensor],
-    plan: DetectionPlan,
-    frame: Frame,
-    labels: Labels,
-    min_score: float,
-    max_detections: int,
-) -> tuple[list[Detection], np.ndarray, np.ndarray]:
-    """map_decoded_rows' detections and rows, and their boxes as the model gave them:
-    [n, 4] normalized (ymin, xmin, ymax, xmax) of the image sent, before the frame's
-    transform and clamping (for masks pasted into the box)."""
+    outputs: Mapping[str, Tensor], plan: DetectionPlan, frame: Frame, labels: Labels, kept: Kept
+) -> Decoded:
+    """The detections of a plan of form `boxes` or `yolo` (an `od_api` plan is read as the
+    `boxes` form), those `kept` keeps; class values plus the plan's `class_offset` checked as
+    class ids."""
     decode = _yolo if plan.form == "yolo" else _boxes
-    normalized, scores, classes, classes_key, rows = decode(
-        outputs, plan, frame.sent, min_score, max_detections
-    )
+    normalized, scores, classes, classes_key, rows = decode(outputs, plan, frame.sent, kept)
     class_ids = classes.astype(np.float64) + plan.class_offset
     with np.errstate(invalid="ignore"):
         bad = ~((class_ids >= 0) & (class_ids <= MAX_CLASS_ID))
@@ -92,7 +61,7 @@ def map_decoded_boxes(
         labels,
         frame.transform,
     )
-    return found, rows, normalized
+    return Decoded(found, rows, normalized)
 
 
 # The kept rows of a decoded form: normalized yxyx boxes of the image sent, their scores and
@@ -101,15 +70,11 @@ _Decoded = tuple[np.ndarray, np.ndarray, np.ndarray, str, np.ndarray]
 
 
 def _boxes(
-    outputs: Mapping[str, Tensor],
-    plan: DetectionPlan,
-    sent: tuple[int, int] | None,
-    min_score: float,
-    max_detections: int,
+    outputs: Mapping[str, Tensor], plan: DetectionPlan, sent: tuple[int, int] | None, kept: Kept
 ) -> _Decoded:
-    boxes = _array(outputs, plan.boxes)
-    scores = _array(outputs, plan.scores)
-    classes = _array(outputs, plan.classes)
+    boxes = numbers(outputs, plan.boxes)
+    scores = numbers(outputs, plan.scores)
+    classes = numbers(outputs, plan.classes)
     if boxes.ndim != 3 or boxes.shape[2] != 4 or boxes.shape[0] < 1:
         raise OutputError(f"{plan.boxes} has shape {list(boxes.shape)}; expected [1, N, 4]")
     rows = boxes.shape[1]
@@ -120,7 +85,7 @@ def _boxes(
         )
     valid = rows
     if plan.num_detections is not None:
-        num = _array(outputs, plan.num_detections).reshape(-1)
+        num = numbers(outputs, plan.num_detections).reshape(-1)
         if num.size < 1:
             raise OutputError(f"{plan.num_detections} is empty")
         valid = valid_count(float(num[0]), rows)
@@ -130,13 +95,13 @@ def _boxes(
     if bad.any():
         i = int(np.argmax(bad))
         raise OutputError(f"{plan.scores}[{i}] is {score[i]}; scores must be numbers in [0, 1]")
-    kept = np.flatnonzero(score >= min_score)
-    kept = kept[np.argsort(-score[kept], kind="stable")][:max_detections]
+    chosen = np.flatnonzero(score >= kept.min_score)
+    chosen = chosen[np.argsort(-score[chosen], kind="stable")][: kept.max_detections]
     image_info = None
     if plan.image_info is not None:
-        image_info = _array(outputs, plan.image_info)[0]
+        image_info = numbers(outputs, plan.image_info)[0]
     try:
-        yxyx = box_forms.to_yxyx(boxes[0, kept], plan.box_format)
+        yxyx = box_forms.to_yxyx(boxes[0, chosen], plan.box_format)
         normalized = box_forms.normalize(yxyx, plan.box_coordinates, sent, image_info)
     except box_forms.BoxError as e:
         raise OutputError(str(e)) from None
@@ -146,25 +111,21 @@ def _boxes(
         outside = (normalized < -BOX_MARGIN) | (normalized > 1 + BOX_MARGIN)
         if outside.any():
             i = int(np.argmax(outside.any(axis=1)))
-            shown = ", ".join(f"{v:g}" for v in boxes[0, kept[i]])
+            shown = ", ".join(f"{v:g}" for v in boxes[0, chosen[i]])
             raise OutputError(
-                f"{plan.boxes}[{int(kept[i])}] is [{shown}], outside [0, 1]: set "
+                f"{plan.boxes}[{int(chosen[i])}] is [{shown}], outside [0, 1]: set "
                 "outputs.box_coordinates (pixels, image_info) and outputs.box_format in the "
                 "model config if the boxes are not normalized "
                 f"[{', '.join(plan.box_format)}]"
             )
-    return normalized, score[kept], classes[0, kept], plan.classes, kept
+    return normalized, score[chosen], classes[0, chosen], plan.classes, chosen
 
 
 def _yolo(
-    outputs: Mapping[str, Tensor],
-    plan: DetectionPlan,
-    sent: tuple[int, int] | None,
-    min_score: float,
-    max_detections: int,
+    outputs: Mapping[str, Tensor], plan: DetectionPlan, sent: tuple[int, int] | None, kept: Kept
 ) -> _Decoded:
     assert plan.head is not None
-    raw = _array(outputs, plan.head)
+    raw = numbers(outputs, plan.head)
     if raw.ndim != 3 or raw.shape[0] < 1 or raw.shape[1] < 5:
         raise OutputError(
             f"{plan.head} has shape {list(raw.shape)}; expected [1, 4 + classes, candidates]"
@@ -174,10 +135,10 @@ def _yolo(
         raise OutputError(f"{plan.head} holds NaN or infinite values")
     decoded = yolo.decode(
         head_values,
-        min_score=min_score,
+        min_score=kept.min_score,
         nms_iou=plan.nms_iou,
         max_candidates=plan.max_candidates,
-        max_detections=max_detections,
+        max_detections=kept.max_detections,
     )
     try:
         normalized = box_forms.normalize(decoded.boxes, "pixels", sent)

@@ -10,7 +10,7 @@ a frozen dataclass to make).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class Box(NamedTuple):
@@ -44,6 +44,24 @@ class DetectOptions(NamedTuple):
 
     min_score: float = 0.0
     max_detections: int = 0
+
+
+class DetectionSettings(NamedTuple):
+    """A request's detection options with the defaults filled in."""
+
+    min_score: float
+    max_detections: int
+
+
+class Kept(Protocol):
+    """What decides which instances a request keeps: DetectionSettings, and the resolved
+    options of the tasks built on detection."""
+
+    @property
+    def min_score(self) -> float: ...
+
+    @property
+    def max_detections(self) -> int: ...
 
 
 @dataclass(frozen=True)

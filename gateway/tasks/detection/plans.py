@@ -167,10 +167,16 @@ def _yolo_plan(
             f"{spec.describe()}; a YOLO head is float [batch, 4 + classes, candidates] (an "
             "Ultralytics export with nms=False)"
         )
+    return yolo_plan(name, mapping)
+
+
+def yolo_plan(head: str, mapping: DetectionOutputs) -> DetectionPlan:
+    """The plan decoding the raw head `head` as YOLO boxes and class scores, with the
+    config's NMS and class offset (for the tasks whose heads carry more per candidate too)."""
     return DetectionPlan(
-        (name,),
+        (head,),
         "yolo",
-        head=name,
+        head=head,
         nms_iou=mapping.nms_iou,
         max_candidates=mapping.max_candidates,
         class_offset=mapping.class_offset,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from gateway import errors
 from gateway.config import Settings
@@ -19,19 +18,11 @@ from gateway.tasks.detection.binding import BINDING
 from gateway.tasks.detection.compare import compare_detections
 from gateway.tasks.detection.config import DetectionConfig
 from gateway.tasks.detection.forms import map_decoded
-from gateway.tasks.detection.nouns import Detections, DetectOptions
+from gateway.tasks.detection.nouns import Detections, DetectionSettings, DetectOptions
 from gateway.tasks.detection.od_api import map_detections
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
-
-
-class DetectionSettings(NamedTuple):
-    """A request's detection options with the defaults filled in."""
-
-    min_score: float
-    max_detections: int
-
 
 # Bytes of one detection in an answer at most (box, normalized box, label, score: ~150 in
 # proto JSON with a long label), for Cost.answer_bytes.
@@ -110,11 +101,7 @@ class DetectionTask(FolderTask[DetectionConfig]):
                 )
             )
         assert isinstance(plan, DetectionPlan)
-        return Detections(
-            map_decoded(
-                outputs, plan, frame, config.labels, options.min_score, options.max_detections
-            )
-        )
+        return Detections(map_decoded(outputs, plan, frame, config.labels, options).found)
 
     def cost(
         self, options: DetectionSettings, frame: Frame, plan: OutputPlan, config: ModelConfig

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gateway.api.bindings import Binding
 from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
+from gateway.tasks.detection.binding import add_instance
 from gateway.tasks.detection.nouns import DetectOptions
 from gateway.tasks.keypoints.nouns import Keypoints
 
@@ -14,10 +15,7 @@ KEYPOINTS = "keypoints"
 def fill_keypoints(result: pb.KeypointsResult, found: Keypoints) -> None:
     add = result.instances.add
     for instance in found.instances:
-        message = add(class_id=instance.class_id, label=instance.label, score=instance.score)
-        box = message.box
-        box.x_min, box.y_min, box.x_max, box.y_max = instance.box
-        add_point = message.keypoints.add
+        add_point = add_instance(add, instance).keypoints.add
         for point in instance.keypoints:
             add_point(name=point.name, x=point.x, y=point.y, score=point.score)
     add_edge = result.skeleton.add

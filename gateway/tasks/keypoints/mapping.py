@@ -16,35 +16,22 @@ import numpy as np
 
 from gateway.domain import Frame, OutputError
 from gateway.labels import Labels
+from gateway.tasks.base import numbers
 from gateway.tasks.decoders import pose
-from gateway.tasks.detection.forms import map_decoded_rows
+from gateway.tasks.detection.forms import map_decoded
+from gateway.tasks.detection.nouns import Kept
 from gateway.tasks.detection.od_api import BOX_MARGIN
 from gateway.tasks.keypoints.config import YOLO_POSE, names_and_skeleton
 from gateway.tasks.keypoints.nouns import Instance, Keypoint, Keypoints
 from gateway.tasks.keypoints.plans import KeypointPlan
-from gateway.upstream.tensors import Tensor, as_array
+from gateway.upstream.tensors import Tensor
 
 
 def map_keypoints(
-    outputs: Mapping[str, Tensor],
-    plan: KeypointPlan,
-    frame: Frame,
-    labels: Labels,
-    min_score: float,
-    max_detections: int,
+    outputs: Mapping[str, Tensor], plan: KeypointPlan, frame: Frame, labels: Labels, kept: Kept
 ) -> Keypoints:
-    if plan.form == YOLO_POSE:
-        return _yolo_pose(outputs, plan, frame, labels, min_score, max_detections)
-    return _od(outputs, plan, frame, labels, min_score, max_detections)
-
-
-def _array(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:
-    if key not in outputs:
-        raise OutputError(f"TF Serving response lacks output '{key}'")
-    values = as_array(outputs[key])
-    if values.dtype.kind not in "fiu":
-        raise OutputError(f"{key} has dtype {values.dtype}; expected numbers")
-    return values
+    read = _yolo_pose if plan.form == YOLO_POSE else _od
+    return read(outputs, plan, frame, labels, kept)
 
 
 def _named(plan: KeypointPlan, points: int) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
@@ -60,15 +47,10 @@ def _named(plan: KeypointPlan, points: int) -> tuple[tuple[str, ...], tuple[tupl
 
 
 def _yolo_pose(
-    outputs: Mapping[str, Tensor],
-    plan: KeypointPlan,
-    frame: Frame,
-    labels: Labels,
-    min_score: float,
-    max_detections: int,
+    outputs: Mapping[str, Tensor], plan: KeypointPlan, frame: Frame, labels: Labels, kept: Kept
 ) -> Keypoints:
     assert plan.head is not None and plan.detection is not None
-    raw = _array(outputs, plan.head)
+    raw = numbers(outputs, plan.head)
     if raw.ndim != 3 or raw.shape[0] < 1:
         raise OutputError(
             f"{plan.head} has shape {list(raw.shape)}; expected [1, 4 + classes + 3 x "
@@ -89,9 +71,7 @@ def _yolo_pose(
         boxes, points_part = pose.split_head(raw[0], points)
     except ValueError as e:
         raise OutputError(f"{plan.head}: {e}") from None
-    found, rows = map_decoded_rows(
-        {plan.head: boxes[None]}, plan.detection, frame, labels, min_score, max_detections
-    )
+    found, rows, _ = map_decoded({plan.head: boxes[None]}, plan.detection, frame, labels, kept)
     xy, visibility = pose.keypoints_of(points_part, rows)
     if frame.sent is None or frame.sent[0] <= 0 or frame.sent[1] <= 0:
         raise OutputError("the size of the image sent is unknown")
@@ -104,17 +84,12 @@ def _yolo_pose(
 
 
 def _od(
-    outputs: Mapping[str, Tensor],
-    plan: KeypointPlan,
-    frame: Frame,
-    labels: Labels,
-    min_score: float,
-    max_detections: int,
+    outputs: Mapping[str, Tensor], plan: KeypointPlan, frame: Frame, labels: Labels, kept: Kept
 ) -> Keypoints:
     assert plan.detection is not None
     assert plan.keypoints is not None and plan.keypoint_scores is not None
-    keypoints = _array(outputs, plan.keypoints)
-    scores = _array(outputs, plan.keypoint_scores)
+    keypoints = numbers(outputs, plan.keypoints)
+    scores = numbers(outputs, plan.keypoint_scores)
     if keypoints.ndim != 4 or keypoints.shape[0] < 1 or keypoints.shape[3] != 2:
         raise OutputError(
             f"{plan.keypoints} has shape {list(keypoints.shape)}; expected [1, N, K, 2]"
@@ -125,9 +100,7 @@ def _od(
             f"{list(keypoints.shape)}"
         )
     names, skeleton = _named(plan, keypoints.shape[2])
-    found, rows = map_decoded_rows(
-        outputs, plan.detection, frame, labels, min_score, max_detections
-    )
+    found, rows, _ = map_decoded(outputs, plan.detection, frame, labels, kept)
     if len(rows) and int(rows.max()) >= keypoints.shape[1]:
         raise OutputError(
             f"{plan.keypoints} has {keypoints.shape[1]} rows but the detections have more"

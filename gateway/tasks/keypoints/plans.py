@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from gateway import errors
 from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
+from gateway.tasks.detection.plans import DetectionPlan, plan_outputs, yolo_plan
 from gateway.tasks.keypoints.config import YOLO_POSE, KeypointConfig, names_and_skeleton
 from gateway.upstream.signatures import Signature, TensorSpec
 
@@ -145,18 +145,10 @@ def _yolo_pose(signature: Signature, config: KeypointConfig, what: str, shown: s
             )
         points, classes = (channels - 5) // _PER_POINT, 1
     named = _names(config, points, what) if points else None
-    detection = DetectionPlan(
-        (name,),
-        "yolo",
-        head=name,
-        nms_iou=config.detection.outputs.nms_iou,
-        max_candidates=config.detection.outputs.max_candidates,
-        class_offset=config.detection.outputs.class_offset,
-    )
     return KeypointPlan(
         (name,),
         YOLO_POSE,
-        detection=detection,
+        detection=yolo_plan(name, config.detection.outputs),
         head=name,
         points=points,
         classes=classes,

@@ -10,8 +10,8 @@ from gateway.config import Settings
 from gateway.domain import Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.tasks.base import FolderTask, limits_of
-from gateway.tasks.detection.nouns import DetectOptions
-from gateway.tasks.detection.task import DETECTION_BYTES, DetectionSettings, resolve_options
+from gateway.tasks.detection.nouns import DetectionSettings, DetectOptions
+from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
 from gateway.tasks.keypoints import config as keypoint_config
 from gateway.tasks.keypoints.binding import BINDING
 from gateway.tasks.keypoints.compare import compare_keypoints
@@ -48,9 +48,7 @@ class KeypointTask(FolderTask[KeypointConfig]):
         config: ModelConfig,
     ) -> Keypoints:
         assert isinstance(plan, KeypointPlan)
-        return map_keypoints(
-            outputs, plan, frame, config.labels, options.min_score, options.max_detections
-        )
+        return map_keypoints(outputs, plan, frame, config.labels, options)
 
     def cost(
         self, options: DetectionSettings, frame: Frame, plan: OutputPlan, config: ModelConfig

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gateway.api.bindings import Binding
 from gateway.proto.segmentation.v1 import segmentation_pb2 as pb
+from gateway.tasks.detection.binding import add_instance
 from gateway.tasks.segmentation.nouns import SegmentOptions, Segments
 
 SEGMENTATION = "instance_segmentation"
@@ -18,9 +19,7 @@ def fill_segments(result: pb.SegmentationResult, found: Segments) -> None:
         result.truncated.message = cut.message
     add = result.instances.add
     for instance in found.instances:
-        message = add(class_id=instance.class_id, label=instance.label, score=instance.score)
-        box = message.box
-        box.x_min, box.y_min, box.x_max, box.y_max = instance.box
+        message = add_instance(add, instance)
         mask = instance.mask
         message.mask.size.extend((mask.height, mask.width))
         if mask.counts is not None:

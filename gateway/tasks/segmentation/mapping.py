@@ -23,7 +23,7 @@ from gateway import errors
 from gateway.domain import Frame, OutputError, Work
 from gateway.labels import Labels
 from gateway.tasks.decoders import yoloseg
-from gateway.tasks.detection.forms import map_decoded_boxes
+from gateway.tasks.detection.forms import map_decoded
 from gateway.tasks.detection.nouns import Detection
 from gateway.tasks.segmentation import encode, inputmasks, raster
 from gateway.tasks.segmentation.config import INPUT, YOLO_SEG
@@ -68,9 +68,7 @@ def map_segments(
         raise OutputError(
             f"{plan.masks} is {masks.dtype} {list(masks.shape)}; expected float [1, N, m, m]"
         )
-    found, rows, boxes = map_decoded_boxes(
-        outputs, plan.detection, frame, labels, options.min_score, options.max_detections
-    )
+    found, rows, boxes = map_decoded(outputs, plan.detection, frame, labels, options)
     if len(rows) and int(rows.max()) >= masks.shape[1]:
         raise OutputError(f"{plan.masks} has {masks.shape[1]} rows but the detections have more")
     grids = masks[0, rows]
@@ -113,10 +111,9 @@ def _yolo_seg(
         raise OutputError(f"{head_key}: {e}") from None
     if not (np.isfinite(coefficients).all() and np.isfinite(maps).all()):
         raise OutputError(f"{head_key} or {plan.prototypes} holds NaN or infinite values")
-    found, rows, boxes = map_decoded_boxes(
-        {head_key: boxes_part[None]}, plan.detection, frame, labels, options.min_score,
-        options.max_detections,
-    )  # fmt: skip
+    found, rows, boxes = map_decoded(
+        {head_key: boxes_part[None]}, plan.detection, frame, labels, options
+    )
     grids = yoloseg.mask_logits(coefficients[:, rows], maps)
     whole = (0.0, 0.0, 1.0, 1.0)
     shapes = [

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from gateway import errors
 from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
+from gateway.tasks.detection.plans import DetectionPlan, plan_outputs, yolo_plan
 from gateway.tasks.segmentation.config import NATIVE, YOLO_SEG, SegmentationConfig
 from gateway.upstream.signatures import Signature, TensorSpec
 
@@ -123,18 +123,13 @@ def _yolo_seg(
                 "segmentation export with nms=False)"
             )
     head = picked["predictions"]
-    detection = DetectionPlan(
-        (head,),
-        "yolo",
-        head=head,
-        nms_iou=config.detection.outputs.nms_iou,
-        max_candidates=config.detection.outputs.max_candidates,
-        class_offset=config.detection.outputs.class_offset,
-    )
     return SegmentationPlan(
-        (head, picked["prototypes"]), YOLO_SEG, detection=detection,
-        prototypes=picked["prototypes"], mask_resolution=config.mask_resolution,
-    )  # fmt: skip
+        (head, picked["prototypes"]),
+        YOLO_SEG,
+        detection=yolo_plan(head, config.detection.outputs),
+        prototypes=picked["prototypes"],
+        mask_resolution=config.mask_resolution,
+    )
 
 
 def _float_of_rank(spec: TensorSpec, rank: int) -> bool:
