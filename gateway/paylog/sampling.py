@@ -29,14 +29,12 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from gateway.policy import callers
 from gateway.policy.callers import CallersError, Shape, Tables, TablesFile
 
 log = logging.getLogger("gateway.paylog")
 
 HASH, FULL = "hash", "full"
 KEYS = ("rate", "images")
-CHECK_SECONDS = callers.CHECK_SECONDS
 
 RELOADS = Counter(
     "vision_gateway_payload_log_config_reloads",
@@ -79,26 +77,12 @@ def _read(table: Any, where: str, name: str, base: Sampling) -> Sampling:
     return Sampling(float(rate), images)
 
 
-SHAPE = Shape("payload log config", KEYS, PaylogError, _read, Sampling())
+SHAPE = Shape("payload log config", KEYS, PaylogError, _read, Sampling(), RELOADS, log)
 EVERYTHING: Policy = Tables(Sampling())
-
-
-def parse(text: str, source: str) -> Policy:
-    """The policy in the TOML `text` of the file `source`; PaylogError naming the key."""
-    return callers.parse(text, source, SHAPE)
-
-
-def load(path: str) -> Policy:
-    """The policy in the file at `path`; PaylogError when it cannot be read or used."""
-    return callers.load(path, SHAPE)
+parse = SHAPE.parse
 
 
 class PolicyFile(TablesFile[Sampling]):
-    """The policy of a file, loaded again when it changes (gateway.policy.callers)."""
+    """The policy of a file (`tables`), loaded again when it changes (gateway.policy.callers)."""
 
-    def __init__(self, path: str, interval: float = CHECK_SECONDS) -> None:
-        super().__init__(path, SHAPE, RELOADS, log, interval)
-
-    @property
-    def policy(self) -> Policy:
-        return self.tables
+    kind = SHAPE

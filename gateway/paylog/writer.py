@@ -142,7 +142,7 @@ class PayloadLog:
         self.bindings = bindings
         self.budget = budget
         self._file = policy if isinstance(policy, PolicyFile) else None
-        self._policy = policy.policy if isinstance(policy, PolicyFile) else policy
+        self._policy = policy.tables if isinstance(policy, PolicyFile) else policy
         self._cached: dict[str, Sampling] = {}
         self._clock = clock
         self._queue: deque[tuple[Record, int]] = deque()

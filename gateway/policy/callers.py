@@ -82,13 +82,20 @@ ReadTable = Callable[[Any, str, str, T], T]
 
 @dataclass(frozen=True)
 class Shape(Generic[T]):
-    """What a file holds: its name for messages, its keys, its error and how a table reads."""
+    """What a file holds: its name for messages, its keys, its error and how a table reads;
+    where its reloads are counted (by result: ok or error) and logged."""
 
     what: str  # "quota file", "payload log config"
     keys: tuple[str, ...]
     error: type[CallersError]
     read: ReadTable[T]
     base: T  # what [default] inherits when a key is left out
+    reloads: Counter
+    log: logging.Logger
+
+    def parse(self, text: str, source: str) -> Tables[T]:
+        """The tables in the TOML `text` of the file `source`; self.error naming the key."""
+        return parse(text, source, self)
 
 
 def quoted(name: str) -> str:
@@ -183,23 +190,16 @@ def load(path: str, kind: Shape[T]) -> Tables[T]:
 
 class TablesFile(Generic[T]):
     """The tables of a file, loaded again when it changes, looked at every `interval`
-    seconds at most; a file that stops being usable leaves the last good tables."""
+    seconds at most; a file that stops being usable leaves the last good tables. Each file's
+    subclass names its Shape (`kind`)."""
 
-    def __init__(
-        self,
-        path: str,
-        kind: Shape[T],
-        reloads: Counter,
-        log: logging.Logger,
-        interval: float = CHECK_SECONDS,
-    ) -> None:
+    kind: Shape[T]
+
+    def __init__(self, path: str, interval: float = CHECK_SECONDS) -> None:
         self.path = path
         self.interval = interval
-        self._kind = kind
-        self._reloads = reloads
-        self._log = log
         self._stamp = self._stat()
-        self.tables = load(path, kind)
+        self.tables = load(path, self.kind)
         self.generation = 0  # counts loads, so callers' settings are looked up again
         self._next_check = 0.0
 
@@ -220,14 +220,14 @@ class TablesFile(Generic[T]):
         return self.tables
 
     def _reload(self) -> None:
-        what = self._kind.what
+        kind = self.kind
         try:
-            tables = load(self.path, self._kind)
+            tables = load(self.path, kind)
         except CallersError as e:
-            self._reloads.labels("error").inc()
-            self._log.error("%s not reloaded; the previous one stays: %s", what, e)
+            kind.reloads.labels("error").inc()
+            kind.log.error("%s not reloaded; the previous one stays: %s", kind.what, e)
             return
-        self._reloads.labels("ok").inc()
+        kind.reloads.labels("ok").inc()
         self.tables = tables
         self.generation += 1
-        self._log.info(f"{what} reloaded", extra={"fields": {"path": self.path}})
+        kind.log.info(f"{kind.what} reloaded", extra={"fields": {"path": self.path}})

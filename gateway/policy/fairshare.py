@@ -119,7 +119,7 @@ class FairShare:
         self.working = 0  # callers with work in flight
         self.max_callers = max_callers
         self._file = quotas if isinstance(quotas, QuotaFile) else None
-        self._quotas = quotas.quotas if isinstance(quotas, QuotaFile) else quotas
+        self._quotas = quotas.tables if isinstance(quotas, QuotaFile) else quotas
         self._clock = clock
         self.in_flight = 0
         self.active = 0  # callers with requests in flight

@@ -34,7 +34,6 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from gateway.policy import callers
 from gateway.policy.callers import CallersError, Shape, Tables, TablesFile
 
 log = logging.getLogger("gateway.policy")
@@ -44,7 +43,6 @@ DEFAULT_LABEL = "other"  # the metrics label of callers the file does not name
 KEYS = ("rate", "burst", "concurrency", "work_rate", "work_burst", "work_concurrency")
 # Keys whose values may be fractions (the others are whole numbers of requests).
 _FRACTIONS = ("rate", "work_rate", "work_burst", "work_concurrency")
-CHECK_SECONDS = callers.CHECK_SECONDS
 
 RELOADS = Counter(
     "vision_gateway_quota_reloads",
@@ -106,26 +104,12 @@ def _number(value: Any, key: str, where: str) -> float:
     return float(value)
 
 
-SHAPE = Shape("quota file", KEYS, QuotaError, _read, Quota())
+SHAPE = Shape("quota file", KEYS, QuotaError, _read, Quota(), RELOADS, log)
 NO_QUOTAS: Quotas = Tables(Quota())
-
-
-def parse(text: str, source: str) -> Quotas:
-    """Quotas from the TOML `text` of the file `source`; QuotaError naming the key."""
-    return callers.parse(text, source, SHAPE)
-
-
-def load(path: str) -> Quotas:
-    """The quota file at `path`; QuotaError when it cannot be read or used."""
-    return callers.load(path, SHAPE)
+parse = SHAPE.parse
 
 
 class QuotaFile(TablesFile[Quota]):
-    """The quotas of a file, loaded again when it changes (gateway.policy.callers)."""
+    """The quotas of a file (`tables`), loaded again when it changes (gateway.policy.callers)."""
 
-    def __init__(self, path: str, interval: float = CHECK_SECONDS) -> None:
-        super().__init__(path, SHAPE, RELOADS, log, interval)
-
-    @property
-    def quotas(self) -> Quotas:
-        return self.tables
+    kind = SHAPE
