@@ -41,32 +41,6 @@ SHADOW_CALLS = Counter(
     "answer), or dropped (too many pending, or the gateway near its concurrency limit).",
     ["model", "candidate", "outcome"],
 )
-PRECISION = Summary(
-    "vision_gateway_shadow_detection_precision",
-    "Per compared image: the share of the shadow candidate's boxes that match one of the "
-    "current model's (same label, IoU >= 0.5). Mean = _sum / _count.",
-    ["model", "candidate"],
-)
-RECALL = Summary(
-    "vision_gateway_shadow_detection_recall",
-    "Per compared image: the share of the current model's boxes the shadow candidate matched.",
-    ["model", "candidate"],
-)
-SCORE_DELTA = Summary(
-    "vision_gateway_shadow_detection_score_delta",
-    "Per matched box pair: the candidate's score minus the current model's.",
-    ["model", "candidate"],
-)
-TOP1 = Summary(
-    "vision_gateway_shadow_classification_top1_agreement",
-    "Per compared image: 1 when the shadow candidate's top class is the current model's, else 0.",
-    ["model", "candidate"],
-)
-TOPK = Summary(
-    "vision_gateway_shadow_classification_topk_overlap",
-    "Per compared image: the classes both top-k lists name, over the longer list's length.",
-    ["model", "candidate"],
-)
 MEASURE = Summary(
     "vision_gateway_shadow_measure",
     "Per compared image: a measure of the shadow candidate's answer against the current "
@@ -80,14 +54,28 @@ PAIR_DELTA = Summary(
     "Per matched instance pair, by task: the candidate's score minus the current model's.",
     ["model", "candidate", "task"],
 )
-# The metrics named before comparisons were the task's, kept beside MEASURE for dashboards:
-# (task, measure) -> metric; detection's score deltas also go to SCORE_DELTA.
+# The metrics named before comparisons were the task's, kept beside MEASURE and PAIR_DELTA
+# for dashboards: vision_gateway_shadow_<task>_<measure>, detection's score deltas as its
+# score_delta.
 _NAMED = {
-    ("detection", "precision"): PRECISION,
-    ("detection", "recall"): RECALL,
-    ("classification", "top1_agreement"): TOP1,
-    ("classification", "topk_overlap"): TOPK,
-}
+    (task, measure): Summary(f"vision_gateway_shadow_{task}_{measure}", text,
+                             ["model", "candidate"])
+    for task, measure, text in (
+        ("detection", "precision",
+         "Per compared image: the share of the shadow candidate's boxes that match one of the "
+         "current model's (same label, IoU >= 0.5). Mean = _sum / _count."),
+        ("detection", "recall",
+         "Per compared image: the share of the current model's boxes the shadow candidate "
+         "matched."),
+        ("detection", "score_delta",
+         "Per matched box pair: the candidate's score minus the current model's."),
+        ("classification", "top1_agreement",
+         "Per compared image: 1 when the shadow candidate's top class is the current model's, "
+         "else 0."),
+        ("classification", "topk_overlap",
+         "Per compared image: the classes both top-k lists name, over the longer list's length."),
+    )
+}  # fmt: skip
 # Measures the summary always shows for these tasks (None until an image is compared).
 _SHOWN = {"detection": ("precision", "recall"),
           "classification": ("top1_agreement", "topk_overlap")}  # fmt: skip
@@ -186,10 +174,9 @@ class ModelRollout:
             name, shadow = self.name, self._shadow_label
             if measure:
                 found = [MEASURE.labels(name, shadow, task, measure)]
-                named = _NAMED.get((task, measure))
             else:
                 found = [PAIR_DELTA.labels(name, shadow, task)]
-                named = SCORE_DELTA if task == "detection" else None
+            named = _NAMED.get((task, measure or "score_delta"))
             if named is not None:
                 found.append(named.labels(name, shadow))
             self._observers[(task, measure)] = found

@@ -83,19 +83,10 @@ class Shadows:
         try:
             candidate = await call()
         except GatewayError as exc:
-            rollout.shadow_call("failed")
-            log.info(
-                "shadow call failed",
-                extra={"fields": {"model": rollout.name, "request_id": current.request_id,
-                                  "code": exc.code, "message": exc.message}},
-            )  # fmt: skip
+            _failed(rollout, current, "shadow call failed", exc)
             return
         except Exception:
-            rollout.shadow_call("failed")
-            log.exception(
-                "shadow call failed unexpectedly",
-                extra={"fields": {"model": rollout.name, "request_id": current.request_id}},
-            )
+            _failed(rollout, current, "shadow call failed unexpectedly")
             return
         if self._compare_thread is None:
             self._compare_thread = ThreadPoolExecutor(1, thread_name_prefix="compare")
@@ -105,11 +96,7 @@ class Shadows:
                 self._compare_thread, compare, current.result, candidate.result
             )
         except Exception:
-            rollout.shadow_call("failed")
-            log.exception(
-                "shadow comparison failed",
-                extra={"fields": {"model": rollout.name, "request_id": current.request_id}},
-            )
+            _failed(rollout, current, "shadow comparison failed")
             return
         rollout.record(comparison)
 
@@ -117,3 +104,17 @@ class Shadows:
         """Waits for the pending copies (tests; shutdown cancels them instead)."""
         while self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
+
+
+def _failed(
+    rollout: ModelRollout, current: Outcome, message: str, error: GatewayError | None = None
+) -> None:
+    """Counts a copy that failed and logs why: the candidate's error (a GatewayError) as
+    information, anything else with its traceback (a bug in the gateway)."""
+    rollout.shadow_call("failed")
+    fields: dict[str, Any] = {"model": rollout.name, "request_id": current.request_id}
+    if error is None:
+        log.exception(message, extra={"fields": fields})
+    else:
+        fields.update(code=error.code, message=error.message)
+        log.info(message, extra={"fields": fields})
