@@ -12,9 +12,11 @@ from typing import Any
 from gateway.imaging.filters import RESIZE_FILTERS
 from gateway.models.values import (
     ModelConfigError,
+    is_whole,
     read_choice,
     read_integer,
     read_number,
+    read_size,
     read_triple,
     refuse_unknown,
 )
@@ -70,21 +72,9 @@ MAX_PAD_SIDE = 8192
 def _read_pad(
     table: Mapping[str, Any], path: Path, where: str
 ) -> tuple[tuple[int, int] | None, int]:
-    pad_to = None
-    if "pad_to" in table:
-        value = table["pad_to"]
-        if (
-            not isinstance(value, list)
-            or len(value) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-            or not all(0 < v <= MAX_PAD_SIDE for v in value)
-        ):
-            raise ModelConfigError(
-                f"{path}: {where}.pad_to must be [height, width] in pixels (1 to {MAX_PAD_SIDE})"
-            )
-        pad_to = (value[0], value[1])
+    pad_to = read_size(table, "pad_to", path, where, MAX_PAD_SIDE)
     pad_value = table.get("pad_value", 0)
-    if not isinstance(pad_value, int) or isinstance(pad_value, bool) or not 0 <= pad_value <= 255:
+    if not is_whole(pad_value) or not 0 <= pad_value <= 255:
         raise ModelConfigError(
             f"{path}: {where}.pad_value must be a pixel value from 0 to 255, got {pad_value!r}"
         )
@@ -106,16 +96,7 @@ def _read_pad(
 def read_input(table: Mapping[str, Any], path: Path, where: str) -> InputPrep:
     """The `[input]` table at `where` (e.g. models.NAME.input) of the file at `path`."""
     refuse_unknown(table, _INPUT_KEYS, str(path), where + ".")
-    resize = None
-    if "resize" in table:
-        value = table["resize"]
-        if (
-            not isinstance(value, list)
-            or len(value) != 2
-            or not all(isinstance(v, int) and v > 0 for v in value)
-        ):
-            raise ModelConfigError(f"{path}: {where}.resize must be [height, width] in pixels")
-        resize = (value[0], value[1])
+    resize = read_size(table, "resize", path, where)
     max_side = read_integer(table, "max_side", path, where)
     if resize is not None and max_side is not None:
         raise ModelConfigError(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.models.values import ModelConfigError, refuse_unknown
+from gateway.models.values import ModelConfigError, is_number, is_whole, refuse_unknown
 
 STICKY = ("request_id", "caller")
 _KEYS = {"current", "canary", "sticky", "shadow"}
@@ -47,34 +47,45 @@ class RolloutConfig:
 
 
 def _target(
-    table: Mapping[str, Any], path: Path, where: str, amount: str | None
-) -> tuple[Target, Any]:
+    table: Mapping[str, Any], key: str, path: Path, where: str, amount: str | None = None
+) -> tuple[Target | None, Any]:
+    """`table[key]`, a version or a label (with `amount` when named) and that amount; None
+    when the key is left out."""
+    if key not in table:
+        return None, None
+    where = f"{where}.{key}"
+    entry = table[key]
+    if not isinstance(entry, dict):
+        raise ModelConfigError(f"{path}: {where} must be a table, e.g. {{ version = 2, ... }}")
     allowed = {"version", "label"} | ({amount} if amount else set())
-    refuse_unknown(table, allowed, str(path), where + ".")
-    version, label = table.get("version"), table.get("label")
+    refuse_unknown(entry, allowed, str(path), where + ".")
+    version, label = entry.get("version"), entry.get("label")
     if (version is None) == (label is None):
         raise ModelConfigError(f"{path}: {where} must name one of version or label")
-    if version is not None and (
-        not isinstance(version, int) or isinstance(version, bool) or version < 1
-    ):
+    if version is not None and (not is_whole(version) or version < 1):
         raise ModelConfigError(
             f"{path}: {where}.version must be a whole number >= 1, got {version!r}"
         )
     if label is not None and (not isinstance(label, str) or not label):
         raise ModelConfigError(f"{path}: {where}.label must be a version label, got {label!r}")
-    if amount and amount not in table:
+    if amount and amount not in entry:
         raise ModelConfigError(f"{path}: {where} needs {amount}")
-    return Target(version, label), table.get(amount) if amount else None
+    return Target(version, label), entry.get(amount) if amount else None
 
 
-def _table(value: Any, path: Path, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise ModelConfigError(f"{path}: {where} must be a table, e.g. {{ version = 2, ... }}")
-    return value
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _candidate(
+    table: Mapping[str, Any], key: str, path: Path, where: str, amount: str, unit: str, high: int
+) -> tuple[Target | None, float]:
+    """A candidate (canary, shadow) and its amount, a `unit` in (0, high]; (None, 0.0) when
+    the key is left out."""
+    target, value = _target(table, key, path, where, amount)
+    if target is None:
+        return None, 0.0
+    if not is_number(value) or not 0 < value <= high:
+        raise ModelConfigError(
+            f"{path}: {where}.{key}.{amount} must be a {unit} in (0, {high}], got {value!r}"
+        )
+    return target, float(value)
 
 
 def read_rollout(table: Mapping[str, Any], path: Path, where: str) -> RolloutConfig | None:
@@ -85,19 +96,8 @@ def read_rollout(table: Mapping[str, Any], path: Path, where: str) -> RolloutCon
         return None
     if "canary" not in table and "shadow" not in table:
         raise ModelConfigError(f"{path}: {where} needs canary or shadow (or both)")
-    current = None
-    if "current" in table:
-        current, _ = _target(_table(table["current"], path, where + ".current"), path,
-                             where + ".current", None)  # fmt: skip
-    canary, weight = None, 0.0
-    if "canary" in table:
-        canary, weight = _target(
-            _table(table["canary"], path, where + ".canary"), path, where + ".canary", "weight"
-        )
-        if not _number(weight) or not 0 < weight <= 100:
-            raise ModelConfigError(
-                f"{path}: {where}.canary.weight must be a percentage in (0, 100], got {weight!r}"
-            )
+    current, _ = _target(table, "current", path, where)
+    canary, weight = _candidate(table, "canary", path, where, "weight", "percentage", 100)
     sticky = table.get("sticky")
     if sticky is not None:
         if sticky not in STICKY:
@@ -106,19 +106,11 @@ def read_rollout(table: Mapping[str, Any], path: Path, where: str) -> RolloutCon
             )
         if canary is None:
             raise ModelConfigError(f"{path}: {where}.sticky applies to a canary; add canary")
-    shadow, share = None, 0.0
-    if "shadow" in table:
-        shadow, share = _target(
-            _table(table["shadow"], path, where + ".shadow"), path, where + ".shadow", "share"
-        )
-        if not _number(share) or not 0 < share <= 1:
-            raise ModelConfigError(
-                f"{path}: {where}.shadow.share must be a fraction in (0, 1], got {share!r}"
-            )
+    shadow, share = _candidate(table, "shadow", path, where, "share", "fraction", 1)
     for name, target in (("canary", canary), ("shadow", shadow)):
         if target is not None and current is not None and target == current:
             raise ModelConfigError(
                 f"{path}: {where}.{name} is the same {target.describe()} as current; "
                 "a candidate must differ from what requests get otherwise"
             )
-    return RolloutConfig(current, canary, float(weight), sticky, shadow, float(share))
+    return RolloutConfig(current, canary, weight, sticky, shadow, share)

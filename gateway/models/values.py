@@ -4,7 +4,7 @@ names the file and the key."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ def read_number(
     if key not in table:
         return None
     value = table[key]
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    ok = is_number(value)
     if ok and (value <= low if high is None else not low <= value <= high):
         ok = False
     if not ok:
@@ -65,27 +65,60 @@ def read_integer(table: Mapping[str, Any], key: str, path: Path, where: str) -> 
     if key not in table:
         return None
     value = table[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_whole(value) or value < 1:
         raise ModelConfigError(f"{path}: {where}.{key} must be a whole number >= 1, got {value!r}")
     return value
+
+
+def read_size(
+    table: Mapping[str, Any], key: str, path: Path, where: str, high: int | None = None
+) -> tuple[int, int] | None:
+    """`[height, width]` in pixels, whole numbers from 1 (to `high`); None when left out."""
+    top = high if high is not None else float("inf")
+    bound = f" (1 to {high})" if high is not None else ""
+    value = _read_list(
+        table, key, path, where, 2, lambda v: is_whole(v) and 0 < v <= top,
+        f"[height, width] in pixels{bound}",
+    )  # fmt: skip
+    return None if value is None else (value[0], value[1])
 
 
 def read_triple(
     table: Mapping[str, Any], key: str, path: Path, where: str
 ) -> tuple[float, float, float] | None:
+    value = _read_list(
+        table, key, path, where, 3, is_number,
+        "three numbers, one per channel in the model's channel_order",
+    )  # fmt: skip
+    return None if value is None else (float(value[0]), float(value[1]), float(value[2]))
+
+
+def _read_list(
+    table: Mapping[str, Any],
+    key: str,
+    path: Path,
+    where: str,
+    length: int,
+    fits: Callable[[Any], bool],
+    meaning: str,
+) -> list[Any] | None:
+    """A list of `length` values that each `fits`; None when left out."""
     if key not in table:
         return None
     value = table[key]
-    if (
-        not isinstance(value, list)
-        or len(value) != 3
-        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-    ):
-        raise ModelConfigError(
-            f"{path}: {where}.{key} must be three numbers, one per channel in the model's "
-            "channel_order"
-        )
-    return (float(value[0]), float(value[1]), float(value[2]))
+    if not isinstance(value, list) or len(value) != length or not all(map(fits, value)):
+        raise ModelConfigError(f"{path}: {where}.{key} must be {meaning}")
+    return value
+
+
+def is_whole(value: Any) -> bool:
+    """An integer, not a bool (TOML's true is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An integer or a float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def read_choice(

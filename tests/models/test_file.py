@@ -121,6 +121,10 @@ max_side = 1024
             "mean must be three numbers",
         ),
         (
+            '[models.a]\ntask = "classification"\n[models.a.input]\nresize = [true, true]\n',
+            "models.a.input.resize must be [height, width] in pixels",
+        ),
+        (
             '[models.a]\ntask = "detection"\nmin_score = 2\n',
             "min_score must be a number in [0.0, 1.0]",
         ),
