@@ -9,9 +9,10 @@ and it converts: `to_request` makes the pipeline's plain Request from the reques
 `to_result` the result message from the pipeline's Outcome. The gRPC servicers, the HTTP door,
 OpenAPI, the client and the batch runner loop over the bindings.
 
-A task folder declares its binding with `Binding.of`: the service descriptor says the RPCs and
-the messages, the folder holds the page (page.js) and the drawing (drawing.py), and the task
-gives what is its own (names, options, how its result fills the result message).
+A task folder declares its binding with `Binding.of`: its proto file says the RPCs and the
+messages, the folder holds the page (page.js) and the drawing (drawing.py), the options type
+each option's help, and the task gives what is its own (how its result fills the result
+message, what a call does).
 
 Every task's messages follow one shape, which the doors rely on: the request has `bytes
 image`, `detection.v1.ModelSpec model`, `string request_id` and scalar options; the result
@@ -28,9 +29,9 @@ from dataclasses import dataclass
 from importlib import resources
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
-from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from google.protobuf.descriptor import FileDescriptor, MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
@@ -103,28 +104,31 @@ class Binding:
     @classmethod
     def of(
         cls,
-        service: ServiceDescriptor,
-        *,
-        task: str,
-        verb: str,
+        proto: FileDescriptor,
         options_type: Callable[..., Any],
         fill_result: FillResult,
+        *,
         summary: str,
-        options: Mapping[str, str],
-        package: str,
+        task: str = "",
+        verb: str = "",
     ) -> Binding:
-        """A task's binding from its gRPC service: the unary and the streaming RPC and their
-        messages as the service descriptor declares them; `fill_result` sets the task's own
-        fields of a result message (to_result sets the rest); `package` is the task folder's
-        (`__package__`), whose page.js is the page and whose drawing.py's `draw` the client's
-        --draw (each optional)."""
+        """A task's binding from its proto file (`<task>_pb2.DESCRIPTOR`) and its task folder
+        (the package of the module defining `fill_result`, which sets the task's own fields
+        of a result message). From the proto file's one service: the unary and the streaming
+        RPC and their messages; the verb is the unary RPC's name in lower case unless given.
+        From the folder: the task's name (unless given), the page (page.js) and the client's
+        --draw (drawing.py's `draw`), each optional. Each option's help is its field's in
+        `options_type` (`Annotated[float, "minimum score, 0..1"]`)."""
+        (service,) = proto.services_by_name.values()
         unary = _method(service, streaming=False)
         stream = _method(service, streaming=True)
+        package = fill_result.__module__.rpartition(".")[0]
         page = resources.files(package) / "page.js"
         drawing = f"{package}.drawing"
+        hints = get_type_hints(options_type, include_extras=True)
         return cls(
-            task=task,
-            verb=verb,
+            task=task or package.rpartition(".")[2],
+            verb=verb or unary.name.lower(),
             service=service,
             unary=unary.name,
             stream=stream.name,
@@ -133,7 +137,7 @@ class Binding:
             options_type=options_type,
             fill_result=fill_result,
             summary=summary,
-            options=options,
+            options={name: _help(options_type, name, hint) for name, hint in hints.items()},
             page=page.read_text(encoding="utf-8") if page.is_file() else "",
             draw=(
                 importlib.import_module(drawing).draw
@@ -224,6 +228,16 @@ def page_script(binding_module: str) -> str:
     """The page renderer beside a binding module (`page_script(__file__)`): the page.js of its
     task folder."""
     return (Path(binding_module).parent / "page.js").read_text(encoding="utf-8")
+
+
+def _help(options_type: Any, name: str, hint: Any) -> str:
+    """An option's help: the text its field's Annotated type carries."""
+    texts = [text for text in getattr(hint, "__metadata__", ()) if isinstance(text, str)]
+    if not texts:
+        raise ValueError(
+            f'{options_type.__name__}.{name} has no help: annotate it Annotated[type, "help"]'
+        )
+    return texts[0]
 
 
 def _method(service: ServiceDescriptor, *, streaming: bool) -> MethodDescriptor:

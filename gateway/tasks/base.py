@@ -7,6 +7,7 @@ OutputPlan, OutputError) are gateway.domain."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -37,17 +38,21 @@ class ConfigKeys(Protocol[_Own]):
 
 
 class FolderTask(Generic[_Config]):
-    """The members of gateway.api.task.Task every task folder's task has alike: a subclass
-    sets `binding` and `config` (its config module), and writes resolve, output_plan, map,
-    cost, compare (`staticmethod` of its compare module's function) and summary."""
+    """The members of gateway.api.task.Task every task folder's task has alike, from its
+    folder (the package of the subclass's module): `binding`, its binding.py's BINDING;
+    `config`, its config.py (read_config and DEFAULT); `name`, the binding's task. A subclass
+    writes resolve, output_plan, map, cost, compare and summary."""
 
-    name: ClassVar[str]  # its binding's task
+    name: ClassVar[str]
     binding: ClassVar[Binding]
-    config: ConfigKeys[_Config]  # its config module
+    config: ConfigKeys[_Config]
     map_in_thread: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        folder = cls.__module__.rpartition(".")[0]
+        cls.binding = importlib.import_module(f"{folder}.binding").BINDING
+        cls.config = importlib.import_module(f"{folder}.config")
         cls.name = cls.binding.task
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> _Config:

@@ -81,8 +81,8 @@ def test_the_make_targets_resolve(block: Block) -> None:
 
 # The checker's own tests: it must fail on what is wrong.
 
-BINDING_BEFORE = """BINDING = Binding(
-    task=EMBEDDING,
+BINDING_BEFORE = """BINDING = Binding.of(
+    epb.DESCRIPTOR,
     to_request=to_embed,  # message -> the pipeline's Request
 )
 """

@@ -91,11 +91,11 @@ TASK = PaletteTask()
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 
 class PaletteOptions(NamedTuple):
-    min_share: float = 0.0
+    min_share: Annotated[float, "least share answered, 0..1 (0: the model's default)"] = 0.0
 
 
 class Share(NamedTuple):
@@ -142,16 +142,7 @@ def fill_result(result: pb.PaletteResult, found: Shares) -> None:
     result.shares.extend(pb.Share(label=s.label, share=s.share) for s in found.shares)
 
 
-BINDING = Binding.of(
-    pb.DESCRIPTOR.services_by_name["PaletteService"],
-    task="palette",
-    verb="palette",
-    options_type=PaletteOptions,
-    fill_result=fill_result,
-    summary="Each class's share of the image",
-    options={"min_share": "least share answered, 0..1 (0: the model's default)"},
-    package=__package__,
-)
+BINDING = Binding.of(pb.DESCRIPTOR, PaletteOptions, fill_result, summary="Each class's share")
 ''',
     "drawing.py": '''\
 """`--draw` for the palette: a row per class."""
@@ -189,16 +180,12 @@ from gateway.config import Settings
 from gateway.domain import Comparison, Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.tasks.base import FolderTask
-from gateway.tasks.palette import config as palette_config
-from gateway.tasks.palette.binding import BINDING
 from gateway.tasks.palette.nouns import PaletteOptions, Share, Shares
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor, as_array
 
 
 class PaletteTask(FolderTask[float]):
-    binding = BINDING
-    config = palette_config
 
     def resolve(self, options: PaletteOptions, config: ModelConfig, settings: Settings) -> float:
         if not 0.0 <= options.min_share <= 1.0:

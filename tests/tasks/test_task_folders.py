@@ -105,5 +105,5 @@ def test_the_rules_see_imports() -> None:
     assert "gateway.api.task" in imported(builtin, REGISTRATION)
     task = TASKS / "embedding" / "task.py"
     seen = imported(task, "gateway.tasks.embedding.task")
-    assert "gateway.tasks.embedding.binding" in seen
+    assert "gateway.tasks.embedding.compare" in seen
     assert {task_of(m) for m in seen} >= {"embedding", None}

@@ -5,14 +5,14 @@ classification.v1 messages."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 
 class ClassifyOptions(NamedTuple):
     """Classification options as the caller gave them; 0 means the model's default."""
 
-    top_k: int = 0
-    min_score: float = 0.0
+    top_k: Annotated[int, "classes returned (0: the model's default)"] = 0
+    min_score: Annotated[float, "minimum score, 0..1 (0: the model's default)"] = 0.0
 
 
 class ScoredClass(NamedTuple):

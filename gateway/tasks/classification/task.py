@@ -28,8 +28,6 @@ from gateway.domain import Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import FolderTask
-from gateway.tasks.classification import config as classification_config
-from gateway.tasks.classification.binding import BINDING
 from gateway.tasks.classification.compare import compare_classes
 from gateway.tasks.classification.config import ClassificationConfig, ClassificationOutputs
 from gateway.tasks.classification.nouns import Classes, ClassifyOptions, ScoredClass
@@ -54,8 +52,6 @@ class ClassificationSettings(NamedTuple):
 
 
 class ClassificationTask(FolderTask[ClassificationConfig]):
-    binding = BINDING
-    config = classification_config
     compare = staticmethod(compare_classes)
 
     def resolve(

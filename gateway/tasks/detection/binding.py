@@ -9,8 +9,6 @@ from gateway.api.bindings import Binding
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.tasks.detection.nouns import Box, Detections, DetectOptions
 
-DETECTION = "detection"
-
 
 class Instance(Protocol):
     @property
@@ -43,16 +41,4 @@ def fill_detections(result: pb.DetectionResult, found: Detections) -> None:
         )
 
 
-BINDING = Binding.of(
-    pb.DESCRIPTOR.services_by_name["DetectionService"],
-    task=DETECTION,
-    verb="detect",
-    options_type=DetectOptions,
-    fill_result=fill_detections,
-    summary="Detect objects",
-    options={
-        "min_score": "minimum score, 0..1 (0: the model's default)",
-        "max_detections": "most detections returned (0: the model's default)",
-    },
-    package=__package__,
-)
+BINDING = Binding.of(pb.DESCRIPTOR, DetectOptions, fill_detections, summary="Detect objects")

@@ -10,7 +10,7 @@ a frozen dataclass to make).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Annotated, NamedTuple, Protocol
 
 
 class Box(NamedTuple):
@@ -42,8 +42,8 @@ class Detection(NamedTuple):
 class DetectOptions(NamedTuple):
     """Detection options as the caller gave them; 0 means the model's default."""
 
-    min_score: float = 0.0
-    max_detections: int = 0
+    min_score: Annotated[float, "minimum score, 0..1 (0: the model's default)"] = 0.0
+    max_detections: Annotated[int, "most detections returned (0: the model's default)"] = 0
 
 
 class DetectionSettings(NamedTuple):

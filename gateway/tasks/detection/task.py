@@ -13,12 +13,10 @@ from gateway.domain import Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
 from gateway.tasks.base import FolderTask, limits_of
-from gateway.tasks.detection import config as detection_config
-from gateway.tasks.detection.binding import BINDING
 from gateway.tasks.detection.compare import compare_detections
 from gateway.tasks.detection.config import DetectionConfig
 from gateway.tasks.detection.forms import map_decoded
-from gateway.tasks.detection.nouns import Detections, DetectionSettings, DetectOptions
+from gateway.tasks.detection.nouns import Detections, DetectionSettings, DetectOptions, Kept
 from gateway.tasks.detection.od_api import map_detections
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
 from gateway.upstream.signatures import Signature
@@ -30,7 +28,7 @@ DETECTION_BYTES = 200
 
 
 def resolve_options(
-    options: DetectOptions, own: DetectionConfig, settings: Settings, limits: Limits
+    options: Kept, own: DetectionConfig, settings: Settings, limits: Limits
 ) -> DetectionSettings:
     """A request's min_score and max_detections checked and completed with the model's
     defaults, else the gateway's (--min-score, --max-detections); max_detections within the
@@ -68,8 +66,6 @@ def detection_cost(max_detections: int, frame: Frame) -> Cost:
 
 
 class DetectionTask(FolderTask[DetectionConfig]):
-    binding = BINDING
-    config = detection_config
     compare = staticmethod(compare_detections)
 
     def resolve(

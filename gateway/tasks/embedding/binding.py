@@ -6,8 +6,6 @@ from gateway.api.bindings import Binding
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
 
-EMBEDDING = "embedding"
-
 
 def fill_embedding(result: epb.EmbeddingResult, found: Embedding) -> None:
     result.embedding.extend(found.vector)
@@ -16,15 +14,8 @@ def fill_embedding(result: epb.EmbeddingResult, found: Embedding) -> None:
 
 
 BINDING = Binding.of(
-    epb.DESCRIPTOR.services_by_name["EmbeddingService"],
-    task=EMBEDDING,  # the task's name
-    verb="embed",  # POST /v1/models/{model}:embed, --task embed
-    options_type=EmbedOptions,  # the options' plain type, made from the message's fields
-    fill_result=fill_embedding,  # the result message's own fields from the plain result
+    epb.DESCRIPTOR,  # its service: the RPCs and messages
+    EmbedOptions,  # the options' plain type (each field's help: OpenAPI, --help)
+    fill_embedding,  # the result message's own fields; its module's folder: page.js, drawing.py
     summary="Embed an image (a feature vector for similarity search)",  # OpenAPI
-    options={  # each option's help: OpenAPI, --help
-        "dimensions": "leading values kept before normalising, for Matryoshka-trained "
-        "models (0: all)",
-    },
-    package=__package__,  # the folder: its page.js, its drawing.py (--draw)
 )

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 
 class EmbedOptions(NamedTuple):
     """As the caller gave them; 0 keeps every dimension."""
 
-    dimensions: int = 0
+    dimensions: Annotated[
+        int,
+        "leading values kept before normalising, for Matryoshka-trained models (0: all)",
+    ] = 0
 
 
 class Embedding(NamedTuple):

@@ -24,8 +24,6 @@ from gateway.domain import Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import FolderTask
-from gateway.tasks.embedding import config as embedding_config
-from gateway.tasks.embedding.binding import BINDING
 from gateway.tasks.embedding.compare import compare_embeddings
 from gateway.tasks.embedding.config import EmbeddingConfig
 from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
@@ -57,8 +55,6 @@ class EmbeddingPlan(OutputPlan):
 
 
 class EmbeddingTask(FolderTask[EmbeddingConfig]):
-    binding = BINDING
-    config = embedding_config
     compare = staticmethod(compare_embeddings)
 
     def resolve(self, options: EmbedOptions, config: ModelConfig, settings: Settings) -> int:

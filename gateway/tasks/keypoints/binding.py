@@ -6,10 +6,7 @@ from __future__ import annotations
 from gateway.api.bindings import Binding
 from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
 from gateway.tasks.detection.binding import add_instance
-from gateway.tasks.detection.nouns import DetectOptions
-from gateway.tasks.keypoints.nouns import Keypoints
-
-KEYPOINTS = "keypoints"
+from gateway.tasks.keypoints.nouns import KeypointOptions, Keypoints
 
 
 def fill_keypoints(result: pb.KeypointsResult, found: Keypoints) -> None:
@@ -24,15 +21,5 @@ def fill_keypoints(result: pb.KeypointsResult, found: Keypoints) -> None:
 
 
 BINDING = Binding.of(
-    pb.DESCRIPTOR.services_by_name["KeypointService"],
-    task=KEYPOINTS,
-    verb="keypoints",
-    options_type=DetectOptions,
-    fill_result=fill_keypoints,
-    summary="Detect keypoints",
-    options={
-        "min_score": "minimum instance score, 0..1 (0: the model's default)",
-        "max_detections": "most instances returned (0: the model's default)",
-    },
-    package=__package__,
+    pb.DESCRIPTOR, KeypointOptions, fill_keypoints, summary="Detect keypoints", verb="keypoints"
 )

@@ -1,12 +1,19 @@
 """The keypoints task's plain types: what it returns for one image (the binding converts it
-to keypoints.v1 messages). The caller's options are detection's (DetectOptions)."""
+to keypoints.v1 messages), and the caller's options (detection's, of instances)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 from gateway.tasks.detection.nouns import Box
+
+
+class KeypointOptions(NamedTuple):
+    """Options as the caller gave them; 0 means the model's default."""
+
+    min_score: Annotated[float, "minimum instance score, 0..1 (0: the model's default)"] = 0.0
+    max_detections: Annotated[int, "most instances returned (0: the model's default)"] = 0
 
 
 class Keypoint(NamedTuple):

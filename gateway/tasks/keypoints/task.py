@@ -1,6 +1,6 @@
 """The keypoints task: instances (box, class, score) with named keypoints in pixels of the
 image as a viewer shows it, from a YOLOv8/11-pose raw head or OD API-style keypoint outputs
-(gateway.tasks.keypoints.plans); its options and their checks are detection's."""
+(gateway.tasks.keypoints.plans); its options' checks are detection's."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ from gateway.config import Settings
 from gateway.domain import Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.tasks.base import FolderTask, limits_of
-from gateway.tasks.detection.nouns import DetectionSettings, DetectOptions
+from gateway.tasks.detection.nouns import DetectionSettings
 from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
-from gateway.tasks.keypoints import config as keypoint_config
-from gateway.tasks.keypoints.binding import BINDING
 from gateway.tasks.keypoints.compare import compare_keypoints
 from gateway.tasks.keypoints.config import KeypointConfig
 from gateway.tasks.keypoints.mapping import map_keypoints
-from gateway.tasks.keypoints.nouns import Keypoints
+from gateway.tasks.keypoints.nouns import KeypointOptions, Keypoints
 from gateway.tasks.keypoints.plans import KeypointPlan, plan_keypoints
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
@@ -26,12 +24,10 @@ KEYPOINT_BYTES = 60  # a named keypoint in proto JSON: name, x, y, score
 
 
 class KeypointTask(FolderTask[KeypointConfig]):
-    binding = BINDING
-    config = keypoint_config
     compare = staticmethod(compare_keypoints)
 
     def resolve(
-        self, options: DetectOptions, config: ModelConfig, settings: Settings
+        self, options: KeypointOptions, config: ModelConfig, settings: Settings
     ) -> DetectionSettings:
         own = self.own(config).detection
         return resolve_options(options, own, settings, limits_of(config, settings))

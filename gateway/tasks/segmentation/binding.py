@@ -8,8 +8,6 @@ from gateway.proto.segmentation.v1 import segmentation_pb2 as pb
 from gateway.tasks.detection.binding import add_instance
 from gateway.tasks.segmentation.nouns import SegmentOptions, Segments
 
-SEGMENTATION = "instance_segmentation"
-
 
 def fill_segments(result: pb.SegmentationResult, found: Segments) -> None:
     cut = found.truncated
@@ -33,19 +31,9 @@ def fill_segments(result: pb.SegmentationResult, found: Segments) -> None:
 
 
 BINDING = Binding.of(
-    pb.DESCRIPTOR.services_by_name["SegmentationService"],
-    task=SEGMENTATION,
-    verb="segment",
-    options_type=SegmentOptions,
-    fill_result=fill_segments,
+    pb.DESCRIPTOR,
+    SegmentOptions,
+    fill_segments,
     summary="Segment object instances",
-    options={
-        "min_score": "minimum instance score, 0..1 (0: the model's default)",
-        "max_detections": "most instances returned (0: the model's default)",
-        "mask_threshold": "mask probability a pixel must exceed, 0..1 (0: the model's "
-        "default, 0.5 unless its config says)",
-        "mask_format": 'how masks are written: "rle" (COCO compressed RLE, the default), '
-        '"polygon" or "png"',
-    },
-    package=__package__,
+    task="instance_segmentation",
 )

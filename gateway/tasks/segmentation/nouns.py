@@ -4,7 +4,7 @@ for one image (the binding converts them to and from segmentation.v1 messages)."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 from gateway.models.limits import Limits
 from gateway.tasks.detection.nouns import Box
@@ -18,10 +18,16 @@ MASK_FORMATS = (RLE, POLYGON, PNG)
 class SegmentOptions(NamedTuple):
     """Options as the caller gave them; 0 and "" mean the model's default."""
 
-    min_score: float = 0.0
-    max_detections: int = 0
-    mask_threshold: float = 0.0
-    mask_format: str = ""
+    min_score: Annotated[float, "minimum instance score, 0..1 (0: the model's default)"] = 0.0
+    max_detections: Annotated[int, "most instances returned (0: the model's default)"] = 0
+    mask_threshold: Annotated[
+        float,
+        "mask probability a pixel must exceed, 0..1 (0: the model's default, 0.5 unless its "
+        "config says)",
+    ] = 0.0
+    mask_format: Annotated[
+        str, 'how masks are written: "rle" (COCO compressed RLE, the default), "polygon" or "png"'
+    ] = ""
 
 
 class SegmentSettings(NamedTuple):

@@ -14,10 +14,7 @@ from gateway.domain import Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
 from gateway.tasks.base import FolderTask, limits_of
-from gateway.tasks.detection.nouns import DetectOptions
 from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
-from gateway.tasks.segmentation import config as segmentation_config
-from gateway.tasks.segmentation.binding import BINDING
 from gateway.tasks.segmentation.compare import compare_segments
 from gateway.tasks.segmentation.config import SegmentationConfig
 from gateway.tasks.segmentation.mapping import map_segments
@@ -36,10 +33,7 @@ from gateway.upstream.tensors import Tensor
 def resolve_segment(
     options: SegmentOptions, own: SegmentationConfig, settings: Settings, limits: Limits
 ) -> SegmentSettings:
-    detection = resolve_options(
-        DetectOptions(options.min_score, options.max_detections), own.detection, settings,
-        limits,
-    )  # fmt: skip
+    detection = resolve_options(options, own.detection, settings, limits)
     threshold = options.mask_threshold
     if math.isnan(threshold) or not 0.0 <= threshold < 1.0:
         raise errors.invalid_input(
@@ -74,8 +68,6 @@ def segmentation_cost(options: SegmentSettings, frame: Frame) -> Cost:
 
 
 class SegmentationTask(FolderTask[SegmentationConfig]):
-    binding = BINDING
-    config = segmentation_config
     compare = staticmethod(compare_segments)
     map_in_thread = True  # a mask per instance: milliseconds each
 
