@@ -20,7 +20,8 @@ from gateway.domain import OutputError
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
 from gateway.models.limits import resolve as resolve_limits
-from gateway.models.values import ModelConfigError, as_table, refuse_unknown
+from gateway.models.values import COMMON_KEYS, ModelConfigError, as_table, refuse_unknown
+from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor, as_array
 
 _Config = TypeVar("_Config")
@@ -50,6 +51,8 @@ class FolderTask(Generic[_Config]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if hasattr(cls, "binding"):
+            return  # a task's subclass (a test's): its folder's already
         folder = cls.__module__.rpartition(".")[0]
         cls.binding = importlib.import_module(f"{folder}.binding").BINDING
         cls.config = importlib.import_module(f"{folder}.config")
@@ -79,6 +82,12 @@ def limits_of(config: ModelConfig, settings: Settings) -> Limits:
     )  # fmt: skip
 
 
+def read_own_keys(table: Mapping[str, Any], own: Collection[str], path: Path, where: str) -> None:
+    """Refuses by name a key of [models.NAME] (`table` at `where`) that is neither one every
+    model has (COMMON_KEYS, read by gateway.models) nor one of the task's `own`."""
+    refuse_unknown(table, {*COMMON_KEYS, *own}, str(path), where + ".")
+
+
 def read_outputs(
     table: Mapping[str, Any], keys: Collection[str], path: Path, where: str
 ) -> tuple[Mapping[str, Any], str]:
@@ -105,6 +114,14 @@ def output_names(
                 )
             names[key] = value
     return names
+
+
+def described(signature: Signature) -> tuple[str, str]:
+    """How a refusal names a model version ("model 'm' version 3") and shows its signature."""
+    return (
+        f"model '{signature.model}' version {signature.version}",
+        f"its '{signature.name}' signature has {signature.describe()}",
+    )
 
 
 def numbers(outputs: Mapping[str, Tensor], key: str) -> np.ndarray:

@@ -115,14 +115,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.models.values import COMMON_KEYS, ModelConfigError, refuse_unknown
+from gateway.models.values import ModelConfigError
+from gateway.tasks.base import read_own_keys
 
 
 DEFAULT = 0.05
 
 
 def read_config(table: Mapping[str, Any], path: Path, where: str) -> float:
-    refuse_unknown(table, {*COMMON_KEYS, "min_share"}, str(path), where + ".")
+    read_own_keys(table, ("min_share",), path, where)
     value = table.get("min_share", DEFAULT)
     if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ModelConfigError(f"{path}: {where}.min_share must be in [0, 1], got {value!r}")

@@ -11,14 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway.models.values import (
-    COMMON_KEYS,
     ModelConfigError,
     read_choice,
     read_integer,
     read_number,
-    refuse_unknown,
 )
-from gateway.tasks.base import output_names, read_outputs
+from gateway.tasks.base import output_names, read_outputs, read_own_keys
 
 # Classification's top_k when neither the request nor the model config gives one.
 DEFAULT_TOP_K = 5
@@ -52,7 +50,7 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> Classificat
             f"{path}: {where}.label_map is an OD API (detection) label map; classification "
             "models take labels = 'labels.txt' (one label per line, line k is class id k)"
         )
-    refuse_unknown(table, {*COMMON_KEYS, "top_k", "min_score"}, str(path), where + ".")
+    read_own_keys(table, ("top_k", "min_score"), path, where)
     outputs, outputs_where = read_outputs(table, OUTPUT_KEYS, path, where)
     names = output_names(outputs, _NAMES, path, outputs_where)
     forms = [k for k in ("probabilities", "logits", "label") if k in outputs]

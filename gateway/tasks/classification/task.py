@@ -27,7 +27,7 @@ from gateway.config import Settings
 from gateway.domain import Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import FolderTask
+from gateway.tasks.base import FolderTask, described
 from gateway.tasks.classification.compare import compare_classes
 from gateway.tasks.classification.config import ClassificationConfig, ClassificationOutputs
 from gateway.tasks.classification.nouns import Classes, ClassifyOptions, ScoredClass
@@ -206,8 +206,7 @@ class ClassificationPlan(OutputPlan):
 def plan_outputs(signature: Signature, mapping: ClassificationOutputs) -> ClassificationPlan:
     """The classification plan for `signature` with the model config's `[outputs]`."""
     outputs = signature.outputs
-    what = f"model '{signature.model}' version {signature.version}"
-    shown = f"its '{signature.name}' signature has {signature.describe()}"
+    what, shown = described(signature)
     declared = [
         (key, name)
         for key, name in (

@@ -12,14 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway.models.values import (
-    COMMON_KEYS,
     ModelConfigError,
     read_choice,
     read_integer,
     read_number,
-    refuse_unknown,
 )
-from gateway.tasks.base import output_names, read_outputs
+from gateway.tasks.base import output_names, read_outputs, read_own_keys
 
 # YOLO heads: Ultralytics' own NMS IoU default; candidates kept for NMS after the score filter
 # (a trained model leaves far fewer above its min_score; this bounds the work per image).
@@ -80,8 +78,7 @@ def read_detection_config(
     `extra_keys` of the model table and the `extra_outputs` of its [outputs] found there (for
     the caller's own reading); any other key is refused by name. `decoders` are the raw-head
     decoders the caller accepts."""
-    refuse_unknown(table, {*COMMON_KEYS, "min_score", "max_detections", *extra_keys}, str(path),
-                   where + ".")  # fmt: skip
+    read_own_keys(table, ("min_score", "max_detections", *extra_keys), path, where)
     outputs_table, outputs_where = read_outputs(table, {*OUTPUT_KEYS, *extra_outputs}, path, where)
     config = DetectionConfig(
         min_score=read_number(table, "min_score", path, where, 0.0, 1.0),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from gateway import errors
 from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tasks.base import described
 from gateway.tasks.detection.config import DetectionOutputs
 from gateway.tasks.detection.od_api import BOXES, CLASSES, NUM_DETECTIONS, SCORES
 from gateway.upstream.signatures import Signature, TensorSpec
@@ -70,8 +71,7 @@ def plan_outputs(signature: Signature, mapping: DetectionOutputs) -> DetectionPl
     """The detection plan for `signature` with the model config's `[outputs]`; BAD_MODEL
     naming the config key to set when the signature leaves more than one reading."""
     outputs = signature.outputs
-    what = f"model '{signature.model}' version {signature.version}"
-    shown = f"its '{signature.name}' signature has {signature.describe()}"
+    what, shown = described(signature)
     if mapping.decoder == "yolo":
         return _yolo_plan(signature, mapping, what, shown)
     names = {

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.models.values import COMMON_KEYS, ModelConfigError, refuse_unknown
-from gateway.tasks.base import read_outputs
+from gateway.models.values import ModelConfigError
+from gateway.tasks.base import read_outputs, read_own_keys
 
 OUTPUT_KEYS = frozenset({"embedding", "normalize"})
 
@@ -32,7 +32,7 @@ def read_config(table: Mapping[str, Any], path: Path, where: str) -> EmbeddingCo
             raise ModelConfigError(
                 f"{path}: {where}.{key}: an embedding model has no classes to name; remove it"
             )
-    refuse_unknown(table, set(COMMON_KEYS), str(path), where + ".")
+    read_own_keys(table, (), path, where)
     outputs, outputs_where = read_outputs(table, OUTPUT_KEYS, path, where)
     name = outputs.get("embedding")
     if name is not None and (not isinstance(name, str) or not name):

@@ -23,7 +23,7 @@ from gateway.config import Settings
 from gateway.domain import Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.tasks.base import FolderTask
+from gateway.tasks.base import FolderTask, described
 from gateway.tasks.embedding.compare import compare_embeddings
 from gateway.tasks.embedding.config import EmbeddingConfig
 from gateway.tasks.embedding.nouns import Embedding, EmbedOptions
@@ -125,8 +125,7 @@ def _dimension(spec: TensorSpec) -> int:
 def plan_outputs(signature: Signature, own: EmbeddingConfig) -> EmbeddingPlan:
     """The embedding plan for `signature` with the model config's `[outputs]`."""
     outputs = signature.outputs
-    what = f"model '{signature.model}' version {signature.version}"
-    shown = f"its '{signature.name}' signature has {signature.describe()}"
+    what, shown = described(signature)
     if own.embedding is not None:
         spec = outputs.get(own.embedding)
         if spec is None:

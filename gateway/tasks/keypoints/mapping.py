@@ -14,12 +14,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from gateway.domain import Frame, OutputError
+from gateway.domain import Frame, OutputError, OutputPlan
 from gateway.labels import Labels
+from gateway.models import ModelConfig
 from gateway.tasks.base import numbers
 from gateway.tasks.decoders import pose
 from gateway.tasks.detection.forms import map_decoded
-from gateway.tasks.detection.nouns import Kept
+from gateway.tasks.detection.nouns import DetectionSettings, Kept
 from gateway.tasks.detection.od_api import BOX_MARGIN
 from gateway.tasks.keypoints.config import YOLO_POSE, names_and_skeleton
 from gateway.tasks.keypoints.nouns import Instance, Keypoint, Keypoints
@@ -28,10 +29,16 @@ from gateway.upstream.tensors import Tensor
 
 
 def map_keypoints(
-    outputs: Mapping[str, Tensor], plan: KeypointPlan, frame: Frame, labels: Labels, kept: Kept
+    outputs: Mapping[str, Tensor],
+    plan: OutputPlan,
+    frame: Frame,
+    options: DetectionSettings,
+    config: ModelConfig,
 ) -> Keypoints:
+    """The task's `map` (gateway.api.task.Task.map)."""
+    assert isinstance(plan, KeypointPlan)
     read = _yolo_pose if plan.form == YOLO_POSE else _od
-    return read(outputs, plan, frame, labels, kept)
+    return read(outputs, plan, frame, config.labels, options)
 
 
 def _named(plan: KeypointPlan, points: int) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:

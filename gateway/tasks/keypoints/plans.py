@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gateway import errors
 from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tasks.base import described
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs, yolo_plan
 from gateway.tasks.keypoints.config import YOLO_POSE, KeypointConfig, names_and_skeleton
 from gateway.upstream.signatures import Signature, TensorSpec
@@ -66,8 +67,7 @@ class KeypointPlan(OutputPlan):
 
 
 def plan_keypoints(signature: Signature, config: KeypointConfig) -> KeypointPlan:
-    what = f"model '{signature.model}' version {signature.version}"
-    shown = f"its '{signature.name}' signature has {signature.describe()}"
+    what, shown = described(signature)
     if config.decoder == YOLO_POSE:
         return _yolo_pose(signature, config, what, shown)
     outputs = signature.outputs

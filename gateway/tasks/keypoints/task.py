@@ -4,8 +4,6 @@ image as a viewer shows it, from a YOLOv8/11-pose raw head or OD API-style keypo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from gateway.config import Settings
 from gateway.domain import Cost, Frame, OutputPlan
 from gateway.models import ModelConfig
@@ -18,7 +16,6 @@ from gateway.tasks.keypoints.mapping import map_keypoints
 from gateway.tasks.keypoints.nouns import KeypointOptions, Keypoints
 from gateway.tasks.keypoints.plans import KeypointPlan, plan_keypoints
 from gateway.upstream.signatures import Signature
-from gateway.upstream.tensors import Tensor
 
 KEYPOINT_BYTES = 60  # a named keypoint in proto JSON: name, x, y, score
 
@@ -35,16 +32,7 @@ class KeypointTask(FolderTask[KeypointConfig]):
     def output_plan(self, signature: Signature, config: ModelConfig) -> KeypointPlan:
         return plan_keypoints(signature, self.own(config))
 
-    def map(
-        self,
-        outputs: Mapping[str, Tensor],
-        plan: OutputPlan,
-        frame: Frame,
-        options: DetectionSettings,
-        config: ModelConfig,
-    ) -> Keypoints:
-        assert isinstance(plan, KeypointPlan)
-        return map_keypoints(outputs, plan, frame, config.labels, options)
+    map = staticmethod(map_keypoints)
 
     def cost(
         self, options: DetectionSettings, frame: Frame, plan: OutputPlan, config: ModelConfig

@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from gateway import errors
-from gateway.domain import Frame, OutputError, Work
+from gateway.domain import Frame, OutputError, OutputPlan, Work
 from gateway.labels import Labels
+from gateway.models import ModelConfig
 from gateway.tasks.decoders import yoloseg
 from gateway.tasks.detection.forms import map_decoded
 from gateway.tasks.detection.nouns import Detection
@@ -49,12 +50,14 @@ MAX_POLYGON_POINTS = 1_000_000
 
 def map_segments(
     outputs: Mapping[str, Tensor],
-    plan: SegmentationPlan,
+    plan: OutputPlan,
     frame: Frame,
-    labels: Labels,
     options: SegmentSettings,
+    config: ModelConfig,
 ) -> Segments:
-    assert plan.detection is not None
+    """The task's `map` (gateway.api.task.Task.map)."""
+    assert isinstance(plan, SegmentationPlan) and plan.detection is not None
+    labels = config.labels
     try:
         axes = raster.raster_axes(frame.transform)
     except ValueError as e:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from gateway import errors
 from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.tasks.base import described
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs, yolo_plan
 from gateway.tasks.segmentation.config import NATIVE, YOLO_SEG, SegmentationConfig
 from gateway.upstream.signatures import Signature, TensorSpec
@@ -59,8 +60,7 @@ class SegmentationPlan(OutputPlan):
 
 
 def plan_segmentation(signature: Signature, config: SegmentationConfig) -> SegmentationPlan:
-    what = f"model '{signature.model}' version {signature.version}"
-    shown = f"its '{signature.name}' signature has {signature.describe()}"
+    what, shown = described(signature)
     if config.decoder == YOLO_SEG:
         return _yolo_seg(signature, config, what, shown)
     outputs = signature.outputs

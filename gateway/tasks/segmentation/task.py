@@ -6,7 +6,6 @@ mask_threshold and mask_format here."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 from gateway import errors
 from gateway.config import Settings
@@ -27,7 +26,6 @@ from gateway.tasks.segmentation.nouns import (
 )
 from gateway.tasks.segmentation.plans import SegmentationPlan, plan_segmentation
 from gateway.upstream.signatures import Signature
-from gateway.upstream.tensors import Tensor
 
 
 def resolve_segment(
@@ -79,16 +77,7 @@ class SegmentationTask(FolderTask[SegmentationConfig]):
     def output_plan(self, signature: Signature, config: ModelConfig) -> SegmentationPlan:
         return plan_segmentation(signature, self.own(config))
 
-    def map(
-        self,
-        outputs: Mapping[str, Tensor],
-        plan: OutputPlan,
-        frame: Frame,
-        options: SegmentSettings,
-        config: ModelConfig,
-    ) -> Segments:
-        assert isinstance(plan, SegmentationPlan)
-        return map_segments(outputs, plan, frame, config.labels, options)
+    map = staticmethod(map_segments)
 
     def cost(
         self, options: SegmentSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
