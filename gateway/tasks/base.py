@@ -1,7 +1,8 @@
-"""What the task folders share: `FolderTask`, the members every task has alike (its name from
-its binding, its model-config keys read by its config module, its own config of a model, its
-shadow comparison), a model's ceilings on one request's work (`limits_of`), and the readers of
-`[models.NAME.outputs]` output names and of one output's numbers. The contract a task
+"""What the task folders share: `FolderTask`, the members every task has alike (its name,
+binding and config module from its folder, its own config of a model, its output plan from
+its plans function), a model's ceilings on one request's work (`limits_of`), the readers of a
+model table's own keys and of `[models.NAME.outputs]` output names, how a refusal names a
+model version (`described`) and the reader of one output's numbers. The contract a task
 implements (Task, TaskRegistry) is gateway.api.task; the nouns it works on (Frame,
 OutputPlan, OutputError) are gateway.domain."""
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from gateway.api.bindings import Binding
 from gateway.config import Settings
-from gateway.domain import OutputError
+from gateway.domain import OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
 from gateway.models.limits import resolve as resolve_limits
@@ -42,7 +43,8 @@ class FolderTask(Generic[_Config]):
     """The members of gateway.api.task.Task every task folder's task has alike, from its
     folder (the package of the subclass's module): `binding`, its binding.py's BINDING;
     `config`, its config.py (read_config and DEFAULT); `name`, the binding's task. A subclass
-    writes resolve, output_plan, map, cost, compare and summary."""
+    sets `plan_outputs` (signature, its own config of the model -> the OutputPlan) and writes
+    resolve, map, cost, compare and summary."""
 
     name: ClassVar[str]
     binding: ClassVar[Binding]
@@ -60,6 +62,15 @@ class FolderTask(Generic[_Config]):
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> _Config:
         return self.config.read_config(table, path, where)
+
+    @staticmethod
+    def plan_outputs(signature: Signature, own: Any, /) -> OutputPlan:
+        """The plan for a model version from its signature and the task's own config of the
+        model (a subclass sets it: `plan_outputs = staticmethod(its plans function)`)."""
+        raise NotImplementedError
+
+    def output_plan(self, signature: Signature, config: ModelConfig) -> OutputPlan:
+        return self.plan_outputs(signature, self.own(config))
 
     def own(self, config: ModelConfig) -> _Config:
         """The task's own config of a model (its defaults for one no config file lists)."""

@@ -29,7 +29,7 @@ from gateway.models import ModelConfig
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import FolderTask, described
 from gateway.tasks.classification.compare import compare_classes
-from gateway.tasks.classification.config import ClassificationConfig, ClassificationOutputs
+from gateway.tasks.classification.config import ClassificationConfig
 from gateway.tasks.classification.nouns import Classes, ClassifyOptions, ScoredClass
 from gateway.tasks.decoders import scores as score_forms
 from gateway.upstream.signatures import Signature
@@ -49,80 +49,6 @@ CLASS_BYTES = 100  # one class in proto JSON: id, label, score
 class ClassificationSettings(NamedTuple):
     top_k: int
     min_score: float
-
-
-class ClassificationTask(FolderTask[ClassificationConfig]):
-    compare = staticmethod(compare_classes)
-
-    def resolve(
-        self, options: ClassifyOptions, config: ModelConfig, settings: Settings
-    ) -> ClassificationSettings:
-        own = self.own(config)
-        top_k, min_score = own.top_k, own.min_score
-        if options.top_k < 0 or options.top_k > MAX_TOP_K:
-            raise errors.invalid_input(
-                f"top_k must be in [0, {MAX_TOP_K}] (0 means the model's default {top_k}), "
-                f"got {options.top_k}"
-            )
-        if math.isnan(options.min_score) or not 0.0 <= options.min_score <= 1.0:
-            raise errors.invalid_input(
-                f"min_score must be in [0, 1] (0 means the model's default {min_score}), "
-                f"got {options.min_score}"
-            )
-        return ClassificationSettings(
-            top_k=options.top_k or top_k, min_score=options.min_score or min_score
-        )
-
-    def output_plan(self, signature: Signature, config: ModelConfig) -> ClassificationPlan:
-        return plan_outputs(signature, self.own(config).outputs)
-
-    def map(
-        self,
-        tensors: Mapping[str, Tensor],
-        plan: OutputPlan,
-        frame: Frame,
-        options: ClassificationSettings,
-        config: ModelConfig,
-    ) -> Classes:
-        outputs = {key: as_array(tensor) for key, tensor in tensors.items()}
-        if plan.form == "label":
-            label_key, confidence_key = plan.output_filter
-            return Classes(_top_label(outputs, options, config, label_key, confidence_key))
-        (key,) = plan.output_filter
-        row = _first_row(outputs, key)
-        if plan.form == "logits":
-            if not np.isfinite(row).all():
-                raise OutputError(f"{key} holds NaN or infinite values")
-            activation = plan.activation if isinstance(plan, ClassificationPlan) else "softmax"
-            row = score_forms.activate(row, activation)
-        else:
-            _check_probabilities(row, key)
-            row = np.clip(row, 0.0, 1.0)
-        labels = config.labels
-        if labels.names and len(row) != len(labels.names):
-            raise OutputError(
-                f"{key} has {len(row)} classes but the model's labels name {len(labels.names)}"
-            )
-        count = min(options.top_k, len(row))
-        # Stable ranking: equal scores keep class order, so results do not flicker.
-        order = np.argsort(-row, kind="stable")[:count]
-        return Classes(
-            [
-                ScoredClass(int(i), labels.label(int(i)), float(row[i]))
-                for i in order
-                if row[i] >= options.min_score
-            ]
-        )
-
-    def cost(
-        self, options: ClassificationSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
-    ) -> Cost:
-        """The image decoded and top_k classes answered."""
-        return Cost(frame.width * frame.height, 0, options.top_k * CLASS_BYTES, options.top_k)
-
-    def summary(self, result: Classes) -> dict[str, object]:
-        top = result.classes[0] if result.classes else None
-        return {"classes": len(result.classes), "top": top.label if top else None}
 
 
 _FLOATS = (tfs.DT_FLOAT, tfs.DT_DOUBLE, tfs.DT_HALF)
@@ -203,9 +129,10 @@ class ClassificationPlan(OutputPlan):
         return plan
 
 
-def plan_outputs(signature: Signature, mapping: ClassificationOutputs) -> ClassificationPlan:
+def plan_outputs(signature: Signature, own: ClassificationConfig) -> ClassificationPlan:
     """The classification plan for `signature` with the model config's `[outputs]`."""
     outputs = signature.outputs
+    mapping = own.outputs
     what, shown = described(signature)
     declared = [
         (key, name)
@@ -272,3 +199,75 @@ def plan_outputs(signature: Signature, mapping: ClassificationOutputs) -> Classi
         "outputs.logits = '<output>' (softmax; logits_activation = 'sigmoid' for multi-label), "
         f"or outputs.label + outputs.confidence{hint}"
     )
+
+
+class ClassificationTask(FolderTask[ClassificationConfig]):
+    compare = staticmethod(compare_classes)
+    plan_outputs = staticmethod(plan_outputs)
+
+    def resolve(
+        self, options: ClassifyOptions, config: ModelConfig, settings: Settings
+    ) -> ClassificationSettings:
+        own = self.own(config)
+        top_k, min_score = own.top_k, own.min_score
+        if options.top_k < 0 or options.top_k > MAX_TOP_K:
+            raise errors.invalid_input(
+                f"top_k must be in [0, {MAX_TOP_K}] (0 means the model's default {top_k}), "
+                f"got {options.top_k}"
+            )
+        if math.isnan(options.min_score) or not 0.0 <= options.min_score <= 1.0:
+            raise errors.invalid_input(
+                f"min_score must be in [0, 1] (0 means the model's default {min_score}), "
+                f"got {options.min_score}"
+            )
+        return ClassificationSettings(
+            top_k=options.top_k or top_k, min_score=options.min_score or min_score
+        )
+
+    def map(
+        self,
+        tensors: Mapping[str, Tensor],
+        plan: OutputPlan,
+        frame: Frame,
+        options: ClassificationSettings,
+        config: ModelConfig,
+    ) -> Classes:
+        outputs = {key: as_array(tensor) for key, tensor in tensors.items()}
+        if plan.form == "label":
+            label_key, confidence_key = plan.output_filter
+            return Classes(_top_label(outputs, options, config, label_key, confidence_key))
+        (key,) = plan.output_filter
+        row = _first_row(outputs, key)
+        if plan.form == "logits":
+            if not np.isfinite(row).all():
+                raise OutputError(f"{key} holds NaN or infinite values")
+            activation = plan.activation if isinstance(plan, ClassificationPlan) else "softmax"
+            row = score_forms.activate(row, activation)
+        else:
+            _check_probabilities(row, key)
+            row = np.clip(row, 0.0, 1.0)
+        labels = config.labels
+        if labels.names and len(row) != len(labels.names):
+            raise OutputError(
+                f"{key} has {len(row)} classes but the model's labels name {len(labels.names)}"
+            )
+        count = min(options.top_k, len(row))
+        # Stable ranking: equal scores keep class order, so results do not flicker.
+        order = np.argsort(-row, kind="stable")[:count]
+        return Classes(
+            [
+                ScoredClass(int(i), labels.label(int(i)), float(row[i]))
+                for i in order
+                if row[i] >= options.min_score
+            ]
+        )
+
+    def cost(
+        self, options: ClassificationSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
+    ) -> Cost:
+        """The image decoded and top_k classes answered."""
+        return Cost(frame.width * frame.height, 0, options.top_k * CLASS_BYTES, options.top_k)
+
+    def summary(self, result: Classes) -> dict[str, object]:
+        top = result.classes[0] if result.classes else None
+        return {"classes": len(result.classes), "top": top.label if top else None}

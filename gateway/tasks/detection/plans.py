@@ -10,7 +10,7 @@ from gateway import errors
 from gateway.domain import OutputPlan
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import described
-from gateway.tasks.detection.config import DetectionOutputs
+from gateway.tasks.detection.config import DetectionConfig, DetectionOutputs
 from gateway.tasks.detection.od_api import BOXES, CLASSES, NUM_DETECTIONS, SCORES
 from gateway.upstream.signatures import Signature, TensorSpec
 
@@ -67,9 +67,10 @@ class DetectionPlan(OutputPlan):
         return plan
 
 
-def plan_outputs(signature: Signature, mapping: DetectionOutputs) -> DetectionPlan:
+def plan_outputs(signature: Signature, own: DetectionConfig) -> DetectionPlan:
     """The detection plan for `signature` with the model config's `[outputs]`; BAD_MODEL
     naming the config key to set when the signature leaves more than one reading."""
+    mapping = own.outputs
     outputs = signature.outputs
     what, shown = described(signature)
     if mapping.decoder == "yolo":

@@ -19,7 +19,6 @@ from gateway.tasks.detection.forms import map_decoded
 from gateway.tasks.detection.nouns import Detections, DetectionSettings, DetectOptions, Kept
 from gateway.tasks.detection.od_api import map_detections
 from gateway.tasks.detection.plans import DetectionPlan, plan_outputs
-from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
 
 # Bytes of one detection in an answer at most (box, normalized box, label, score: ~150 in
@@ -73,8 +72,7 @@ class DetectionTask(FolderTask[DetectionConfig]):
     ) -> DetectionSettings:
         return resolve_options(options, self.own(config), settings, limits_of(config, settings))
 
-    def output_plan(self, signature: Signature, config: ModelConfig) -> DetectionPlan:
-        return plan_outputs(signature, self.own(config).outputs)
+    plan_outputs = staticmethod(plan_outputs)
 
     def map(
         self,

@@ -54,66 +54,6 @@ class EmbeddingPlan(OutputPlan):
         }
 
 
-class EmbeddingTask(FolderTask[EmbeddingConfig]):
-    compare = staticmethod(compare_embeddings)
-
-    def resolve(self, options: EmbedOptions, config: ModelConfig, settings: Settings) -> int:
-        """The caller's `dimensions` (0: all of them)."""
-        if not 0 <= options.dimensions <= MAX_DIMENSIONS:
-            raise errors.invalid_input(
-                f"dimensions must be in [0, {MAX_DIMENSIONS}] (0 keeps the model's whole "
-                f"vector), got {options.dimensions}"
-            )
-        return options.dimensions
-
-    def output_plan(self, signature: Signature, config: ModelConfig) -> EmbeddingPlan:
-        return plan_outputs(signature, self.own(config))
-
-    def map(
-        self,
-        outputs: Mapping[str, Tensor],
-        plan: OutputPlan,
-        frame: Frame,
-        options: int,
-        config: ModelConfig,
-    ) -> Embedding:
-        (key,) = plan.output_filter
-        if key not in outputs:
-            raise OutputError(f"TF Serving response lacks output '{key}'")
-        values = as_array(outputs[key])
-        if values.dtype.kind != "f" or values.ndim != 2 or values.shape[0] < 1:
-            raise OutputError(
-                f"{key} is {values.dtype} {list(values.shape)}; expected floats [1, dimension]"
-            )
-        row = values[0].astype(np.float64)
-        if row.size == 0:
-            raise OutputError(f"{key} is empty: the model gives a vector of no dimensions")
-        if not np.isfinite(row).all():
-            raise OutputError(f"{key} holds NaN or infinite values")
-        if options:
-            if options > row.size:
-                raise errors.invalid_input(
-                    f"dimensions is {options} but model '{config.name}' gives {row.size}; "
-                    f"ask for at most {row.size} (0 keeps them all)"
-                )
-            row = row[:options]
-        normalize = plan.normalize if isinstance(plan, EmbeddingPlan) else True
-        norm = float(np.linalg.norm(row)) if normalize else 0.0
-        if norm > 0.0:
-            return Embedding((row / norm).tolist(), True)
-        return Embedding(row.tolist(), False)
-
-    def cost(self, options: int, frame: Frame, plan: OutputPlan, config: ModelConfig) -> Cost:
-        """The image decoded and the vector answered: the dimensions asked for, else the
-        signature's (MAX_DIMENSIONS when it does not say)."""
-        known = plan.dimension if isinstance(plan, EmbeddingPlan) and plan.dimension > 0 else 0
-        values = options or known or MAX_DIMENSIONS
-        return Cost(frame.width * frame.height, 0, values * VALUE_BYTES, values)
-
-    def summary(self, result: Embedding) -> dict[str, object]:
-        return {"dimension": len(result.vector), "normalized": result.normalized}
-
-
 def _is_float_matrix(spec: TensorSpec) -> bool:
     return spec.dtype in _FLOATS and (spec.shape is None or len(spec.shape) == 2)
 
@@ -161,3 +101,62 @@ def plan_outputs(signature: Signature, own: EmbeddingConfig) -> EmbeddingPlan:
         f"{what} cannot be used for embeddings as it is: {found}; {shown}. Say which "
         "output holds the vector in the model config: outputs.embedding = '<output>'"
     )
+
+
+class EmbeddingTask(FolderTask[EmbeddingConfig]):
+    compare = staticmethod(compare_embeddings)
+
+    def resolve(self, options: EmbedOptions, config: ModelConfig, settings: Settings) -> int:
+        """The caller's `dimensions` (0: all of them)."""
+        if not 0 <= options.dimensions <= MAX_DIMENSIONS:
+            raise errors.invalid_input(
+                f"dimensions must be in [0, {MAX_DIMENSIONS}] (0 keeps the model's whole "
+                f"vector), got {options.dimensions}"
+            )
+        return options.dimensions
+
+    plan_outputs = staticmethod(plan_outputs)
+
+    def map(
+        self,
+        outputs: Mapping[str, Tensor],
+        plan: OutputPlan,
+        frame: Frame,
+        options: int,
+        config: ModelConfig,
+    ) -> Embedding:
+        (key,) = plan.output_filter
+        if key not in outputs:
+            raise OutputError(f"TF Serving response lacks output '{key}'")
+        values = as_array(outputs[key])
+        if values.dtype.kind != "f" or values.ndim != 2 or values.shape[0] < 1:
+            raise OutputError(
+                f"{key} is {values.dtype} {list(values.shape)}; expected floats [1, dimension]"
+            )
+        row = values[0].astype(np.float64)
+        if row.size == 0:
+            raise OutputError(f"{key} is empty: the model gives a vector of no dimensions")
+        if not np.isfinite(row).all():
+            raise OutputError(f"{key} holds NaN or infinite values")
+        if options:
+            if options > row.size:
+                raise errors.invalid_input(
+                    f"dimensions is {options} but model '{config.name}' gives {row.size}; "
+                    f"ask for at most {row.size} (0 keeps them all)"
+                )
+            row = row[:options]
+        normalize = plan.normalize if isinstance(plan, EmbeddingPlan) else True
+        norm = float(np.linalg.norm(row)) if normalize else 0.0
+        if norm > 0.0:
+            return Embedding((row / norm).tolist(), True)
+        return Embedding(row.tolist(), False)
+
+    def cost(self, options: int, frame: Frame, plan: OutputPlan, config: ModelConfig) -> Cost:
+        """The image decoded and the vector answered: the dimensions asked for, else the
+        signature's (MAX_DIMENSIONS when it does not say)."""
+        known = plan.dimension if isinstance(plan, EmbeddingPlan) and plan.dimension > 0 else 0
+        values = options or known or MAX_DIMENSIONS
+        return Cost(frame.width * frame.height, 0, values * VALUE_BYTES, values)
+
+    def summary(self, result: Embedding) -> dict[str, object]:
+        return {"dimension": len(result.vector), "normalized": result.normalized}

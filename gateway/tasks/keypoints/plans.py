@@ -85,7 +85,7 @@ def plan_keypoints(signature: Signature, config: KeypointConfig) -> KeypointPlan
             raise errors.bad_model(_unrecognised(signature, what, shown, name))
     points = _check_od(outputs[names["keypoints"]], outputs[names["keypoint_scores"]], names,
                        what)  # fmt: skip
-    detection = plan_outputs(signature, config.detection.outputs)
+    detection = plan_outputs(signature, config.detection)
     named = _names(config, points, what) if points else None
     return KeypointPlan(
         (*detection.output_filter, names["keypoints"], names["keypoint_scores"]),

@@ -15,7 +15,6 @@ from gateway.tasks.keypoints.config import KeypointConfig
 from gateway.tasks.keypoints.mapping import map_keypoints
 from gateway.tasks.keypoints.nouns import KeypointOptions, Keypoints
 from gateway.tasks.keypoints.plans import KeypointPlan, plan_keypoints
-from gateway.upstream.signatures import Signature
 
 KEYPOINT_BYTES = 60  # a named keypoint in proto JSON: name, x, y, score
 
@@ -29,8 +28,7 @@ class KeypointTask(FolderTask[KeypointConfig]):
         own = self.own(config).detection
         return resolve_options(options, own, settings, limits_of(config, settings))
 
-    def output_plan(self, signature: Signature, config: ModelConfig) -> KeypointPlan:
-        return plan_keypoints(signature, self.own(config))
+    plan_outputs = staticmethod(plan_keypoints)
 
     map = staticmethod(map_keypoints)
 

@@ -82,7 +82,7 @@ def plan_segmentation(signature: Signature, config: SegmentationConfig) -> Segme
             f"{what}: output '{name}' is {spec.describe()}; masks must be float "
             "[batch, N, m, m] probabilities of each box's pixels"
         )
-    detection = plan_outputs(signature, config.detection.outputs)
+    detection = plan_outputs(signature, config.detection)
     return SegmentationPlan(
         (*detection.output_filter, name), BOX_MASKS, detection=detection, masks=name
     )

@@ -24,8 +24,7 @@ from gateway.tasks.segmentation.nouns import (
     Segments,
     SegmentSettings,
 )
-from gateway.tasks.segmentation.plans import SegmentationPlan, plan_segmentation
-from gateway.upstream.signatures import Signature
+from gateway.tasks.segmentation.plans import plan_segmentation
 
 
 def resolve_segment(
@@ -74,8 +73,7 @@ class SegmentationTask(FolderTask[SegmentationConfig]):
     ) -> SegmentSettings:
         return resolve_segment(options, self.own(config), settings, limits_of(config, settings))
 
-    def output_plan(self, signature: Signature, config: ModelConfig) -> SegmentationPlan:
-        return plan_segmentation(signature, self.own(config))
+    plan_outputs = staticmethod(plan_segmentation)
 
     map = staticmethod(map_segments)
 
