@@ -119,7 +119,10 @@ class Binding:
         From the folder: the task's name (unless given), the page (page.js) and the client's
         --draw (drawing.py's `draw`), each optional. Each option's help is its field's in
         `options_type` (`Annotated[float, "minimum score, 0..1"]`)."""
-        (service,) = proto.services_by_name.values()
+        services = list(proto.services_by_name.values())
+        if len(services) != 1:
+            raise ValueError(f"{proto.name} has {len(services)} services; a task's proto has one")
+        (service,) = services
         unary = _method(service, streaming=False)
         stream = _method(service, streaming=True)
         package = fill_result.__module__.rpartition(".")[0]

@@ -8,8 +8,10 @@ from typing import NamedTuple
 
 import pytest
 
-from gateway.api.bindings import model_spec
+from gateway.api.bindings import Binding, model_spec
 from gateway.domain import ModelRef
+from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.builtin import BUILT_IN
 
 # A value per option type that differs from the field's default, so a dropped option shows.
@@ -46,3 +48,34 @@ def test_a_binding_whose_options_type_does_not_match_its_options_is_refused() ->
     detect = BUILT_IN.for_verb("detect")
     with pytest.raises(ValueError, match="are not its options"):
         dataclasses.replace(detect, options_type=Swapped)
+
+
+def test_a_binding_of_a_proto_without_one_service_is_refused() -> None:
+    detect = BUILT_IN.for_verb("detect")
+    with pytest.raises(ValueError, match=r"tfserving\.proto has 0 services"):
+        Binding.of(tfs.DESCRIPTOR, detect.options_type, detect.fill_result, summary="Detect")
+
+
+def test_an_option_without_its_help_is_refused_naming_it() -> None:
+    class Bare(NamedTuple):
+        min_score: float = 0.0
+        max_detections: int = 0
+
+    detect = BUILT_IN.for_verb("detect")
+    with pytest.raises(ValueError, match=r"Bare.min_score has no help"):
+        Binding.of(pb.DESCRIPTOR, Bare, detect.fill_result, summary="Detect")
+
+
+def test_a_binding_takes_its_names_page_and_drawing_from_its_proto_and_folder() -> None:
+    detect = BUILT_IN.for_verb("detect")
+    again = Binding.of(pb.DESCRIPTOR, detect.options_type, detect.fill_result, summary="Detect")
+    assert (again.task, again.verb, again.unary, again.stream) == (
+        "detection", "detect", "Detect", "DetectStream",
+    )  # fmt: skip
+    assert (again.request_type, again.result_type) == (pb.DetectRequest, pb.DetectionResult)
+    assert again.page == detect.page and again.page.strip()
+    assert again.draw is detect.draw is not None
+    assert again.options == {
+        "min_score": "minimum score, 0..1 (0: the model's default)",
+        "max_detections": "most detections returned (0: the model's default)",
+    }
