@@ -90,6 +90,36 @@ def read_detection_config(
     return config, extra, extra_out
 
 
+@dataclass(frozen=True)
+class OnDetection:
+    """The config of a task built on detection (keypoints, instance segmentation): detection's
+    config, and the task's own keys beside it (a subclass's fields)."""
+
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+
+    @property
+    def decoder(self) -> str | None:
+        return self.detection.outputs.decoder
+
+
+def read_on_detection(
+    table: Mapping[str, Any],
+    path: Path,
+    where: str,
+    output_keys: Collection[str],
+    output_names_of: Collection[str],
+    decoders: Collection[str],
+) -> tuple[DetectionConfig, dict[str, Any], dict[str, str], str]:
+    """[models.NAME] of a task built on detection: detection's config (with the raw-head
+    `decoders` the task accepts), the task's `output_keys` of [outputs] found there, those of
+    `output_names_of` among them (each checked to name an output), and where [outputs] is."""
+    detection, _, extra = read_detection_config(
+        table, path, where, extra_outputs=output_keys, decoders=decoders
+    )
+    where = where + ".outputs"
+    return detection, extra, output_names(extra, output_names_of, path, where), where
+
+
 def read_config(table: Mapping[str, Any], path: Path, where: str) -> DetectionConfig:
     config, _, _ = read_detection_config(table, path, where)
     return config

@@ -15,13 +15,12 @@ in [models.NAME.outputs]:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gateway.models.values import ModelConfigError
-from gateway.tasks.base import output_names
-from gateway.tasks.detection.config import DetectionConfig, read_detection_config
+from gateway.tasks.detection.config import OnDetection, read_on_detection
 from gateway.tasks.keypoints.names import COCO17, COCO17_NAMES, COCO17_SKELETON
 
 YOLO_POSE = "yolo-pose"
@@ -32,32 +31,25 @@ MAX_KEYPOINTS = 1024  # far above any model's; bounds a config's lists
 
 
 @dataclass(frozen=True)
-class KeypointConfig:
+class KeypointConfig(OnDetection):
     """A keypoint model's own config. `names` is None when the config gives none: COCO-17's
     for a model with 17 points, refused for others; `skeleton` None: COCO's for COCO-17's
     names, none otherwise."""
 
-    detection: DetectionConfig = field(default_factory=DetectionConfig)
     predictions: str | None = None
     keypoints: str | None = None
     keypoint_scores: str | None = None
     names: tuple[str, ...] | None = None
     skeleton: tuple[tuple[int, int], ...] | None = None
 
-    @property
-    def decoder(self) -> str | None:
-        return self.detection.outputs.decoder
-
 
 DEFAULT = KeypointConfig()
 
 
 def read_config(table: Mapping[str, Any], path: Path, where: str) -> KeypointConfig:
-    detection, _, extra = read_detection_config(
-        table, path, where, extra_outputs=OUTPUT_KEYS, decoders=DECODERS
+    detection, extra, outputs, where = read_on_detection(
+        table, path, where, OUTPUT_KEYS, _OUTPUT_NAMES, DECODERS
     )
-    where = where + ".outputs"
-    outputs = output_names(extra, _OUTPUT_NAMES, path, where)
     decoder = detection.outputs.decoder
     if decoder is None and "predictions" in outputs:
         raise ModelConfigError(

@@ -19,13 +19,12 @@ gateway.tasks.detection.config) plus, in [models.NAME.outputs]:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gateway.models.values import ModelConfigError
-from gateway.tasks.base import output_names
-from gateway.tasks.detection.config import DetectionConfig, read_detection_config
+from gateway.tasks.detection.config import OnDetection, read_on_detection
 
 DEFAULT_MASK_THRESHOLD = 0.5
 YOLO_SEG = "yolo-seg"
@@ -37,28 +36,21 @@ OUTPUT_KEYS = ("masks", "mask_threshold", "predictions", "prototypes", "mask_res
 
 
 @dataclass(frozen=True)
-class SegmentationConfig:
-    detection: DetectionConfig = field(default_factory=DetectionConfig)
+class SegmentationConfig(OnDetection):
     masks: str | None = None
     mask_threshold: float = DEFAULT_MASK_THRESHOLD
     predictions: str | None = None  # yolo-seg's head
     prototypes: str | None = None
     mask_resolution: str = NATIVE  # yolo-seg's
 
-    @property
-    def decoder(self) -> str | None:
-        return self.detection.outputs.decoder
-
 
 DEFAULT = SegmentationConfig()
 
 
 def read_config(table: Mapping[str, Any], path: Path, where: str) -> SegmentationConfig:
-    detection, _, extra = read_detection_config(
-        table, path, where, extra_outputs=OUTPUT_KEYS, decoders=DECODERS
+    detection, extra, names, where = read_on_detection(
+        table, path, where, OUTPUT_KEYS, ("masks", "predictions", "prototypes"), DECODERS
     )
-    where = where + ".outputs"
-    names = output_names(extra, ("masks", "predictions", "prototypes"), path, where)
     decoder = detection.outputs.decoder
     if decoder is None and names.keys() & {"predictions", "prototypes"}:
         raise ModelConfigError(
