@@ -2,7 +2,7 @@
 
 One local TF Serving-compatible server and one gateway serve every test of this package (started
 once for the package, not per file): `detector` (versions 1 and 2, labels stable=1 and
-canary=2), `detector_encoded`, and `embedder`, a SavedModel with a signature no task can use (a
+canary=2), `detector_encoded`, and `vector_model`, a SavedModel with a signature no task can use (a
 float vector in, probabilities out). `recording` is a proxy to that server that keeps every
 Predict; `windowed` (a stream window of STREAM_WINDOW) and `scaled_stub` (the example model
 config, max_side 1024) are gateways behind it.
@@ -46,7 +46,7 @@ def model_config(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("e2e-models")
     shutil.copytree(model_repo, root, dirs_exist_ok=True)
     export_models(root, version=2, names=["detector"])
-    _save_classifier(root / "embedder" / "1")
+    _save_classifier(root / "vector_model" / "1")  # not a reference model's name
     config = root / "models.config"
     config.write_text(
         f"""
@@ -62,7 +62,7 @@ def model_config(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             model_platform: 'tensorflow'
           }}
           config {{
-            name: 'embedder' base_path: '{root / "embedder"}' model_platform: 'tensorflow'
+            name: 'vector_model' base_path: '{root / "vector_model"}' model_platform: 'tensorflow'
           }}
         }}
         """

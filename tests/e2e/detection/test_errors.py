@@ -111,7 +111,7 @@ def test_out_of_range_fields_are_invalid_argument(stub, fields, text):
 
 
 def test_model_without_a_detection_signature_is_failed_precondition(stub):
-    error = rpc_error(stub, scenes.encode(scene_for(94).pixels, "PNG"), model=model("embedder"))
+    error = rpc_error(stub, scenes.encode(scene_for(94).pixels, "PNG"), model=model("vector_model"))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = error.details()
     assert "features: DT_FLOAT [-1,4]" in details and "probabilities" in details
