@@ -5,7 +5,9 @@ gateway.jobs.control.service, failures through the door's status table."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 from google.longrunning import operations_pb2 as lro
@@ -24,6 +26,11 @@ from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
 BATCH_SERVICE = bpb.DESCRIPTOR.services_by_name["BatchService"].full_name
 OPERATIONS_SERVICE = lro.DESCRIPTOR.services_by_name["Operations"].full_name
 
+S = TypeVar("S")
+R = TypeVar("R")
+T = TypeVar("T")
+Unary = Callable[[S, R, grpc.aio.ServicerContext], Awaitable[T]]
+
 
 def caller_of(context: grpc.aio.ServicerContext, settings: Settings) -> str:
     """Who is calling (gateway.identity): the client certificate in the auth context, or a
@@ -37,22 +44,34 @@ async def _abort(context: grpc.aio.ServicerContext, error: GatewayError) -> None
     await context.abort(STATUS[error.kind], error.message)
 
 
+def _answers_errors(method: Unary[S, R, T]) -> Unary[S, R, T]:
+    """The unary method's GatewayError as the call's status (through the door's table)."""
+
+    @functools.wraps(method)
+    async def wrapped(self: S, request: R, context: grpc.aio.ServicerContext) -> T:
+        try:
+            return await method(self, request, context)
+        except GatewayError as e:
+            await _abort(context, e)
+            raise  # unreachable: abort raises
+
+    return wrapped
+
+
 class BatchServicer(bpb_grpc.BatchServiceServicer):
     def __init__(self, jobs: JobService) -> None:
         self._jobs = jobs
         self._settings = jobs.settings
 
+    @_answers_errors
     async def CreateBatchJob(
         self, request: bpb.CreateBatchJobRequest, context: grpc.aio.ServicerContext
     ) -> lro.Operation:
-        try:
-            caller = caller_of(context, self._settings)
-            job = await self._jobs.create(caller, to_request(request, self._jobs.bindings))
-            return to_operation(await self._jobs.current(job))
-        except GatewayError as e:
-            await _abort(context, e)
-            raise  # unreachable: abort raises
+        caller = caller_of(context, self._settings)
+        job = await self._jobs.create(caller, to_request(request, self._jobs.bindings))
+        return to_operation(await self._jobs.current(job))
 
+    @_answers_errors
     async def UploadImages(
         self,
         request_iterator: AsyncIterator[bpb.UploadImagesRequest],
@@ -63,16 +82,12 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
                 yield message.upload_id, message.name, message.image
 
         limit = self._settings.batch_upload_timeout
+        caller = caller_of(context, self._settings)
         try:
-            caller = caller_of(context, self._settings)
-            try:
-                async with asyncio.timeout(limit):
-                    upload_id, count, size = await self._jobs.upload(caller, images())
-            except TimeoutError:
-                raise GatewayError(Kind.DEADLINE, upload_timeout(limit)) from None
-        except GatewayError as e:
-            await _abort(context, e)
-            raise
+            async with asyncio.timeout(limit):
+                upload_id, count, size = await self._jobs.upload(caller, images())
+        except TimeoutError:
+            raise GatewayError(Kind.DEADLINE, upload_timeout(limit)) from None
         return bpb.UploadImagesResponse(upload_id=upload_id, image_count=count, total_bytes=size)
 
     async def ReadBatchResults(
@@ -97,49 +112,40 @@ class OperationsServicer(lro_grpc.OperationsServicer):
     def _caller(self, context: grpc.aio.ServicerContext) -> str:
         return caller_of(context, self._settings)
 
+    @_answers_errors
     async def GetOperation(
         self, request: lro.GetOperationRequest, context: grpc.aio.ServicerContext
     ) -> lro.Operation:
-        try:
-            return to_operation(await self._jobs.get(self._caller(context), request.name))
-        except GatewayError as e:
-            await _abort(context, e)
-            raise
+        return to_operation(await self._jobs.get(self._caller(context), request.name))
 
+    @_answers_errors
     async def ListOperations(
         self, request: lro.ListOperationsRequest, context: grpc.aio.ServicerContext
     ) -> lro.ListOperationsResponse:
         if request.name not in ("", "operations"):
             await context.abort(grpc.StatusCode.NOT_FOUND, "the only collection is 'operations'")
-        try:
-            views, token = await self._jobs.list(
-                self._caller(context), request.filter, request.page_size, request.page_token
-            )
-        except GatewayError as e:
-            await _abort(context, e)
-            raise
+        views, token = await self._jobs.list(
+            self._caller(context), request.filter, request.page_size, request.page_token
+        )
         return lro.ListOperationsResponse(
             operations=[to_operation(v) for v in views], next_page_token=token
         )
 
+    @_answers_errors
     async def CancelOperation(
         self, request: lro.CancelOperationRequest, context: grpc.aio.ServicerContext
     ) -> empty_pb2.Empty:
-        try:
-            await self._jobs.cancel(self._caller(context), request.name)
-        except GatewayError as e:
-            await _abort(context, e)
+        await self._jobs.cancel(self._caller(context), request.name)
         return empty_pb2.Empty()
 
+    @_answers_errors
     async def DeleteOperation(
         self, request: lro.DeleteOperationRequest, context: grpc.aio.ServicerContext
     ) -> empty_pb2.Empty:
-        try:
-            await self._jobs.delete(self._caller(context), request.name)
-        except GatewayError as e:
-            await _abort(context, e)
+        await self._jobs.delete(self._caller(context), request.name)
         return empty_pb2.Empty()
 
+    @_answers_errors
     async def WaitOperation(
         self, request: lro.WaitOperationRequest, context: grpc.aio.ServicerContext
     ) -> lro.Operation:
@@ -149,13 +155,9 @@ class OperationsServicer(lro_grpc.OperationsServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             limits.append(max(0.0, remaining - 0.05))  # answer before the caller gives up
-        try:
-            view = await self._jobs.wait(
-                self._caller(context), request.name, min(limits) if limits else None
-            )
-        except GatewayError as e:
-            await _abort(context, e)
-            raise
+        view = await self._jobs.wait(
+            self._caller(context), request.name, min(limits) if limits else None
+        )
         return to_operation(view)
 
 

@@ -11,6 +11,7 @@ runner stops without writing, and nothing this process does for it afterwards co
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from gateway.jobs.control.leases import Lease, Leases
 from gateway.jobs.executors.isolated import LOST
@@ -37,24 +38,17 @@ class Held:
 
     async def renew(self, job_id: str) -> bool:
         """Renews the job's lease; False (and forgotten) when it was lost."""
-        lock = self._locks.get(job_id)
-        if lock is None:
-            return False
-        async with lock:
-            lease = self._held.get(job_id)
-            if lease is None:
-                return False
-            renewed = await asyncio.to_thread(self._leases.renew, lease)
-            if renewed is None:
-                self.pop(job_id)
-                return False
-            if job_id in self._held:
-                self._held[job_id] = renewed
-            return True
+        return await self._confirm(job_id, self._leases.renew)
 
     async def holds(self, job_id: str) -> bool:
         """The job's lease is still this process's, read in the store (a fence); when it is
         not, it is forgotten here."""
+        leases = self._leases
+        return await self._confirm(job_id, lambda lease: lease if leases.holds(lease) else None)
+
+    async def _confirm(self, job_id: str, ask: Callable[[Lease], Lease | None]) -> bool:
+        """`ask(lease)` in the store under the job's lock: the lease it gives back is held
+        from then on; None (the lease was lost) forgets the job."""
         lock = self._locks.get(job_id)
         if lock is None:
             return False
@@ -62,10 +56,13 @@ class Held:
             lease = self._held.get(job_id)
             if lease is None:
                 return False
-            if await asyncio.to_thread(self._leases.holds, lease):
-                return True
-            self.pop(job_id)
-            return False
+            confirmed = await asyncio.to_thread(ask, lease)
+            if confirmed is None:
+                self.pop(job_id)
+                return False
+            if job_id in self._held:
+                self._held[job_id] = confirmed
+            return True
 
     def fence(self, job_id: str, loop: asyncio.AbstractEventLoop) -> ThreadFence:
         """The fence for writes this process makes from a thread (finalizing a job)."""

@@ -39,14 +39,13 @@ from gateway.api.bindings import Binding
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.control.admission import input_guard, job_limits
-from gateway.jobs.control.counts import end
 from gateway.jobs.control.executor import ExecutorError
 from gateway.jobs.control.service import JobService
+from gateway.jobs.executors.ending import finish
 from gateway.jobs.runner import job as batch_job
 from gateway.jobs.runner import progress as status
 from gateway.jobs.runner import storage
 from gateway.jobs.runner.output import Output
-from gateway.jobs.runner.progress import OutputStatus
 from gateway.jobs.spec.records import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job
 
 log = logging.getLogger("gateway.jobs")
@@ -299,7 +298,9 @@ class KubernetesExecutor:
 
     async def cancel(self, job: Job) -> None:
         await self._delete_job(job)
-        await self._end(job, CANCELLED, GatewayError(Kind.CANCELLED, "cancelled by the caller"))
+        await finish(
+            self._service, job, CANCELLED, GatewayError(Kind.CANCELLED, "cancelled by the caller")
+        )
 
     async def delete(self, job: Job) -> None:
         await self._delete_job(job)
@@ -328,12 +329,12 @@ class KubernetesExecutor:
         if all(found.shards_done):
             out = Output(storage.resolve(job.spec.output))
             await asyncio.to_thread(batch_job.finalize_if_complete, out)
-            await self._end(job, SUCCEEDED, None, found)
+            await finish(self._service, job, SUCCEEDED, None, found)
             return await self._reload(job)
         if kube_status is None:
             if job.kube_job:
                 message = f"the Kubernetes Job {job_name(job.id)} was deleted outside the API"
-                await self._end(job, FAILED, GatewayError(Kind.ABORTED, message), found)
+                await finish(self._service, job, FAILED, GatewayError(Kind.ABORTED, message), found)
                 return await self._reload(job)
             return job
         for condition in kube_status.conditions or ():
@@ -345,7 +346,9 @@ class KubernetesExecutor:
                     f"{condition.message or 'no message'}){failed}; shards that finished keep "
                     "their results"
                 )
-                await self._end(job, FAILED, GatewayError(Kind.PRECONDITION, message), found)
+                await finish(
+                    self._service, job, FAILED, GatewayError(Kind.PRECONDITION, message), found
+                )
                 return await self._reload(job)
         started = kube_status.start_time is not None or (kube_status.active or 0) > 0
         if job.state == QUEUED and (started or found.processed > 0):
@@ -361,19 +364,6 @@ class KubernetesExecutor:
     async def _reload(self, job: Job) -> Job:
         fresh = await asyncio.to_thread(self._service.store.load, job.id)
         return fresh or job
-
-    async def _end(
-        self, job: Job, state: str, error: GatewayError | None, found: OutputStatus | None = None
-    ) -> None:
-        if found is None:
-            found = await asyncio.to_thread(status.read, job.spec.output, job.units, job.shards)
-        end(job, state, error, found)
-        await self._service.save(job)
-        message = error.message if error is not None else None
-        log.info(
-            "batch job ended",
-            extra={"fields": {"operation": job.name, "state": state, "error": message}},
-        )
 
 
 def _bearer_token(configuration: Any) -> None:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from gateway.config import Settings
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.control.admission import input_guard, job_limits
-from gateway.jobs.control.counts import end
 from gateway.jobs.control.store_budget import TallyBudget
+from gateway.jobs.executors.ending import finish
 from gateway.jobs.executors.held import Held
 from gateway.jobs.executors.isolated import Runner, RunnerDied
 from gateway.jobs.runner import job as batch_job
@@ -192,14 +192,7 @@ class LocalExecutor:
         fresh = await asyncio.to_thread(store.load, job.id)
         if fresh is None or fresh.done:
             return  # deleted, or ended by another process (a cancel through it) meanwhile
-        found = await asyncio.to_thread(status.read, fresh.spec.output, fresh.units, fresh.shards)
-        end(fresh, state, error, found)
-        await self._service.save(fresh)
-        message = error.message if error is not None else None
-        log.info(
-            "batch job ended",
-            extra={"fields": {"operation": fresh.name, "state": state, "error": message}},
-        )
+        await finish(self._service, fresh, state, error)
 
     async def _run(self, job_id: str) -> None:
         keeper = asyncio.create_task(self._keep(job_id))

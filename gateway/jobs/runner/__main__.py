@@ -37,6 +37,15 @@ from gateway.tasks.builtin import BUILT_IN
 
 SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in Indexed Jobs
 SHARD_COUNT_ENV = "BATCH_SHARD_COUNT"  # set it to the Job's completions
+# The dataset limits (gateway.jobs.runner.dataset_limits.Limits), each a flag of its name.
+_LIMIT_FLAGS = (
+    ("max_image_bytes", "largest image read (a larger file is that line's error, never read); "
+     "also bounds a manifest line and a TFRecord record (the gateway's GATEWAY_MAX_IMAGE_BYTES)"),
+    ("max_items", "manifest lines and TFRecord records this run reads before it stops (exit 2)"),
+    ("max_input_files", "files INPUT may list (exit 2 past it)"),
+    ("max_decompressed_bytes",
+     "bytes one manifest or TFRecord file may hold uncompressed (exit 2 past it)"),
+)  # fmt: skip
 
 
 def _env_int(name: str, default: int) -> int:
@@ -122,32 +131,10 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
         default=5.0,
         help="seconds between JSON progress lines (without a terminal)",
     )
-    limits = Limits()
-    parser.add_argument(
-        "--max-image-bytes",
-        type=int,
-        default=limits.max_image_bytes,
-        help="largest image read (a larger file is that line's error, never read); also "
-        "bounds a manifest line and a TFRecord record (the gateway's GATEWAY_MAX_IMAGE_BYTES)",
-    )
-    parser.add_argument(
-        "--max-items",
-        type=int,
-        default=limits.max_items,
-        help="manifest lines and TFRecord records this run reads before it stops (exit 2)",
-    )
-    parser.add_argument(
-        "--max-input-files",
-        type=int,
-        default=limits.max_input_files,
-        help="files INPUT may list (exit 2 past it)",
-    )
-    parser.add_argument(
-        "--max-decompressed-bytes",
-        type=int,
-        default=limits.max_decompressed_bytes,
-        help="bytes one manifest or TFRecord file may hold uncompressed (exit 2 past it)",
-    )
+    defaults = Limits()
+    for name, text in _LIMIT_FLAGS:
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=getattr(defaults, name), help=text)
     parser.add_argument(
         "--allowed-input-uris",
         default=None,
@@ -197,14 +184,11 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
         connections=a.connections, timeout=a.timeout, give_up_after=a.give_up_after,
         tls=tls_from_args(a), owner=a.owner,
     )  # fmt: skip
-    if min(a.max_image_bytes, a.max_items, a.max_input_files, a.max_decompressed_bytes) < 1:
+    sizes = {name: getattr(a, name) for name, _ in _LIMIT_FLAGS}
+    if min(sizes.values()) < 1:
         parser.error("--max-image-bytes, --max-items, --max-input-files and "
                      "--max-decompressed-bytes must be at least 1")  # fmt: skip
-    limits = Limits(
-        max_image_bytes=a.max_image_bytes, max_items=a.max_items,
-        max_input_files=a.max_input_files, max_decompressed_bytes=a.max_decompressed_bytes,
-        items_setting="--max-items",
-    )  # fmt: skip
+    limits = Limits(**sizes, items_setting="--max-items")
     settings = RunSettings(
         shard_index=shard_index, checkpoint_seconds=a.checkpoint_seconds,
         log_interval=a.log_interval, limits=limits,
