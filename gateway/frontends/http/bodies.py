@@ -351,23 +351,14 @@ async def decode(
     if body_format == BodyFormat.RAW:
         message.image = body
         return Decoded(message)
+
+    def parse() -> Decoded:
+        if body_format == BodyFormat.JSON:
+            return decode_json(body, message, bounds)
+        if body_format == BodyFormat.MSGPACK:
+            return decode_msgpack(body, message, bounds)
+        return decode_multipart(content_type, body, message, bounds)
+
     if len(body) <= limits.DECODE_INLINE_BYTES:
-        return _decode(body_format, content_type, body, message, bounds)
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(
-        None, _decode, body_format, content_type, body, message, bounds
-    )
-
-
-def _decode(
-    body_format: str,
-    content_type: str,
-    body: bytes,
-    message: ApiRequest,
-    bounds: limits.BodyLimits,
-) -> Decoded:
-    if body_format == BodyFormat.JSON:
-        return decode_json(body, message, bounds)
-    if body_format == BodyFormat.MSGPACK:
-        return decode_msgpack(body, message, bounds)
-    return decode_multipart(content_type, body, message, bounds)
+        return parse()
+    return await asyncio.get_running_loop().run_in_executor(None, parse)
