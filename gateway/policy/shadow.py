@@ -25,6 +25,7 @@ from gateway.errors import GatewayError
 from gateway.policy.rollout import ModelRollout
 
 Compare = Callable[[Any, Any], Comparison]
+Call = Callable[[], Awaitable[Outcome]]  # the request again, on the shadow candidate
 
 log = logging.getLogger("gateway.shadow")
 
@@ -53,13 +54,7 @@ class Shadows:
     def pending(self) -> int:
         return len(self._pending)
 
-    def send(
-        self,
-        rollout: ModelRollout,
-        current: Outcome,
-        call: Callable[[], Awaitable[Outcome]],
-        compare: Compare,
-    ) -> None:
+    def send(self, rollout: ModelRollout, current: Outcome, call: Call, compare: Compare) -> None:
         """Starts `call` (the request, on the shadow candidate) in the background and
         compares its answer with `current` (`compare`: the task's); or drops it, counted,
         when busy."""
@@ -71,11 +66,7 @@ class Shadows:
         task.add_done_callback(self._pending.discard)
 
     async def _run(
-        self,
-        rollout: ModelRollout,
-        current: Outcome,
-        call: Callable[[], Awaitable[Outcome]],
-        compare: Compare,
+        self, rollout: ModelRollout, current: Outcome, call: Call, compare: Compare
     ) -> None:
         # One turn of the loop first: the caller's answer goes out before the copy starts.
         await asyncio.sleep(0)
