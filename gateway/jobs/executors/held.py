@@ -14,8 +14,7 @@ import asyncio
 from collections.abc import Callable
 
 from gateway.jobs.control.leases import Lease, Leases
-from gateway.jobs.executors.isolated import LOST
-from gateway.jobs.runner.fence import LeaseLost
+from gateway.jobs.runner.fence import until_in_time
 
 
 class Held:
@@ -38,31 +37,39 @@ class Held:
 
     async def renew(self, job_id: str) -> bool:
         """Renews the job's lease; False (and forgotten) when it was lost."""
-        return await self._confirm(job_id, self._leases.renew)
+        return await self._confirm(job_id, self._leases.renew) is not None
 
     async def holds(self, job_id: str) -> bool:
         """The job's lease is still this process's, read in the store (a fence); when it is
         not, it is forgotten here."""
-        leases = self._leases
-        return await self._confirm(job_id, lambda lease: lease if leases.holds(lease) else None)
+        return await self.held_until(job_id) > 0
 
-    async def _confirm(self, job_id: str, ask: Callable[[Lease], Lease | None]) -> bool:
+    async def held_until(self, job_id: str) -> float:
+        """Until when (time.time()) the job's lease is this process's, read in the store (a
+        fence); 0.0 when it is not, and then it is forgotten here. A commit made on this
+        answer is made before that time or not at all (a process stalled between the answer
+        and its write must not write after another holder took over)."""
+        leases = self._leases
+        lease = await self._confirm(job_id, lambda held: held if leases.holds(held) else None)
+        return 0.0 if lease is None else lease.expires
+
+    async def _confirm(self, job_id: str, ask: Callable[[Lease], Lease | None]) -> Lease | None:
         """`ask(lease)` in the store under the job's lock: the lease it gives back is held
         from then on; None (the lease was lost) forgets the job."""
         lock = self._locks.get(job_id)
         if lock is None:
-            return False
+            return None
         async with lock:
             lease = self._held.get(job_id)
             if lease is None:
-                return False
+                return None
             confirmed = await asyncio.to_thread(ask, lease)
             if confirmed is None:
                 self.pop(job_id)
-                return False
+                return None
             if job_id in self._held:
                 self._held[job_id] = confirmed
-            return True
+            return confirmed
 
     def fence(self, job_id: str, loop: asyncio.AbstractEventLoop) -> ThreadFence:
         """The fence for writes this process makes from a thread (finalizing a job)."""
@@ -76,6 +83,5 @@ class ThreadFence:
         self._loop = loop
 
     def check(self) -> None:
-        held = asyncio.run_coroutine_threadsafe(self._held.holds(self._job_id), self._loop)
-        if not held.result():
-            raise LeaseLost(LOST)
+        ask = asyncio.run_coroutine_threadsafe(self._held.held_until(self._job_id), self._loop)
+        until_in_time(ask.result())

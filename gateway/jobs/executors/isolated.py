@@ -29,7 +29,7 @@ from gateway.jobs.runner.access import Guard
 from gateway.jobs.runner.budget import Budget, BudgetSpent
 from gateway.jobs.runner.child import MEMORY_EXIT
 from gateway.jobs.runner.dataset_limits import ItemCount, LimitExceeded
-from gateway.jobs.runner.fence import LeaseLost
+from gateway.jobs.runner.fence import LOST, LeaseLost
 from gateway.jobs.runner.transport import StopJob, Work
 from gateway.jobs.spec import JobSpec
 from gateway.jobs.transports.in_process import InProcessTransport, Lane
@@ -41,8 +41,7 @@ STOP_GRACE = 10.0  # seconds a stopped runner gets to commit its answered lines
 MAX_CHARGES = 8  # a runner's writes waiting for their reservation at once (a few threads)
 MEMORY_SETTING = "GATEWAY_BATCH_RUNNER_MEMORY_BYTES"
 # Whether the runner may commit now (the job's lease is still this process's).
-Holds = Callable[[], Awaitable[bool]]
-LOST = "another gateway process holds the job's lease now; this runner stopped without writing"
+Holds = Callable[[], Awaitable[float]]  # until when the job's lease is held (0: not)
 
 
 class RunnerDied(Exception):
@@ -215,9 +214,9 @@ async def _charge(link: Link, budget: Budget, header: dict[str, Any]) -> None:
 
 
 async def _fence(link: Link, holds: Holds, header: dict[str, Any]) -> None:
-    ok = await holds()
-    reply: dict[str, Any] = {"t": "fenced", "n": header.get("n"), "ok": ok}
-    if not ok:
+    until = await holds()
+    reply: dict[str, Any] = {"t": "fenced", "n": header.get("n"), "ok": until > 0, "until": until}
+    if not until:
         reply["message"] = LOST
     with contextlib.suppress(ConnectionError):
         await link.send(reply)

@@ -315,7 +315,7 @@ class LocalExecutor:
                     items,
                     job.caller,
                     budget,
-                    functools.partial(self._held.holds, job.id),
+                    functools.partial(self._held.held_until, job.id),
                 )
             )
             try:

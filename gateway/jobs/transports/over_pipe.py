@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.runner.budget import BudgetSpent
-from gateway.jobs.runner.fence import LeaseLost
+from gateway.jobs.runner.fence import LeaseLost, until_in_time
 from gateway.jobs.runner.transport import Answer, CallTransport, Deliver, Work
 
 _HEAD = struct.Struct("<II")
@@ -157,7 +157,8 @@ class PipeBudget:
 
 class PipeFence:
     """The runner's side of the job's fence (gateway.jobs.runner.fence): before each commit it asks
-    the gateway, which holds the job's lease, and waits for its answer."""
+    the gateway, which holds the job's lease, and waits for its answer, which must come before
+    the lease it names runs out."""
 
     def __init__(self, link: Link, loop: asyncio.AbstractEventLoop) -> None:
         self._link = link
@@ -171,3 +172,4 @@ class PipeFence:
             raise LeaseLost("the gateway closed the runner's link") from None
         if not reply.get("ok"):
             raise LeaseLost(str(reply.get("message", "")))
+        until_in_time(float(reply.get("until", 0)))

@@ -1,14 +1,18 @@
 """OUTPUT's fence (gateway.jobs.runner.fence): once it refuses, the run writes and deletes nothing,
-whichever commit it attempts (a part, an output file, a marker, the stray parts of a resume)."""
+whichever commit it attempts (a part, an output file, a marker, the stray parts of a resume);
+and its answer is used only before the lease it names runs out (a gateway paused between its
+check of the lease and its answer, as tests/jobs/executors/test_lease_fence.py pauses one,
+gives an answer its runner must not commit on)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from gateway.jobs.runner import storage
-from gateway.jobs.runner.fence import LeaseLost
+from gateway.jobs.runner.fence import LOST, LeaseLost, until_in_time
 from gateway.jobs.runner.output import Counts, Output
 
 
@@ -53,3 +57,18 @@ def test_a_refusing_fence_stops_every_write_and_deletion(tmp_path: Path) -> None
         with pytest.raises(LeaseLost):
             attempt()
     assert files(tmp_path) == before
+
+
+def test_a_lease_held_until_later_lets_the_commit_go() -> None:
+    until_in_time(time.time() + 30)
+
+
+def test_a_lease_not_held_stops_the_commit() -> None:
+    with pytest.raises(LeaseLost, match="another gateway process holds"):
+        until_in_time(0.0)
+
+
+def test_an_answer_that_arrives_after_the_lease_ran_out_stops_the_commit() -> None:
+    with pytest.raises(LeaseLost) as lost:
+        until_in_time(time.time() - 0.001)
+    assert str(lost.value) == f"{LOST} (its lease ran out before the commit)"
