@@ -138,6 +138,9 @@ def test_repository_config_files_parse():
         "classifier",
         "classifier_scores",
         "classifier_logits",
+        "maskrcnn",
+        "pose",
+        "embedder",
     ]
     assert all(Path(m.base_path).is_absolute() for m in startup.models)
     assert startup.batching is not None
