@@ -130,7 +130,7 @@ def deployed(
         endpoint_url=s3_endpoint,
         skip_instance_cache=True,
     )
-    fs.mkdir(bucket.group(1))
+    fs.makedirs(bucket.group(1), exist_ok=True)  # the run's moto may have it already
 
     token = apiserver.kubectl(
         "create", "token", GATEWAY, f"--namespace={NAMESPACE}", "--duration=2h"
