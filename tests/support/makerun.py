@@ -220,6 +220,12 @@ def models_copy(directory: Path) -> Path:
     return model_cache.copy_to(directory)
 
 
+def _default_stop_signals() -> None:
+    """In make's process, before it runs: SIGHUP and SIGINT as a terminal's job has them."""
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @contextmanager
 def start_make_run(models: Path, timeout: float = START_TIMEOUT) -> Iterator[MakeRun]:
     """Runs `make run MODELS=<models>` on free ports and yields it once its banner is out;
@@ -245,6 +251,9 @@ def start_make_run(models: Path, timeout: float = START_TIMEOUT) -> Iterator[Mak
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, as a terminal gives a job
+                # with the stop signals a terminal leaves it, whatever the suite runs under
+                # (under `nohup`, SIGHUP is ignored and make would inherit that)
+                preexec_fn=_default_stop_signals,
             )
             run = MakeRun(
                 process,
