@@ -9,14 +9,13 @@ rectangle, and a copy 1 px aside that NMS removes), `pose_od` OD API-style detec
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from gateway.tasks.keypoints.names import COCO17_NAMES
+from tests.support.pictures import stored_as_shown
 
 RED = (220, 20, 30)
 MODEL_CONFIG = """\
@@ -113,18 +112,7 @@ def picture(width: int, height: int, box: tuple[int, int, int, int], fmt: str = 
     pixels[...] = (90, 140, 100)
     x0, y0, x1, y1 = box
     pixels[y0:y1, x0:x1] = RED
-    image = Image.fromarray(pixels)
-    if orientation == 6:  # shown rotated 90° clockwise: stored turned the other way
-        image = image.transpose(Image.Transpose.ROTATE_90)
-    out = io.BytesIO()
-    exif = Image.Exif()
-    if orientation != 1:
-        exif[0x0112] = orientation
-    if fmt == "JPEG":
-        image.save(out, format="JPEG", quality=95, exif=exif)
-    else:
-        image.save(out, format="PNG")
-    return out.getvalue()
+    return stored_as_shown(pixels, fmt, orientation)
 
 
 def expected(box: tuple[int, int, int, int]) -> list[tuple[str, float, float, float]]:

@@ -71,6 +71,24 @@ def exif_with(orientation: int) -> Image.Exif:
     return exif
 
 
+def stored_as_shown(pixels: np.ndarray, fmt: str = "PNG", orientation: int = 1) -> bytes:
+    """`pixels` as a viewer shows them, encoded as a PNG or a JPEG (quality 95) whose EXIF
+    orientation (1 or 6: shown rotated 90° clockwise) stores them turned so a viewer shows
+    that (a PNG carries no orientation)."""
+    image = Image.fromarray(pixels)
+    if orientation == 6:  # shown rotated 90° clockwise: stored turned the other way
+        image = image.transpose(Image.Transpose.ROTATE_90)
+    out = io.BytesIO()
+    exif = Image.Exif()
+    if orientation != 1:
+        exif[0x0112] = orientation
+    if fmt == "JPEG":
+        image.save(out, format="JPEG", quality=95, exif=exif)
+    else:
+        image.save(out, format="PNG")
+    return out.getvalue()
+
+
 def png_chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 

@@ -5,14 +5,13 @@ answered instance against that truth."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from tests.support import masks
+from tests.support.pictures import stored_as_shown
 
 RED = (220, 20, 30)
 
@@ -118,18 +117,7 @@ def picture(truth: np.ndarray, fmt: str = "PNG", orientation: int = 1) -> bytes:
     pixels = np.zeros((*truth.shape, 3), np.uint8)
     pixels[...] = (90, 140, 100)
     pixels[truth] = RED
-    image = Image.fromarray(pixels)
-    if orientation == 6:  # shown rotated 90° clockwise: stored turned the other way
-        image = image.transpose(Image.Transpose.ROTATE_90)
-    out = io.BytesIO()
-    exif = Image.Exif()
-    if orientation != 1:
-        exif[0x0112] = orientation
-    if fmt == "JPEG":
-        image.save(out, format="JPEG", quality=95, exif=exif)
-    else:
-        image.save(out, format="PNG")
-    return out.getvalue()
+    return stored_as_shown(pixels, fmt, orientation)
 
 
 BOX = (100, 60, 220, 180)
