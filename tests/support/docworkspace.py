@@ -177,21 +177,16 @@ class Workspace:
         return text
 
     def run_shell(self, text: str, timeout: float = COMMAND_TIMEOUT) -> Outcome:
-        result = subprocess.run(
-            ["bash", "-o", "pipefail", "-c", text],
-            cwd=self.directory,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        return Outcome(text, result.returncode, result.stdout, result.stderr)
+        return self._run(text, ["bash", "-o", "pipefail", "-c", text], None, timeout)
 
     def run_python(self, text: str, timeout: float = COMMAND_TIMEOUT) -> Outcome:
+        return self._run(text, [str(ROOT / ".venv" / "bin" / "python"), "-"], text, timeout)
+
+    def _run(self, text: str, argv: list[str], stdin: str | None, timeout: float) -> Outcome:
+        """`argv` in the workspace with its environment; `text` is the block it runs."""
         result = subprocess.run(
-            [str(ROOT / ".venv" / "bin" / "python"), "-"],
-            input=text,
+            argv,
+            input=stdin,
             cwd=self.directory,
             env=self.env,
             capture_output=True,
