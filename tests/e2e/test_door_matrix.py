@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import msgpack
 import pytest
+from google.protobuf.message_factory import GetMessageClass
 
 from gateway.api.bindings import Binding
 from gateway.api.protojson import to_dict
@@ -78,7 +79,7 @@ def answers(gateway: GatewayProcess) -> dict[str, dict[str, Any]]:
 def spec(binding: Binding, model: str | None = None) -> Any:
     """The request's ModelSpec (every task's request takes the shared one)."""
     field = binding.request_type.DESCRIPTOR.fields_by_name["model"]
-    return field.message_type._concrete_class(name=model or model_of(binding))
+    return GetMessageClass(field.message_type)(name=model or model_of(binding))
 
 
 def unary(channel: grpc.Channel, binding: Binding, request: Any) -> Any:
