@@ -66,6 +66,13 @@ def _from_memory(error: BaseException | None) -> bool:
     return False
 
 
+def _exit_if_memory(error: BaseException) -> None:
+    """A frame that could not be written for want of memory: the runner is out of memory
+    (its link is already closed, so nothing it sends next can be misread)."""
+    if _from_memory(error):
+        _out_of_memory()
+
+
 def limit_memory(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
@@ -89,7 +96,7 @@ async def serve(fd: int) -> None:
 
     loop.set_exception_handler(on_error)
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fd))
-    link = Link(reader, writer)
+    link = Link(reader, writer, on_broken=_exit_if_memory)
     try:
         start, _ = await receive(reader, 0)
     except (asyncio.IncompleteReadError, ConnectionError, ProtocolError):

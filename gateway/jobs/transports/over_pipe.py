@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import json
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from gateway.errors import GatewayError, Kind
@@ -54,11 +55,23 @@ async def receive(reader: asyncio.StreamReader, max_data: int) -> tuple[dict[str
 
 class Link:
     """One side's end of the socket: frames out (one writer at a time), and the calls
-    waiting for their reply (by number)."""
+    waiting for their reply (by number).
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    A frame is written whole or the link is broken: a write that fails (out of memory, most
+    likely, in a runner near its limit) may have put part of its frame on the socket already,
+    and any frame after it would be read from the middle of that one. So the link closes
+    (the other side reads the end of the stream, never a misread frame) and `on_broken`,
+    if given, hears why."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        on_broken: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.reader = reader
         self.writer = writer
+        self._on_broken = on_broken
         self._lock = asyncio.Lock()
         self._numbers = itertools.count()
         self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -67,8 +80,18 @@ class Link:
     async def send(self, header: dict[str, Any], data: bytes = b"") -> None:
         if self.closed:
             raise ConnectionError("the other side closed the link")
+        frame = pack(header, data)  # failing here, nothing is written
         async with self._lock:
-            self.writer.write(pack(header, data))
+            if self.closed:
+                raise ConnectionError("the link is broken")
+            try:
+                self.writer.write(frame)
+            except BaseException as e:
+                self.gone()
+                self.writer.transport.abort()
+                if self._on_broken is not None:
+                    self._on_broken(e)
+                raise
             await self.writer.drain()
 
     async def ask(self, header: dict[str, Any], data: bytes = b"") -> dict[str, Any]:

@@ -128,3 +128,35 @@ def test_the_budget_is_asked_from_a_thread_and_a_refusal_names_why() -> None:
 
     credits, refusal = asyncio.run(run())
     assert credits == [7] and refusal == "store full"
+
+
+def test_a_frame_cut_by_a_failed_write_breaks_the_link_instead_of_misleading_the_reader() -> None:
+    """Near its memory limit, asyncio's write can put part of a frame on the socket and then
+    fail (copying the rest raises MemoryError). Nothing may follow that part: the other side
+    would read the next frame's bytes from the middle of an image (CI saw `a frame header
+    that is not JSON`, and the runner's death misnamed as a protocol break)."""
+
+    async def run() -> tuple[list[BaseException], type[BaseException], type[BaseException]]:
+        ours, theirs = socket.socketpair()
+        heard: list[BaseException] = []
+        runner = Link(*await asyncio.open_unix_connection(sock=ours), on_broken=heard.append)
+        gateway = Link(*await asyncio.open_unix_connection(sock=theirs))
+        sock = ours  # the socket under the transport
+
+        def half_then_out_of_memory(frame: bytes) -> None:
+            sock.send(frame[: len(frame) // 2])
+            raise MemoryError
+
+        runner.writer.transport.write = half_then_out_of_memory  # type: ignore[method-assign]
+        with pytest.raises(MemoryError):
+            await runner.send({"t": "work", "n": 0}, bytes(1000))
+        with pytest.raises(ConnectionError) as second:
+            await runner.send({"t": "work", "n": 1}, bytes(1000))
+        with pytest.raises(Exception) as read:
+            await receive(gateway.reader, 10_000)
+        return heard, second.type, read.type
+
+    heard, second, read = asyncio.run(run())
+    assert [type(e) for e in heard] == [MemoryError]
+    assert second is ConnectionError
+    assert read is asyncio.IncompleteReadError  # the end of the stream, not a misread frame
