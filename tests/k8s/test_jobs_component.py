@@ -210,6 +210,20 @@ def test_runner_account_exists_and_equals_the_one_of_the_batch_job(target: str) 
     assert account["automountServiceAccountToken"] is False
 
 
+@pytest.mark.parametrize("target", ["prod"])
+def test_only_the_runner_pods_may_name_a_jobs_owner(target: str) -> None:
+    """Jobs pay their owner's share (issue 42): the executor gives runner pods `--owner` only
+    when the gateway knows their identity, and takes the owner only from them. Under the mesh
+    that is their ServiceAccount's SPIFFE URI, in the namespace they run in."""
+    objs = rendered(target)
+    account = find(objs, "ServiceAccount", RUNNER_ACCOUNT)
+    namespace = account["metadata"]["namespace"]
+    assert gateway_env(objs)["GATEWAY_BATCH_RUNNER_IDENTITIES"] == (
+        f"uri:spiffe://cluster.local/ns/{namespace}/sa/{RUNNER_ACCOUNT}"
+    )
+    assert gateway_settings(objs).batch_runner_identities.startswith("uri:spiffe://")
+
+
 def test_the_components_readme_names_what_the_user_provides() -> None:
     readme = (ROOT / "k8s" / "components" / "jobs" / "README.md").read_text()
     for needed in (CREDENTIALS, "GATEWAY_JOB_STORE", "AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL"):
