@@ -254,6 +254,17 @@ def test_a_caller_over_its_quota_is_refused_before_its_body_is_read(
     assert answer.startswith("HTTP/1.1 429"), answer[:200]
     assert f"caller uri:{SLOW} is over its rate" in answer
     assert "retry-after" in answer.lower()
+    # With `Expect: 100-continue` (curl's way for bodies over 1 MB) the refusal comes
+    # instead of the 100 Continue, so the client never starts sending.
+    with socket.create_connection(("127.0.0.1", doors.http_port), timeout=30) as raw:
+        raw.sendall(
+            b"POST /v1/models/detector:detect HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Type: image/png\r\nContent-Length: 10000000\r\n"
+            + f"{xfcc[0]}: {xfcc[1]}\r\n\r\n".encode()
+        )
+        answer = raw.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 429"), answer[:200]
+    assert "retry-after" in answer.lower() and "over its rate" in answer
 
 
 def test_an_identity_the_gateway_cannot_take_is_refused_at_the_inference_doors(

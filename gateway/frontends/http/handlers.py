@@ -129,24 +129,34 @@ class Handlers:
         return await self._run(binding, request, "POST /invocations", None)
 
     async def expect(self, method: str, request: web.Request) -> web.StreamResponse | None:
-        """`Expect: 100-continue`: a body declared over the limit is refused before the
-        client sends it; otherwise aiohttp's own handling (100 Continue)."""
+        """`Expect: 100-continue`: a body declared over the limit, or sent by a caller the
+        gateway would refuse now (over its quota, or an identity it cannot take), is refused
+        before the client sends it; otherwise aiohttp's own handling (100 Continue)."""
+        started = time.perf_counter()
         body_format = bodies.body_kind(request.content_type.lower())
         length = request.content_length
+        error: GatewayError | None = None
         if body_format is not None and length is not None:
             limit = bodies.body_limit(self._settings, body_format)
             if length > limit:
                 error = bodies.too_large(length, limit)
-                request_id = strings.echoed(request.headers.get(REQUEST_ID, "")) or (
-                    new_request_id()
-                )
-                self._record_rejection(method, error.code, request_id, time.perf_counter(), 413)
-                as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
-                response = error_response(413, error.code, error.message, request_id, as_msgpack)
-                response.force_close()
-                return response
-        await _default_expect_handler(request)
-        return None
+        if error is None:
+            try:
+                self._pipeline.admits(self._caller(request))
+            except GatewayError as exc:
+                error = exc
+        if error is None:
+            await _default_expect_handler(request)
+            return None
+        status = STATUS[error.kind]
+        request_id = strings.echoed(request.headers.get(REQUEST_ID, "")) or new_request_id()
+        self._record_rejection(method, error.code, request_id, started, status)
+        as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
+        response = error_response(
+            status, error.code, error.message, request_id, as_msgpack, error.retry_after
+        )
+        response.force_close()  # the body is not read
+        return response
 
     async def _run(
         self, binding: Binding, request: web.Request, method: str, path_model: PathModel | None
