@@ -161,6 +161,12 @@ class Queue:
             drained = asyncio.ensure_future(self._draining.wait())
             try:
                 await asyncio.wait({getter, drained}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                # Cancelled (the stream ended) just as the getter took an image off the
+                # queue: the image goes back, or no worker would ever send it.
+                if getter.done() and not getter.cancelled():
+                    self._queue.put_nowait(getter.result())
+                raise
             finally:
                 drained.cancel()
                 if not getter.done():

@@ -213,14 +213,19 @@ class GrpcTransport(Queue):
         timed_out = False
         closed = False
 
+        # `first` is the stream's from now on: unanswered (so sent again) if the stream ends
+        # before the sender has even written it.
+        first.sent_at = time.monotonic()
+        inflight.append(first)
+
         async def send() -> None:
             nonlocal closed
-            work: Work | None = first
             try:
+                await window.acquire()
+                await call.write(self.calls.request(first))
                 while True:
                     await window.acquire()
-                    if work is None:
-                        work = await self.next()
+                    work = await self.next()
                     if work is None:
                         await call.done_writing()  # drained: let the gateway flush
                         return
@@ -231,7 +236,6 @@ class GrpcTransport(Queue):
                     work.sent_at = time.monotonic()
                     inflight.append(work)
                     await call.write(self.calls.request(work))
-                    work = None
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
                 return  # the call has ended: the reader sees its status
 
