@@ -25,7 +25,7 @@ SOURCES = [
     BUILDER,
     *(
         BUILDER.with_name(f"{m}.py")
-        for m in ("classifiers", "detectors", "embedders", "keypointers")
+        for m in ("classifiers", "detectors", "embedders", "keypointers", "ties")
     ),
 ]
 ZOO_PYTHON = ROOT / ".venv-zoo" / "bin" / "python"

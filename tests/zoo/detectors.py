@@ -31,6 +31,7 @@ from build import (
     scores,
 )
 from classifiers import IMAGENET_MEAN, IMAGENET_STD
+from ties import tie_orders
 
 DETECTOR_PHOTOS = (
     "wide320x240",
@@ -168,7 +169,9 @@ def keras_hub_detector(models: Path, photos: dict[str, Photo]) -> dict[str, Any]
     NonMaxSuppression needs a static batch (a `None` batch fails tracing with "Expected
     int32, but got None"): that export takes one MG_SIZE x MG_SIZE image. Preprocessing: a
     RetinaNetImageConverter stretching to MG_SIZE (tf.image.resize, bilinear) with the
-    ImageNet mean/std; boxes in pixels of its input, scaled back to the photo."""
+    ImageNet mean/std; boxes in pixels of its input, scaled back to the photo. Its traced NMS
+    drops boxes by rank (tests/zoo/ties.py): `alternatives` are its answers for the other
+    orders of scores tied within float32 rounding."""
     import keras
     import keras_hub
 
@@ -213,20 +216,33 @@ def keras_hub_detector(models: Path, photos: dict[str, Photo]) -> dict[str, Any]
     archive.write_out(str(models / "keras_hub_retinanet_decoded" / "1"))
     results = {}
     for photo in (photos[p] for p in DETECTOR_PHOTOS):
-        # The endpoint as exported (a tf.function, as detector.predict runs it): run eagerly,
-        # keras-hub's NonMaxSuppression keeps other boxes near its end.
-        found = endpoint(prepared(photo))
+        images = prepared(photo)
+        found = endpoint(images)  # the exported function, traced as TF Serving runs it
         count = int(found["num_detections"][0])
-        confidence = np.asarray(found["confidence"][0][:count])
-        keep = confidence >= MIN_SCORE
-        yxyx = np.asarray(found["boxes"][0][:count], dtype=np.float64)[keep]
-        scale = np.array([photo.width, photo.height] * 2) / MG_SIZE
+        own = [np.asarray(found[k][0][:count]) for k in ("boxes", "confidence", "labels")]
+        answers = tie_orders(detector, images)
+        # keras-hub's NMS traced on its candidates gives what the export gives.
+        boxes, confidence, labels = answers[0]
+        assert np.array_equal(labels, own[2]) and np.allclose(boxes, own[0], atol=1e-4)
+        assert np.allclose(confidence, own[1], rtol=0, atol=1e-6), photo.name
         results[photo.name] = {
-            "boxes": (yxyx[:, [1, 0, 3, 2]] * scale).tolist(),
-            "scores": scores(confidence[keep]),
-            "classes": [int(c) for c in np.asarray(found["labels"][0][:count])[keep]],
+            **_pixels(own, photo),
+            "alternatives": [_pixels(a, photo) for a in answers[1:]],
         }
     return {"keras_hub_retinanet_decoded": results}
+
+
+def _pixels(answer: list[np.ndarray], photo: Photo) -> dict[str, Any]:
+    """keras-hub's yxyx boxes in pixels of its MG_SIZE input, confidence and labels -> the
+    detections over MIN_SCORE, boxes [xmin, ymin, xmax, ymax] in pixels of the photo."""
+    yxyx, confidence, labels = answer
+    keep = confidence >= MIN_SCORE
+    scale = np.array([photo.width, photo.height] * 2) / MG_SIZE
+    return {
+        "boxes": (yxyx.astype(np.float64)[keep][:, [1, 0, 3, 2]] * scale).tolist(),
+        "scores": scores(confidence[keep]),
+        "classes": [int(c) for c in labels[keep]],
+    }
 
 
 # ---- A YOLOv8-layout head -------------------------------------------------------------------
