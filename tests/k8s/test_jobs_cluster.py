@@ -42,6 +42,7 @@ from tests.support.jobs import Client, State, make_images, metadata, result
 from tests.support.kubejobs import kube_job, now, write_job_status
 from tests.support.localserver import LocalServer, free_port, run_local_server
 from tests.support.renders import GATEWAY, container, env_of, find, rendered
+from tests.support.sidecar import sidecar
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "detection-jobs"
@@ -344,11 +345,16 @@ def test_a_job_created_through_the_api_runs_as_a_kubernetes_job_and_reports_from
         write_job_status(apiserver, NAMESPACE, name, {"startTime": now(), "active": 2})
         assert metadata(client.get(op.name)).state == State.RUNNING
         stored = kube_job(apiserver, NAMESPACE, op.name)
-        run_shard(apiserver, stored, 0, gateway.target)
-        found = metadata(client.get(op.name))
-        assert found.state == State.RUNNING
-        assert [s.done for s in found.shards] == [True, False]
-        run_shard(apiserver, stored, 1, gateway.target)
+        # The pods name the job's owner, and reach the gateway through their sidecar, which
+        # gives their calls the runner identity the gateway takes an owner from.
+        assert "--owner=uri:spiffe://cluster.local/ns/shop/sa/batch-user" in spec["args"]
+        runner = pod_env["GATEWAY_BATCH_RUNNER_IDENTITIES"].removeprefix("uri:")
+        with sidecar(gateway.target, runner) as target:
+            run_shard(apiserver, stored, 0, target)
+            found = metadata(client.get(op.name))
+            assert found.state == State.RUNNING
+            assert [s.done for s in found.shards] == [True, False]
+            run_shard(apiserver, stored, 1, target)
         done = client.get(op.name)
         assert done.done and metadata(done).state == State.SUCCEEDED, done
         assert dict(result(done).code_counts) == {"OK": IMAGES}

