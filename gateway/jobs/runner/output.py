@@ -25,7 +25,7 @@ from typing import Any
 
 from gateway.jobs.runner import storage
 from gateway.jobs.runner.budget import Budget
-from gateway.jobs.runner.fence import Fence
+from gateway.jobs.runner.fence import Fence, LeaseLost
 from gateway.jobs.runner.storage import Location
 
 STATE = "_batch"
@@ -79,9 +79,18 @@ class Output:
             self.fence.check()
 
     def _reserve(self, size: int) -> None:
-        self.check_fence()
+        """Takes the write's bytes from the budget, then checks the fence: last, right before
+        the write, since a reservation may wait (it asks the gateway, which may be stalled
+        while another process takes the job) and a fence passed before that wait would let
+        a run that lost its lease write after it."""
         if self.budget is not None:
             self.budget.reserve(size)
+        try:
+            self.check_fence()
+        except LeaseLost:
+            if self.budget is not None:
+                self.budget.release(size)
+            raise
 
     def _delete(self, paths: list[str]) -> None:
         """Deletes files this runner wrote, giving their bytes back."""

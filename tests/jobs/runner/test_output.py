@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gateway.jobs.runner import storage
+from gateway.jobs.runner.fence import LeaseLost
 from gateway.jobs.runner.output import Counts, Output, committed
 
 
@@ -72,3 +75,37 @@ def test_resume_reads_parts_whole_and_progress_reads_headers(tmp_path: Path) -> 
     assert committed(out.fs, out.parts_dir("u.jsonl")).lines == 4
     assert out.resume_point("u.jsonl")[0] == 2
     assert not short.exists()  # off the chain a resumed run keeps: deleted
+
+
+def test_the_fence_is_checked_after_the_budget_right_before_the_write(tmp_path: Path) -> None:
+    """A reservation may wait for a stalled gateway while another process takes the job; a
+    fence passed before that wait let the old holder write after it (CI: test_lease_fence's
+    'a holder without its lease wrote'). The fence comes last, and a refused write gives its
+    bytes back."""
+    steps: list[str] = []
+
+    class Budget:
+        def reserve(self, size: int) -> None:
+            steps.append("reserve")
+
+        def release(self, size: int) -> None:
+            steps.append("release")
+
+    class Fence:
+        def __init__(self) -> None:
+            self.lost = False
+
+        def check(self) -> None:
+            steps.append("fence")
+            if self.lost:
+                raise LeaseLost("another process holds the job")
+
+    fence = Fence()
+    out = Output(storage.resolve(str(tmp_path / "out")), Budget(), fence)
+    out.commit_part("a.jsonl", 0, lines(0, 2), ok_counts(2))
+    assert steps == ["reserve", "fence"]
+    fence.lost, steps[:] = True, []
+    with pytest.raises(LeaseLost):
+        out.commit_part("a.jsonl", 2, lines(2, 4), ok_counts(2))
+    assert steps == ["reserve", "fence", "release"]
+    assert committed(out.fs, out.parts_dir("a.jsonl")).lines == 2  # nothing more written
