@@ -148,13 +148,9 @@ class Handlers:
         if error is None:
             await _default_expect_handler(request)
             return None
-        status = STATUS[error.kind]
-        request_id = strings.echoed(request.headers.get(REQUEST_ID, "")) or new_request_id()
-        self._record_rejection(method, error.code, request_id, started, status)
         as_msgpack = wants_msgpack(request, body_format == bodies.BodyFormat.MSGPACK)
-        response = error_response(
-            status, error.code, error.message, request_id, as_msgpack, error.retry_after
-        )
+        header_id = request.headers.get(REQUEST_ID, "")
+        response = self._refused(method, error, header_id, started, as_msgpack)
         response.force_close()  # the body is not read
         return response
 
@@ -180,14 +176,8 @@ class Handlers:
             message = decoded.message
             strings.request(message.request_id, message.model.name, message.model.label)
         except (GatewayError, HttpError) as exc:
-            # Refused before the pipeline: counted and logged here, like the pipeline does,
-            # under the caller's request id only when it is one the rule takes.
-            request_id = strings.echoed(header_id) or new_request_id()
-            status = exc.status if isinstance(exc, HttpError) else STATUS[exc.kind]
-            self._record_rejection(method, exc.code, request_id, started, status)
-            retry = exc.retry_after if isinstance(exc, GatewayError) else None
-            response = error_response(status, exc.code, exc.message, request_id, as_msgpack, retry)
-            if status in (408, 413):
+            response = self._refused(method, exc, header_id, started, as_msgpack)
+            if response.status in (408, 413):
                 response.force_close()  # the rest of the body is not read
             return response
         request_id = message.request_id or header_id or new_request_id()
@@ -232,6 +222,23 @@ class Handlers:
     def _caller(self, request: web.Request) -> str:
         """Who is calling (gateway.identity, the same reader as every door)."""
         return identity.of_http(request, self._settings.trust_xfcc)
+
+    def _refused(
+        self,
+        method: str,
+        exc: GatewayError | HttpError,
+        header_id: str,
+        started: float,
+        as_msgpack: bool,
+    ) -> web.Response:
+        """The answer to a request refused before the pipeline (its body unread, or read but
+        not run): counted and logged here, like the pipeline does, under the caller's request
+        id only when it is one the rule takes."""
+        request_id = strings.echoed(header_id) or new_request_id()
+        status = exc.status if isinstance(exc, HttpError) else STATUS[exc.kind]
+        self._record_rejection(method, exc.code, request_id, started, status)
+        retry = exc.retry_after if isinstance(exc, GatewayError) else None
+        return error_response(status, exc.code, exc.message, request_id, as_msgpack, retry)
 
     def _record_rejection(
         self, method: str, code: str, request_id: str, started: float, status: int

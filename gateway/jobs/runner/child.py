@@ -66,9 +66,10 @@ def _from_memory(error: BaseException | None) -> bool:
     return False
 
 
-def _exit_if_memory(error: BaseException) -> None:
-    """A frame that could not be written for want of memory: the runner is out of memory
-    (its link is already closed, so nothing it sends next can be misread)."""
+def _exit_if_memory(error: BaseException | None) -> None:
+    """Out of memory (the error says so, _from_memory): the runner exits with MEMORY_EXIT.
+    Also what the link calls when a frame could not be written (it is closed already, so
+    nothing sent after can be misread)."""
     if _from_memory(error):
         _out_of_memory()
 
@@ -79,8 +80,7 @@ def limit_memory(limit: int) -> None:
         f.write("1000")
 
     def thread_hook(args: threading.ExceptHookArgs) -> None:
-        if _from_memory(args.exc_value):
-            _out_of_memory()
+        _exit_if_memory(args.exc_value)
         threading.__excepthook__(args)
 
     threading.excepthook = thread_hook
@@ -90,8 +90,7 @@ async def serve(fd: int) -> None:
     loop = asyncio.get_running_loop()
 
     def on_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if _from_memory(context.get("exception")):
-            _out_of_memory()
+        _exit_if_memory(context.get("exception"))
         loop.default_exception_handler(context)
 
     loop.set_exception_handler(on_error)
@@ -168,8 +167,7 @@ async def _outcome(run: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
     except GatewayError as e:
         return {"t": "end", "how": "error", "kind": e.kind.value, "message": e.message}
     except Exception as e:
-        if _from_memory(e):
-            _out_of_memory()
+        _exit_if_memory(e)
         log.exception("batch runner failed")
         return {"t": "end", "how": "internal", "message": f"{type(e).__name__}: {e}"}
     return {"t": "end", "how": "done", "summary": summary}
@@ -182,8 +180,7 @@ def main(argv: list[str]) -> int:
     try:
         asyncio.run(serve(fd))
     except BaseException as e:
-        if _from_memory(e):
-            _out_of_memory()
+        _exit_if_memory(e)
         if isinstance(e, KeyboardInterrupt):
             return 130
         raise
