@@ -21,6 +21,7 @@ from gateway import memory, metrics, modelcheck, policy, tracing
 from gateway.api import bindings as api
 from gateway.api.task import TaskRegistry
 from gateway.config import Settings
+from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import server as grpc_door
 from gateway.imaging import resize
@@ -149,8 +150,9 @@ async def start(
     if payload_log is not None:
         pipeline.observers.append(payload_log)
         payload_log.start()
+    cascades = Cascades(pipeline, registry.pipelines)  # ModelConfigError: a bad pipeline
     jobs = build_jobs(settings, pipeline, bindings)
-    grpc = grpc_door.build(settings, pipeline, bindings, jobs)
+    grpc = grpc_door.build(settings, pipeline, bindings, jobs, cascades)
     await grpc.statuses.start()
     readiness = Readiness(
         client,

@@ -1,8 +1,9 @@
 """The shared nouns, on the ground floor: what a front door hands the pipeline (Request), what
 it gets back (Outcome), the model a caller names (ModelRef), the image as the caller sees it
 (Frame), which outputs a task reads (OutputPlan), what a request's work costs before it runs
-(Cost), the running work its deadline stops (Work), and how a shadow answer compared with
-the caller's (Comparison). Every floor above uses them; this module
+(Cost), the running work its deadline stops (Work), how a shadow answer compared with
+the caller's (Comparison), and a pipeline's answer (Tree: the first model's instances, each
+with what the later steps found in its crop). Every floor above uses them; this module
 imports nothing else of the gateway, so no arrow of the import graph runs back up to it.
 
 Protobuf, JSON and MessagePack stay at the edges (gateway/frontends, gateway/api); a task's
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
 
 # Caller metadata passed on to TF Serving (trace context headers), as (key, value) pairs.
 Trace = tuple[tuple[str, str], ...]
@@ -137,6 +138,24 @@ class Frame(NamedTuple):
     work: Work | None = None
 
 
+class Located(Protocol):
+    """An instance a task found (a detection, a segmented or a posed instance): what a
+    pipeline's later steps crop and filter by (gateway.core.cascade). `box` is in the
+    caller's pixels: (x_min, y_min, x_max, y_max), min inclusive, max exclusive."""
+
+    @property
+    def class_id(self) -> int: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def score(self) -> float: ...
+
+    @property
+    def box(self) -> tuple[int, int, int, int]: ...
+
+
 class Comparison(NamedTuple):
     """A shadow candidate's answer for one image compared with the current model's, in the
     task's terms (Task.compare): named measures in [0, 1] (1: the same answer; e.g. detection's
@@ -158,3 +177,34 @@ class OutputPlan:
 
 class OutputError(ValueError):
     """Model outputs that do not have the shapes, types or value ranges the task needs."""
+
+
+class StepAnswer(NamedTuple):
+    """What one step answered for one crop: the step model's outcome, or the crop's error."""
+
+    parent: int  # the first step's instance
+    step: str
+    crop: tuple[int, int, int, int]  # (x_min, y_min, x_max, y_max) in the caller's pixels
+    outcome: Outcome | None
+    error: Exception | None  # a GatewayError (gateway.errors)
+
+
+@dataclass
+class StepSummary:
+    name: str
+    task: str  # the step model's task
+    model: tuple[str, int] | None = None  # (name, version) that answered
+    crops: int = 0
+    failed: int = 0
+    skipped: dict[str, list[int]] = field(default_factory=dict)  # reason -> instance ids
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A pipeline's answer for one image (the Outcome.result of gateway.core.cascade)."""
+
+    pipeline: str
+    first_task: str
+    first: Any  # the first model's result (its task's)
+    attached: list[dict[str, StepAnswer]]  # per first-step instance: step name -> answer
+    steps: list[StepSummary]

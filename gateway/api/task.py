@@ -16,7 +16,8 @@ one line in gateway.tasks.builtin); it says:
   bytes, from the image header, the plan and the resolved options, which hold the model's
   ceilings), so the pipeline can refuse or count it;
 - how a shadow candidate's result compares with the current one's (`compare`);
-- what the request log says about a result (`summary`).
+- what the request log says about a result (`summary`);
+- the instances a result holds, when it finds some (`instances`), for a pipeline's steps.
 
 The image input is not the task's business: gateway.core.inputs reads it from the signature
 and the model config, the same for every task. The app builds a `TaskRegistry` of the tasks
@@ -25,13 +26,13 @@ it serves and gives it to the pipeline: nothing below the app names a task.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.api.bindings import Binding, Bindings
 from gateway.config import Settings
-from gateway.domain import Comparison, Cost, Frame, OutputPlan
+from gateway.domain import Comparison, Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
@@ -45,6 +46,8 @@ class Task(Protocol):
     # and apart from the decode threads, and `frame.work.check()` between instances stops it
     # at the request's deadline; False keeps it inline (a few µs of Python per image).
     map_in_thread: bool
+    # True when its results hold instances (`instances`): it may start a pipeline.
+    finds_instances: bool
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> Any:
         """[models.NAME] of the model config file at `path` (`where` is "models.NAME"): the
@@ -90,6 +93,11 @@ class Task(Protocol):
 
     def summary(self, result: Any) -> dict[str, object]:
         """Fields for the request log line."""
+        ...
+
+    def instances(self, result: Any) -> Sequence[Located] | None:
+        """The instances a result holds, in its order, for a pipeline's later steps to crop
+        (gateway.core.cascade); None for a task that finds none (it cannot start one)."""
         ...
 
 

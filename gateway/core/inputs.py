@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gateway import errors
-from gateway.core.letterbox import check_pad_to, decode_letterboxed
+from gateway.core.letterbox import check_pad_to, decode_letterboxed, letterbox
 from gateway.core.pixels import decode_into_request, normalise
 from gateway.domain import BoxTransform
 from gateway.imaging import filters, resize
@@ -353,7 +353,6 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
             request, info.width, info.height, None, sent, tfs.DT_STRING, (1,), len(value)
         )
 
-    dtype, tensor_dtype = _PIXEL_DTYPES[plan.mode]
     if plan.plain_pixels:
         return _decode_into_request(data, plan, envelope, limits)
     transform = None
@@ -365,9 +364,27 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
         info, pixels = resize.decode_within(data, limits, plan.max_side, plan.resize_filter)
     else:
         info, pixels = decode_image(data, limits)
-    height, width = pixels.shape[:2]
-    shape = (1, height, width, 3) if plan.layout == "NHWC" else (1, 3, height, width)
-    size = height * width * 3 * dtype.itemsize
+    return _pixels_request(pixels, plan, envelope, info.width, info.height, transform)
+
+
+def _pixels_request(
+    pixels: np.ndarray,
+    plan: InputPlan,
+    envelope: bytes,
+    width: int,
+    height: int,
+    transform: BoxTransform | None,
+) -> ModelInput:
+    """The request for a pixel-input model of `pixels` sized as the plan says (uint8 or the
+    exact filters' float32 [h, w, 3]) of a `width` x `height` image as shown."""
+    dtype, tensor_dtype = _PIXEL_DTYPES[plan.mode]
+    sent_height, sent_width = pixels.shape[:2]
+    shape = (
+        (1, sent_height, sent_width, 3)
+        if plan.layout == "NHWC"
+        else (1, 3, sent_height, sent_width)
+    )
+    size = sent_height * sent_width * 3 * dtype.itemsize
     buffer = predict_request(envelope, plan.key, tensor_dtype, shape, size)
     out = np.frombuffer(buffer.payload, dtype=dtype).reshape(shape[1:])
     if plan.bgr:
@@ -378,9 +395,81 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
     else:
         normalise(source, out, plan.scale, plan.mean, plan.std, plan.layout)
     return ModelInput(
-        buffer.data, info.width, info.height, transform, (width, height), tensor_dtype, shape,
+        buffer.data, width, height, transform, (sent_width, sent_height), tensor_dtype, shape,
         size,
     )  # fmt: skip
+
+
+class Crop(NamedTuple):
+    """A region of an image the gateway has decoded (a pipeline's step runs its model on it):
+    uint8 [h, w, 3] pixels as shown (a view of the image's), at (x, y) of the image, which
+    is image_width x image_height. The model's answer maps to the image's pixels."""
+
+    pixels: np.ndarray
+    x: int
+    y: int
+    image_width: int
+    image_height: int
+
+
+def crop_box(
+    box: tuple[float, float, float, float], crop: Crop, inner: BoxTransform | None
+) -> tuple[float, float, float, float]:
+    """A normalized (ymin, xmin, ymax, xmax) box of the crop (after the crop's own `inner`
+    transform, a letterbox's) as a normalized box of the image."""
+    if inner is not None:
+        box = inner(box)
+    height, width = crop.pixels.shape[:2]
+    ymin, xmin, ymax, xmax = box
+    image_height, image_width = crop.image_height, crop.image_width
+    return (
+        (crop.y + ymin * height) / image_height,
+        (crop.x + xmin * width) / image_width,
+        (crop.y + ymax * height) / image_height,
+        (crop.x + xmax * width) / image_width,
+    )
+
+
+def build_crop_input(crop: Crop, plan: InputPlan, envelope: bytes) -> ModelInput:
+    """The request for decoded pixels (a pipeline's crop): sized and prepared exactly as
+    build_input prepares an image of those pixels sent as PNG, so a step answers a crop as
+    its model answers that crop sent on its own; a string-input model gets the crop as PNG
+    (lossless), or as JPEG when the plan scales it down (as build_input does)."""
+    pixels = crop.pixels
+    height, width = pixels.shape[:2]
+    whole = (crop.x, crop.y, width, height) == (0, 0, crop.image_width, crop.image_height)
+    inner: BoxTransform | None = None
+    if plan.mode is InputMode.ENCODED:
+        sent = pixels
+        if plan.max_side is not None and max(width, height) > plan.max_side:
+            sent = resize.resize(pixels, *resize.fit_within(width, height, plan.max_side))
+            encoded = resize.encode_jpeg(sent)
+        else:
+            encoded = encode_png(np.ascontiguousarray(pixels))
+        value = _encoded_value(encoded, plan)
+        request = string_request(envelope, plan.key, value)
+        mapped: BoxTransform | None = None if whole else partial(crop_box, crop=crop, inner=None)
+        return ModelInput(
+            request, crop.image_width, crop.image_height, mapped,
+            (sent.shape[1], sent.shape[0]), tfs.DT_STRING, (1,), len(value),
+        )  # fmt: skip
+    if plan.pad_to is not None:
+        pixels, inner = letterbox(pixels, plan.pad_to, plan.pad_value)
+    elif plan.size is not None:
+        pixels = _sized(pixels, plan.size, plan.resize_filter)
+    elif plan.max_side is not None:
+        pixels = _sized(pixels, resize.fit_within(width, height, plan.max_side), plan.resize_filter)
+    transform = inner if whole else partial(crop_box, crop=crop, inner=inner)
+    return _pixels_request(pixels, plan, envelope, crop.image_width, crop.image_height, transform)
+
+
+def _sized(pixels: np.ndarray, size: tuple[int, int], resize_filter: str | None) -> np.ndarray:
+    """Pixels at `size` (width, height) as gateway.imaging.resize sizes a decoded image."""
+    if size == (pixels.shape[1], pixels.shape[0]):
+        return pixels
+    if resize_filter is not None:
+        return filters.resize_exact(pixels, *size, resize_filter)
+    return resize.resize(np.ascontiguousarray(pixels), *size)
 
 
 def _decode_into_request(

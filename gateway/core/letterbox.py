@@ -48,13 +48,30 @@ def decode_letterboxed(
     info = inspect_image(data, limits)
     width, height = content_size(info.width, info.height, canvas)
     info, pixels = resize.decode_to_size(data, limits, (width, height))
+    out, transform = _on_canvas(pixels, canvas, pad_value)
+    return info, out, transform
+
+
+def letterbox(
+    pixels: np.ndarray, canvas: tuple[int, int], pad_value: int
+) -> tuple[np.ndarray, BoxTransform]:
+    """Decoded uint8 [h, w, 3] pixels letterboxed on `canvas` as decode_letterboxed does an
+    image of them, and the transform of the model's boxes back to them."""
+    width, height = content_size(pixels.shape[1], pixels.shape[0], canvas)
+    return _on_canvas(resize.resize(np.ascontiguousarray(pixels), width, height), canvas, pad_value)
+
+
+def _on_canvas(
+    pixels: np.ndarray, canvas: tuple[int, int], pad_value: int
+) -> tuple[np.ndarray, BoxTransform]:
+    height, width = pixels.shape[:2]
     canvas_width, canvas_height = canvas
     out = np.empty((canvas_height, canvas_width, 3), np.uint8)
     out[:height, :width] = pixels
     out[height:] = pad_value
     out[:height, width:] = pad_value
     transform = partial(unletterbox, y_scale=canvas_height / height, x_scale=canvas_width / width)
-    return info, out, transform
+    return out, transform
 
 
 def check_pad_to(shape: tuple[int, ...], layout: str, key: str, what: str) -> None:

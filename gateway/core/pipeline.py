@@ -22,7 +22,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -33,15 +33,17 @@ from gateway.config import Settings
 from gateway.core.batching import BatchPlan, plan_batching
 from gateway.core.coalescer import Coalescer
 from gateway.core.inputs import (
+    Crop,
     InputMode,
     InputPlan,
     ModelInput,
+    build_crop_input,
     build_input,
     decodes_quickly,
     forward_encoded,
     plan_input,
 )
-from gateway.core.ports import Policy
+from gateway.core.ports import Limit, Policy
 from gateway.core.record import record
 from gateway.core.work import in_thread, remaining, spent, stops
 from gateway.domain import Cost, Frame, ModelRef, Outcome, OutputError, OutputPlan, Request, Work
@@ -101,6 +103,43 @@ def _envelope(model: ModelRef, output_filter: tuple[str, ...], signature: str) -
     return request_envelope(model, output_filter, signature)
 
 
+class Account:
+    """One call's admission to the gateway's limit (a ticket of its caller's share), and the
+    work its images were charged: one image's (Pipeline.run), or every image of a cascade's
+    tree (gateway.core.cascade), each priced before it runs."""
+
+    def __init__(self, limit: Limit, caller: str) -> None:
+        self._limit = limit
+        self._ticket = limit.acquire(caller)  # OVERLOADED: nothing taken
+        self._started = time.perf_counter()
+        self._charged: list[tuple[Cost, Work]] = []
+
+    def charge(self, cost: Cost, work: Work) -> None:
+        """Reserves one image's priced work (OVERLOADED: nothing reserved); `work` says
+        what it really took once it has run."""
+        self._limit.charge(self._ticket, cost)
+        self._charged.append((cost, work))
+
+    def release(self) -> None:
+        """The call is done: its slot and what its images did not use go back."""
+        if not self._charged:
+            self._limit.release(self._ticket, time.perf_counter() - self._started, None, None)
+            return
+        reserved = _total(cost for cost, _ in self._charged)
+        used = _total(spent(cost, work) or cost for cost, work in self._charged)
+        self._limit.release(self._ticket, time.perf_counter() - self._started, reserved, used)
+
+
+def _total(costs: Iterable[Cost]) -> Cost:
+    pixels = mask_pixels = answer_bytes = items = 0
+    for cost in costs:
+        pixels += cost.pixels
+        mask_pixels += cost.mask_pixels
+        answer_bytes += cost.answer_bytes
+        items += cost.items
+    return Cost(pixels, mask_pixels, answer_bytes, items)
+
+
 class Pipeline:
     def __init__(
         self,
@@ -141,6 +180,11 @@ class Pipeline:
         self._map_threads.shutdown(wait=False, cancel_futures=True)
 
     @property
+    def executor(self) -> Executor:
+        """The decode threads."""
+        return self._executor
+
+    @property
     def in_flight(self) -> int:
         return self._limit.in_flight
 
@@ -148,8 +192,23 @@ class Pipeline:
         """OVERLOADED if the limit would refuse `caller` now, taking nothing (before a body)."""
         self._limit.check(caller)
 
-    async def run(self, task_name: str, request: Request) -> Outcome:
-        """Runs `task_name` on one image; raises GatewayError on failure."""
+    def admit(self, caller: str) -> Account:
+        """`caller`'s admission to the gateway's limit for one call (OVERLOADED when it is
+        refused), charged per image the call runs; release() it when the call is done."""
+        return Account(self._limit, caller)
+
+    async def run(
+        self,
+        task_name: str,
+        request: Request,
+        *,
+        account: Account | None = None,
+        pixels: Crop | None = None,
+        observe: bool = True,
+    ) -> Outcome:
+        """Runs `task_name` on one image; raises GatewayError on failure. A cascade
+        (gateway.core.cascade) runs its images under its own `account`, on `pixels` it has
+        decoded instead of `request.image`, and has its steps' crops seen by no observer."""
         task = self._tasks[task_name]
         started = time.perf_counter()
         timings = {"decode": 0.0, "upstream": 0.0}
@@ -161,31 +220,25 @@ class Pipeline:
         failure: GatewayError | None = None
         metrics.start()
         try:
-            ticket = self._limit.acquire(request.caller)
-            charged: list[Cost] = []
+            admitted = account or Account(self._limit, request.caller)
             work = Work()
-
-            def charge(cost: Cost) -> None:
-                self._limit.charge(ticket, cost)
-                charged.append(cost)
-
             try:
                 model = self.model_ref(task.name, request.model)
                 model, shadowed = self.rollouts.route(model, request.caller, request_id)
                 with self._load.in_flight(model.name):
                     outcome = await self._run(
-                        task, model, request, request_id, timings, notes, work, charge
-                    )
+                        task, model, request, request_id, timings, notes, work,
+                        partial(admitted.charge, work=work), pixels,
+                    )  # fmt: skip
             finally:
-                reserved = charged[0] if charged else None
-                self._limit.release(
-                    ticket, time.perf_counter() - started, reserved, spent(reserved, work)
-                )
+                if account is None:
+                    admitted.release()
             if shadowed is not None:  # the copy gets what is left of the caller's deadline
                 left = None if work.deadline is None else work.deadline - time.monotonic()
                 copy = request if left is None else request._replace(timeout=max(left, 1e-3))
                 self.shadows.send(shadowed, outcome, partial(
-                    self._run, task, shadowed.shadow, copy, request_id, timings.copy(), {}, Work()
+                    self._run, task, shadowed.shadow, copy, request_id, timings.copy(), {}, Work(),
+                    None, pixels,
                 ), task.compare)  # fmt: skip
             return outcome
         except GatewayError as exc:
@@ -205,8 +258,9 @@ class Pipeline:
         finally:
             total = time.perf_counter() - started
             record(task, request, code, request_id, model, outcome, timings, total, notes)
-            for observe in self.observers:
-                observe(task.name, request, request_id, model, outcome, failure, total)
+            if observe:
+                for observe_one in self.observers:
+                    observe_one(task.name, request, request_id, model, outcome, failure, total)
 
     def model_ref(self, task: str, requested: ModelRef) -> ModelRef:
         """The model to call for `task` (a task name): the request's, or the task's default;
@@ -307,6 +361,15 @@ class Pipeline:
         finally:
             timings["decode"] += time.perf_counter() - started
 
+    async def _build_crop_input(
+        self, crop: Crop, plan: InputPlan, envelope: bytes, timings: dict[str, float], work: Work
+    ) -> ModelInput:
+        started = time.perf_counter()
+        try:
+            return await in_thread(self._executor, work, build_crop_input, crop, plan, envelope)
+        finally:
+            timings["decode"] += time.perf_counter() - started
+
     async def _run(
         self,
         task: Task,
@@ -317,6 +380,7 @@ class Pipeline:
         notes: dict[str, object],
         work: Work,
         charge: Callable[[Cost], None] | None = None,
+        pixels: Crop | None = None,
     ) -> Outcome:
         config = self._config(task, model)
         options = task.resolve(request.options, config, self.settings)
@@ -330,15 +394,24 @@ class Pipeline:
             if charge is not None:
                 # Priced before any of it runs: the image's size from its header (microseconds),
                 # the plan and the options; charged to the caller's share of the gateway's work.
-                info = inspect_image(request.image, self._image_limits)
-                charge(task.cost(options, Frame(info.width, info.height), plan.outputs, config))
+                if pixels is None:
+                    info = inspect_image(request.image, self._image_limits)
+                    size = Frame(info.width, info.height)
+                else:
+                    size = Frame(pixels.pixels.shape[1], pixels.pixels.shape[0])
+                charge(task.cost(options, size, plan.outputs, config))
                 charge = None
             envelope = _envelope(model, plan.outputs.output_filter, signature.name)
             self._timeout(deadline)  # nothing is decoded for a caller whose deadline passed
             with tracing.span("decode", request.trace, model=model.name):
-                model_input = await self._build_input(
-                    request.image, plan.input, envelope, timings, work
-                )
+                if pixels is None:
+                    model_input = await self._build_input(
+                        request.image, plan.input, envelope, timings, work
+                    )
+                else:
+                    model_input = await self._build_crop_input(
+                        pixels, plan.input, envelope, timings, work
+                    )
             started = time.perf_counter()
             try:
                 with (

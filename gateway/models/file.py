@@ -34,6 +34,8 @@ nearest: the exporter's resizing, exactly; default: the fast path).
 for the model are coalesced into one Predict (gateway/models/batching.py);
 `[models.NAME.limits]` (`max_detections`, `max_mask_pixels`, `max_answer_bytes`) caps one
 request's work (gateway/models/limits.py);
+`[pipelines.NAME]` runs a model on the crops of the instances another finds
+(gateway/models/pipelines.py, docs/pipelines.md);
 `[models.NAME.rollout]` (`current`, `canary`, `sticky`, `shadow`) serves a candidate version
 to a share of requests or copies them to it (gateway/models/rollout.py); `input.pad_to =
 [height, width]` with `input.pad_value` letterboxes variable-size images so they can be.
@@ -58,6 +60,7 @@ from gateway.labels import Labels, LabelsError
 from gateway.models.batching import read_batching
 from gateway.models.input_prep import read_input
 from gateway.models.limits import read_limits
+from gateway.models.pipelines import read_pipelines
 from gateway.models.rollout import read_rollout
 from gateway.models.registry import DEFAULT_SIGNATURE, ModelConfig, ModelRegistry
 from gateway.models.values import (
@@ -67,7 +70,7 @@ from gateway.models.values import (
     refuse_unknown,
 )
 
-_TOP_KEYS = {"default_model", "defaults", "models"}
+_TOP_KEYS = {"default_model", "defaults", "models", "pipelines"}
 # A task's reader of its own keys: ([models.NAME], file, "models.NAME") -> the task's config.
 ConfigReader = Callable[[Mapping[str, Any], Path, str], Any]
 
@@ -135,7 +138,8 @@ def parse_registry(
                 f"task = '{models[chosen].task}'"
             )
         task_defaults[task] = chosen
-    return ModelRegistry(models, default, task_defaults, default_task)
+    pipelines = read_pipelines(as_table(data.get("pipelines", {}), path, "pipelines"), path)
+    return ModelRegistry(models, default, task_defaults, default_task, pipelines)
 
 
 def _model(

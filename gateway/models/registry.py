@@ -1,6 +1,6 @@
 """The configured models: each one's config (ModelConfig: task, labels, input preparation,
 signature, batching, rollout, and the task's own config), the default model and the default
-model of each task; ModelRegistry gives a request's model its config."""
+model of each task, and the pipelines of them; ModelRegistry gives a request's model its config."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from gateway.labels import Labels
 from gateway.models.batching import BatchingConfig
 from gateway.models.input_prep import InputPrep
 from gateway.models.limits import LimitsConfig
+from gateway.models.pipelines import PipelineConfig
 from gateway.models.rollout import RolloutConfig
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -45,6 +46,8 @@ class ModelRegistry:
     default_model: str
     task_defaults: Mapping[str, str]
     default_task: str
+    # Cascades of these models ([pipelines.NAME]), by name.
+    pipelines: Mapping[str, PipelineConfig] = field(default_factory=dict)
     # Configs made for unlisted models, kept (bounded: callers choose the names) so that a
     # request for one does not build its config again.
     _unlisted: dict[tuple[str, str], ModelConfig] = field(

@@ -9,7 +9,7 @@ OutputPlan, OutputError) are gateway.domain."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from gateway.api.bindings import Binding
 from gateway.config import Settings
-from gateway.domain import OutputError, OutputPlan
+from gateway.domain import Located, OutputError, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
 from gateway.models.limits import resolve as resolve_limits
@@ -50,6 +50,7 @@ class FolderTask(Generic[_Config]):
     binding: ClassVar[Binding]
     config: ConfigKeys[_Config]
     map_in_thread: ClassVar[bool] = False
+    finds_instances: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -71,6 +72,10 @@ class FolderTask(Generic[_Config]):
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> OutputPlan:
         return self.plan_outputs(signature, self.own(config))
+
+    def instances(self, result: Any) -> Sequence[Located] | None:
+        """None: a task that finds no instances (a detecting task returns its list)."""
+        return None
 
     def own(self, config: ModelConfig) -> _Config:
         """The task's own config of a model (its defaults for one no config file lists)."""

@@ -18,10 +18,11 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gateway.api.bindings import Bindings
 from gateway.config import Settings
+from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import job_servicers as jobs_door
 from gateway.frontends.grpc.health import HealthServicer, HealthStatuses
-from gateway.frontends.grpc.servicers import Drain, add_task_services
+from gateway.frontends.grpc.servicers import Drain, add_pipeline_service, add_task_services
 from gateway.jobs.control.service import JobService
 from gateway.tls import server_credentials
 
@@ -110,13 +111,19 @@ class GrpcDoor:
 
 
 def build(
-    settings: Settings, pipeline: Pipeline, bindings: Bindings, jobs: JobService | None = None
+    settings: Settings,
+    pipeline: Pipeline,
+    bindings: Bindings,
+    jobs: JobService | None = None,
+    cascades: Cascades | None = None,
 ) -> GrpcDoor:
     """The server with every service added and its port bound (not started yet)."""
     credentials = server_credentials(settings)  # before anything starts: bad files fail fast
     drain = Drain()
     server = grpc.aio.server(options=server_options(settings))
     services = add_task_services(server, bindings, pipeline, drain)
+    if cascades is not None and cascades.names:  # pipeline.v1, when the config has pipelines
+        services = (*services, add_pipeline_service(server, cascades, bindings, drain))
     # Batch jobs over the API (BatchService + google.longrunning.Operations), when enabled.
     job_services = jobs_door.add_services(server, jobs) if jobs is not None else ()
     health_servicer = HealthServicer()

@@ -5,11 +5,11 @@ detections per request by the plan's form (od_api, or forms for the others)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Cost, Frame, OutputPlan
+from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
 from gateway.tasks.base import FolderTask, limits_of
@@ -101,6 +101,11 @@ class DetectionTask(FolderTask[DetectionConfig]):
         self, options: DetectionSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
     ) -> Cost:
         return detection_cost(options.max_detections, frame)
+
+    finds_instances = True
+
+    def instances(self, result: Detections) -> Sequence[Located]:
+        return result.detections
 
     def summary(self, result: Detections) -> dict[str, object]:
         return {"detections": len(result.detections)}

@@ -4,8 +4,10 @@ image as a viewer shows it, from a YOLOv8/11-pose raw head or OD API-style keypo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gateway.config import Settings
-from gateway.domain import Cost, Frame, OutputPlan
+from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
 from gateway.tasks.base import FolderTask, limits_of
 from gateway.tasks.detection.nouns import DetectionSettings
@@ -41,6 +43,11 @@ class KeypointTask(FolderTask[KeypointConfig]):
         instances = options.max_detections
         answer = instances * (DETECTION_BYTES + points * KEYPOINT_BYTES)
         return Cost(frame.width * frame.height, 0, answer, instances * (1 + points))
+
+    finds_instances = True
+
+    def instances(self, result: Keypoints) -> Sequence[Located]:
+        return result.instances
 
     def summary(self, result: Keypoints) -> dict[str, object]:
         return {"instances": len(result.instances)}

@@ -6,10 +6,11 @@ mask_threshold and mask_format here."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from gateway import errors
 from gateway.config import Settings
-from gateway.domain import Cost, Frame, OutputPlan
+from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Limits
 from gateway.tasks.base import FolderTask, limits_of
@@ -81,6 +82,11 @@ class SegmentationTask(FolderTask[SegmentationConfig]):
         self, options: SegmentSettings, frame: Frame, plan: OutputPlan, config: ModelConfig
     ) -> Cost:
         return segmentation_cost(options, frame)
+
+    finds_instances = True
+
+    def instances(self, result: Segments) -> Sequence[Located]:
+        return result.instances
 
     def summary(self, result: Segments) -> dict[str, object]:
         fields: dict[str, object] = {"instances": len(result.instances)}

@@ -1,0 +1,120 @@
+"""The pipelines' public API (pipeline.v1, proto/pipeline/v1/pipeline.proto): RunRequest ->
+the plain Request a cascade runs (gateway.core.cascade), its Tree -> PipelineResult.
+
+A pipeline is called like a model: its name is the Request's `model.name`, and the request's
+options are the first model's, over the pipeline's defaults (a dict of the options the caller
+set: 0 is "the default", as in every task's request). The results of the steps are their
+tasks' own result messages, put in the oneof field of that message type, so a step answers in
+a pipeline what its model answers on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf.message import Message
+from google.rpc import status_pb2
+
+from gateway import errors
+from gateway.api import strings
+from gateway.api.bindings import Bindings
+from gateway.api.status import code_of
+from gateway.domain import ModelRef, Outcome, Request, StepAnswer, Trace, Tree
+from gateway.errors import GatewayError
+from gateway.proto.detection.v1 import detection_pb2 as dpb
+from gateway.proto.pipeline.v1 import pipeline_pb2 as pb
+
+# RunRequest's fields that are the first model's options (0: the pipeline's default).
+OPTIONS = ("min_score", "max_detections")
+SERVICE = pb.DESCRIPTOR.services_by_name["PipelineService"]
+
+
+def check(message: pb.RunRequest) -> None:
+    """The request message's own strings (its request id, the pipeline's name)."""
+    strings.request_id(message.request_id)
+    strings.check("pipeline", message.pipeline, strings.MAX_MODEL_NAME)
+    if not message.pipeline:
+        raise errors.invalid_input("pipeline must name a pipeline of the gateway's model config")
+
+
+def to_request(
+    message: pb.RunRequest, request_id: str, method: str, timeout: float | None, trace: Trace
+) -> Request:
+    return request(
+        message.image, message.pipeline, options(message), request_id, method, timeout, trace
+    )
+
+
+def options(message: Any) -> dict[str, Any]:
+    """The first model's options the caller set (nonzero) on a RunRequest."""
+    return {name: getattr(message, name) for name in OPTIONS if getattr(message, name)}
+
+
+def request(
+    image: bytes,
+    pipeline: str,
+    options: Mapping[str, Any],
+    request_id: str,
+    method: str,
+    timeout: float | None,
+    trace: Trace,
+) -> Request:
+    return Request(image, ModelRef(pipeline), dict(options), request_id, timeout, method, trace)
+
+
+class Results:
+    """PipelineResult messages of cascades' Outcomes, with the tasks' bindings."""
+
+    def __init__(self, bindings: Bindings) -> None:
+        self._bindings = bindings
+        # Each task's result message -> its field in PipelineResult's `first` and in
+        # StepResult's `result` oneof.
+        self._first = _fields(pb.PipelineResult, "first")
+        self._step = _fields(pb.StepResult, "result")
+
+    def to_result(self, outcome: Outcome) -> pb.PipelineResult:
+        tree: Tree = outcome.result
+        result = pb.PipelineResult(
+            pipeline=tree.pipeline,
+            image_width=outcome.image_width,
+            image_height=outcome.image_height,
+            request_id=outcome.request_id,
+        )
+        first = self._bindings.for_task(tree.first_task).to_result(
+            outcome._replace(result=tree.first)
+        )
+        getattr(result, self._first[first.DESCRIPTOR.full_name]).CopyFrom(first)
+        tasks = {summary.name: summary.task for summary in tree.steps}
+        for index, attached in enumerate(tree.attached):
+            instance = result.instances.add(id=index)
+            for name, answer in attached.items():
+                self._fill(instance.steps[name], answer, tasks[name])
+        for summary in tree.steps:
+            report = result.steps.add(name=summary.name, crops=summary.crops, failed=summary.failed)
+            if summary.model is not None:
+                name, version = summary.model
+                report.model.CopyFrom(dpb.ServedModel(name=name, version=version))
+            for reason, ids in summary.skipped.items():
+                report.skipped.add(reason=reason, count=len(ids), ids=ids)
+        return result
+
+    def _fill(self, message: pb.StepResult, answer: StepAnswer, task: str) -> None:
+        message.parent = answer.parent
+        message.step = answer.step
+        x_min, y_min, x_max, y_max = answer.crop
+        message.crop.CopyFrom(dpb.BoundingBox(x_min=x_min, y_min=y_min, x_max=x_max, y_max=y_max))
+        if answer.outcome is not None:
+            converted = self._bindings.for_task(task).to_result(answer.outcome)
+            getattr(message, self._step[converted.DESCRIPTOR.full_name]).CopyFrom(converted)
+        elif isinstance(answer.error, GatewayError):
+            error = answer.error
+            message.error.CopyFrom(
+                status_pb2.Status(code=code_of(error.kind), message=error.message)
+            )
+
+
+def _fields(message: type[Message], oneof: str) -> dict[str, str]:
+    """Message type's full name -> its field in `message`'s `oneof`."""
+    fields = message.DESCRIPTOR.oneofs_by_name[oneof].fields
+    return {f.message_type.full_name: f.name for f in fields if f.message_type is not None}

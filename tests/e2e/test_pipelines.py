@@ -1,0 +1,174 @@
+"""Pipelines end to end (docs/pipelines.md): client -> gateway -> local TF Serving -> the
+reference detector, then a reference classifier on each box's crop, with the gateway's
+example model config (serving/gateway-models.toml: `detect_then_classify`).
+
+Each attached result is checked against what the step's model answers for the same crop
+sent on its own (Classify with the crop as PNG): same classes, scores within 1e-6.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from gateway.proto.classification.v1 import classification_pb2 as cpb
+from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
+from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
+from gateway.proto.pipeline.v1 import pipeline_pb2_grpc as ppb_grpc
+from serving import scenes
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
+from tests.support.localserver import LocalServer
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_CONFIG = ROOT / "serving" / "gateway-models.toml"
+PIPELINE = "detect_then_classify"
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    reference_serving: LocalServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    config = tmp_path_factory.mktemp("pipelines") / "models.toml"
+    # The example config, plus pipelines for the per-crop rules (paths stay relative to it).
+    extra = """
+[pipelines.only_red]
+detect = "detector"
+[[pipelines.only_red.steps]]
+name = "colour"
+model = "classifier_scores"
+labels = ["red box"]
+min_size = 30
+max_crops = 1
+padding = 0.25
+
+[pipelines.missing_step]
+detect = "detector"
+[[pipelines.missing_step.steps]]
+name = "colour"
+model = "no_such_model"
+task = "classification"
+
+[pipelines.missing_required]
+detect = "detector"
+[[pipelines.missing_required.steps]]
+name = "colour"
+model = "no_such_model"
+required = true
+"""
+    text = MODEL_CONFIG.read_text().replace('label_map = "', f'label_map = "{MODEL_CONFIG.parent}/')
+    text = text.replace('labels = "', f'labels = "{MODEL_CONFIG.parent}/')
+    config.write_text(text + extra.replace('task = "classification"\n', ""))
+    args = [f"--model-config={config}"]
+    with run_gateway(reference_serving.target, args, log_dir=tmp_path_factory.mktemp("logs")) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def channel(gateway: GatewayProcess) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(gateway.target, options=CHANNEL_OPTIONS) as channel:
+        yield channel
+
+
+def _scene(seed: int = 3) -> scenes.Scene:
+    return scenes.generate_scene(np.random.default_rng(seed), 640, 480, 6, noise_sigma=4.0)
+
+
+def test_each_crop_is_classified_as_the_classifier_answers_it_alone(channel):
+    scene = _scene()
+    image = scenes.encode(scene.pixels, "PNG")
+    result = ppb_grpc.PipelineServiceStub(channel).Run(
+        ppb.RunRequest(image=image, pipeline=PIPELINE), timeout=120
+    )
+    assert result.pipeline == PIPELINE
+    assert result.WhichOneof("first") == "detections"
+    direct = pb_grpc.DetectionServiceStub(channel).Detect(
+        pb.DetectRequest(image=image, model=pb.ModelSpec(name="detector"), min_score=0.5),
+        timeout=120,
+    )
+    detections = result.detections.detections
+    assert len(detections) >= 4
+    assert [(d.label, d.box) for d in detections] == [(d.label, d.box) for d in direct.detections]
+    assert len(result.instances) == len(detections)
+    classify = cpb_grpc.ClassificationServiceStub(channel)
+    for instance, detection in zip(result.instances, detections, strict=True):
+        step = instance.steps["colour"]
+        assert (step.parent, step.step) == (instance.id, "colour")
+        box = detection.box
+        assert (step.crop.x_min, step.crop.y_min, step.crop.x_max, step.crop.y_max) == (
+            box.x_min, box.y_min, box.x_max, box.y_max,
+        )  # fmt: skip
+        crop = scene.pixels[box.y_min : box.y_max, box.x_min : box.x_max]
+        alone = classify.Classify(
+            cpb.ClassifyRequest(
+                image=scenes.encode(crop, "PNG"),
+                model=pb.ModelSpec(name="classifier_scores"),
+                top_k=3,
+            ),
+            timeout=120,
+        )
+        got = step.classes
+        assert [c.label for c in got.classes] == [c.label for c in alone.classes]
+        for a, b in zip(got.classes, alone.classes, strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-6)
+        # A solid rectangle of one palette colour is that colour.
+        assert got.classes[0].label == detection.label.removesuffix(" box")
+    (report,) = result.steps
+    assert report.name == "colour" and report.crops == len(detections) and report.failed == 0
+    assert report.model.name == "classifier_scores" and report.model.version == 1
+
+
+def test_labels_min_size_and_max_crops_skip_and_say_so(channel):
+    scene = _scene(5)
+    image = scenes.encode(scene.pixels, "PNG")
+    result = ppb_grpc.PipelineServiceStub(channel).Run(
+        ppb.RunRequest(image=image, pipeline="only_red", min_score=0.5), timeout=120
+    )
+    detections = result.detections.detections
+    (report,) = result.steps
+    skipped = {s.reason: list(s.ids) for s in report.skipped}
+    red = [i for i, d in enumerate(detections) if d.label == "red box"]
+    sides = [min(d.box.x_max - d.box.x_min, d.box.y_max - d.box.y_min) for d in detections]
+    large = [i for i in red if sides[i] >= 30]
+    # Seed 5 has four red boxes, three of them at least 30 px on each side.
+    assert len(red) == 4 and len(large) == 3
+    assert skipped["label"] == [i for i, d in enumerate(detections) if d.label != "red box"]
+    assert skipped["min_size"] == [i for i in red if i not in large]
+    assert [i for i, instance in enumerate(result.instances) if instance.steps] == large[:1]
+    assert skipped["max_crops"] == large[1:]
+    assert report.crops == 1
+    for i in large[:1]:
+        step = result.instances[i].steps["colour"]
+        box = detections[i].box
+        pad_x, pad_y = 0.25 * (box.x_max - box.x_min), 0.25 * (box.y_max - box.y_min)
+        assert step.crop.x_min == max(0, int(np.floor(box.x_min - pad_x)))
+        assert step.crop.y_max == min(480, int(np.ceil(box.y_max + pad_y)))
+
+
+def test_a_failing_step_marks_each_crop_and_the_image_is_still_answered(channel):
+    image = scenes.encode(_scene().pixels, "PNG")
+    stub = ppb_grpc.PipelineServiceStub(channel)
+    result = stub.Run(ppb.RunRequest(image=image, pipeline="missing_step"), timeout=120)
+    assert len(result.detections.detections) >= 4
+    for instance in result.instances:
+        step = instance.steps["colour"]
+        assert step.WhichOneof("result") is None
+        assert step.error.code == grpc.StatusCode.NOT_FOUND.value[0], step.error
+        assert "no_such_model" in step.error.message
+    assert result.steps[0].failed == len(result.instances)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Run(ppb.RunRequest(image=image, pipeline="missing_required"), timeout=120)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_an_unknown_pipeline_is_not_found_naming_the_ones_there_are(channel):
+    stub = ppb_grpc.PipelineServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Run(ppb.RunRequest(image=b"x", pipeline="nope"), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert PIPELINE in caught.value.details()
