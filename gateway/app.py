@@ -174,7 +174,7 @@ async def start(
         # Imported only when enabled: aiohttp adds to the footprint only when it is used.
         from gateway.frontends.http.server import HttpDoor
 
-        http = HttpDoor(settings, pipeline, bindings, readiness, jobs)
+        http = HttpDoor(settings, pipeline, bindings, readiness, jobs, cascades)
     metrics.serve(settings.metrics_port, settings.host)
     await grpc.server.start()
     await jobs.start()

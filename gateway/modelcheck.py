@@ -32,7 +32,8 @@ from gateway import errors, policy
 from gateway.api import bindings as api
 from gateway.api.task import TaskRegistry
 from gateway.config import Settings
-from gateway.core.pipeline import Pipeline, plan
+from gateway.core.pipeline import Pipeline
+from gateway.core.plans import plan
 from gateway.domain import ModelRef
 from gateway.models import ModelRegistry
 from gateway.models.rollout import RolloutConfig

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from gateway.api.task import Task
-from gateway.core.inputs import Crop
-from gateway.core.pipeline import Account, Pipeline, new_request_id
-from gateway.core.work import in_thread
+from gateway.core.crops import Crop
+from gateway.core.pipeline import Pipeline, new_request_id
+from gateway.core.work import Account, in_thread
 from gateway.domain import (
     Cost,
     Located,
@@ -131,6 +131,10 @@ class Cascades:
                 Kind.NOT_FOUND, f"the gateway has no pipeline named '{name}'; it has: {have}"
             )
         return cascade
+
+    async def run_named(self, request: Request) -> Outcome:
+        """run() for the pipeline a door's request names (its model.name)."""
+        return await self.run(request.model.name, request)
 
     async def run(self, name: str, request: Request) -> Outcome:
         """Runs pipeline `name` on `request.image` (its options: the first model's, over the

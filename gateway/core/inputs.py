@@ -1,7 +1,7 @@
 """Image bytes -> the serialized PredictRequest, in the input form the model's signature asks.
 
-The form is read once per model version (`plan_input`: the signature's single input plus the
-model config) and is the same for every task:
+The form is read once per model version (gateway.core.plans.plan_input: the signature's
+input plus the model config) and is the same for every task:
 - uint8 / float32 pixels, NHWC [N,H,W,3] or NCHW [N,3,H,W]: the decoded, EXIF-oriented RGB
   pixels, resized to the signature's fixed size (or the config's `resize`, or down to its
   `max_side`, or letterboxed on its `pad_to` canvas: gateway.core.letterbox), rescaled and
@@ -33,8 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gateway import errors
-from gateway.core.letterbox import check_pad_to, decode_letterboxed, letterbox
+from gateway.core.letterbox import decode_letterboxed
 from gateway.core.pixels import decode_into_request, normalise
 from gateway.domain import BoxTransform
 from gateway.imaging import filters, resize
@@ -46,10 +45,8 @@ from gateway.imaging.header import (
     plain_jpeg_info,
 )
 from gateway.imaging.orientation import orient_box
-from gateway.models import InputPrep
 from gateway.proto.tfswire.v1 import example_pb2
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
-from gateway.upstream.signatures import Signature
 from gateway.upstream.wire import predict_request, string_request
 
 
@@ -65,11 +62,6 @@ _PIXEL_DTYPES: dict[InputMode, tuple[np.dtype, int]] = {
     InputMode.PIXELS: (np.dtype(np.uint8), tfs.DT_UINT8),
     InputMode.FLOAT_PIXELS: (np.dtype("<f4"), tfs.DT_FLOAT),
 }
-_MODES: dict[int, InputMode] = {
-    tfs.DT_UINT8: InputMode.PIXELS,
-    tfs.DT_FLOAT: InputMode.FLOAT_PIXELS,
-}
-_DTYPE_NAMES: dict[str, int] = {"uint8": tfs.DT_UINT8, "float32": tfs.DT_FLOAT}
 
 
 @dataclass(frozen=True)
@@ -155,129 +147,6 @@ class ModelInput(NamedTuple):
     tail: int = 0
 
 
-def plan_input(signature: Signature, prep: InputPrep) -> InputPlan:
-    """The input form for `signature` with the model config's `prep`; BAD_MODEL otherwise."""
-    inputs = signature.inputs
-    what = f"model '{signature.model}' version {signature.version}"
-    if prep.name is not None and prep.name not in inputs:
-        raise errors.bad_model(
-            f"the model config says input.name = '{prep.name}' but the '{signature.name}' "
-            f"signature of {what} has no such input; it has {signature.describe()}"
-        )
-    if prep.name is None and len(inputs) > 1:
-        raise errors.bad_model(
-            f"{what} has several inputs in its '{signature.name}' signature "
-            f"({signature.describe()}); set input.name in the model config to the one that "
-            "takes the image (the others need default values in the signature)"
-        )
-    if inputs:
-        key = prep.name or next(iter(inputs))
-        spec = inputs[key]
-        shape = spec.shape
-        if spec.dtype == tfs.DT_STRING and shape is not None and len(shape) == 1:
-            if prep.scale is not None or prep.mean is not None or prep.std is not None:
-                raise errors.bad_model(
-                    f"{what} takes encoded images (input '{key}': {spec.describe()}), but the "
-                    "model config sets scale/mean/std, which are for models that take pixels"
-                )
-            if prep.resize_filter is not None:
-                raise errors.bad_model(
-                    f"{what} takes encoded images (input '{key}'), which its graph resizes: "
-                    "input.resize_filter is for models that take pixels; remove it"
-                )
-            return InputPlan(
-                key,
-                InputMode.ENCODED,
-                max_side=prep.max_side,
-                base64url=prep.string_encoding == "base64url",
-                tf_example_key=(
-                    prep.tf_example_key if prep.string_encoding == "tf_example" else None
-                ),
-            )
-        if spec.dtype in _MODES and shape is not None and len(shape) == 4:
-            if prep.string_encoding != "raw":
-                raise errors.bad_model(
-                    f"the model config says input.string_encoding = '{prep.string_encoding}' "
-                    f"but {what} takes pixels (input '{key}': {spec.describe()})"
-                )
-            return _pixel_plan(key, spec.dtype, shape, prep, what)
-    raise errors.bad_model(
-        f"{what} cannot be used by the gateway: its '{signature.name}' signature has "
-        f"{signature.describe()}; the gateway needs one image input: string [-1] of encoded "
-        "images, or uint8/float32 pixels [1,H,W,3] (NHWC) or [1,3,H,W] (NCHW)"
-    )
-
-
-def _pixel_plan(
-    key: str, dtype: int, shape: tuple[int, ...], prep: InputPrep, what: str
-) -> InputPlan:
-    shown = str(list(shape)).replace(" ", "")
-    layout = prep.layout
-    if layout is None:
-        layout = "NCHW" if shape[1] == 3 and shape[3] not in (3, -1) else "NHWC"
-    channels, height, width = (shape[3], shape[1], shape[2]) if layout == "NHWC" else shape[1:]
-    if channels not in (3, -1) or shape[0] not in (1, -1):
-        raise errors.bad_model(
-            f"{what} takes input '{key}' {shown}, which is not one RGB image in {layout} "
-            f"layout ([1,H,W,3] or [1,3,H,W]); set input.layout in the model config if the "
-            "layout is the other one"
-        )
-    if prep.dtype is not None and _DTYPE_NAMES[prep.dtype] != dtype:
-        raise errors.bad_model(
-            f"the model config says input.dtype = '{prep.dtype}' but {what} takes "
-            f"{_dtype_word(dtype)} input '{key}'"
-        )
-    mode = _MODES[dtype]
-    if mode is InputMode.PIXELS and (
-        prep.scale is not None or prep.mean is not None or prep.std is not None
-    ):
-        raise errors.bad_model(
-            f"{what} takes uint8 pixels, but the model config sets scale/mean/std, which "
-            "need a float32 input"
-        )
-    size = None
-    if prep.pad_to is not None:
-        check_pad_to(shape, layout, key, what)
-    if height > 0 and width > 0:
-        size = (width, height)
-        if prep.resize is not None and prep.resize != (height, width):
-            raise errors.bad_model(
-                f"the model config says input.resize = {list(prep.resize)} but {what} takes "
-                f"{height}x{width} images (input '{key}' {shown})"
-            )
-    elif prep.resize is not None:
-        size = (prep.resize[1], prep.resize[0])
-    elif height > 0 or width > 0:
-        raise errors.bad_model(
-            f"{what} fixes only one side of its input '{key}' {shown}; set input.resize = "
-            "[height, width] in the model config"
-        )
-    max_side = None if size is not None else prep.max_side
-    if prep.resize_filter is not None and size is None and max_side is None:
-        raise errors.bad_model(
-            f"{what} takes images of any size (input '{key}' {shown}) and the config sets no "
-            "input.resize or max_side: input.resize_filter has nothing to resize; remove it"
-        )
-    return InputPlan(
-        key,
-        mode,
-        layout=layout,
-        size=size,
-        max_side=max_side,
-        pad_to=None if prep.pad_to is None else (prep.pad_to[1], prep.pad_to[0]),
-        pad_value=prep.pad_value,
-        scale=prep.scale,
-        mean=prep.mean,
-        std=prep.std,
-        bgr=prep.channel_order == "BGR",
-        resize_filter=prep.resize_filter,
-    )
-
-
-def _dtype_word(dtype: int) -> str:
-    return "uint8" if dtype == tfs.DT_UINT8 else "float32"
-
-
 def forward_encoded(
     data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimits
 ) -> ModelInput | None:
@@ -295,7 +164,7 @@ def forward_encoded(
     transform = None
     if info.orientation != 1:
         transform = partial(orient_box, orientation=info.orientation)
-    value = _encoded_value(data, plan)
+    value = encoded_value(data, plan)
     request = string_request(envelope, plan.key, value)
     sent = (info.stored_width, info.stored_height)
     return ModelInput(
@@ -303,7 +172,7 @@ def forward_encoded(
     )
 
 
-def _encoded_value(data: bytes, plan: InputPlan) -> bytes:
+def encoded_value(data: bytes, plan: InputPlan) -> bytes:
     """The string tensor's value for encoded image `data`, as the plan says."""
     if plan.base64url:
         return base64.urlsafe_b64encode(data)
@@ -346,7 +215,7 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
         # as lossless PNG, so the model sees its exact pixels.
         scaled = pixels.shape[:2] != (info.height, info.width)
         encoded = resize.encode_jpeg(pixels) if scaled else encode_png(pixels)
-        value = _encoded_value(encoded, plan)
+        value = encoded_value(encoded, plan)
         request = string_request(envelope, plan.key, value)
         sent = (pixels.shape[1], pixels.shape[0])
         return ModelInput(
@@ -364,10 +233,10 @@ def build_input(data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimi
         info, pixels = resize.decode_within(data, limits, plan.max_side, plan.resize_filter)
     else:
         info, pixels = decode_image(data, limits)
-    return _pixels_request(pixels, plan, envelope, info.width, info.height, transform)
+    return pixels_request(pixels, plan, envelope, info.width, info.height, transform)
 
 
-def _pixels_request(
+def pixels_request(
     pixels: np.ndarray,
     plan: InputPlan,
     envelope: bytes,
@@ -398,78 +267,6 @@ def _pixels_request(
         buffer.data, width, height, transform, (sent_width, sent_height), tensor_dtype, shape,
         size,
     )  # fmt: skip
-
-
-class Crop(NamedTuple):
-    """A region of an image the gateway has decoded (a pipeline's step runs its model on it):
-    uint8 [h, w, 3] pixels as shown (a view of the image's), at (x, y) of the image, which
-    is image_width x image_height. The model's answer maps to the image's pixels."""
-
-    pixels: np.ndarray
-    x: int
-    y: int
-    image_width: int
-    image_height: int
-
-
-def crop_box(
-    box: tuple[float, float, float, float], crop: Crop, inner: BoxTransform | None
-) -> tuple[float, float, float, float]:
-    """A normalized (ymin, xmin, ymax, xmax) box of the crop (after the crop's own `inner`
-    transform, a letterbox's) as a normalized box of the image."""
-    if inner is not None:
-        box = inner(box)
-    height, width = crop.pixels.shape[:2]
-    ymin, xmin, ymax, xmax = box
-    image_height, image_width = crop.image_height, crop.image_width
-    return (
-        (crop.y + ymin * height) / image_height,
-        (crop.x + xmin * width) / image_width,
-        (crop.y + ymax * height) / image_height,
-        (crop.x + xmax * width) / image_width,
-    )
-
-
-def build_crop_input(crop: Crop, plan: InputPlan, envelope: bytes) -> ModelInput:
-    """The request for decoded pixels (a pipeline's crop): sized and prepared exactly as
-    build_input prepares an image of those pixels sent as PNG, so a step answers a crop as
-    its model answers that crop sent on its own; a string-input model gets the crop as PNG
-    (lossless), or as JPEG when the plan scales it down (as build_input does)."""
-    pixels = crop.pixels
-    height, width = pixels.shape[:2]
-    whole = (crop.x, crop.y, width, height) == (0, 0, crop.image_width, crop.image_height)
-    inner: BoxTransform | None = None
-    if plan.mode is InputMode.ENCODED:
-        sent = pixels
-        if plan.max_side is not None and max(width, height) > plan.max_side:
-            sent = resize.resize(pixels, *resize.fit_within(width, height, plan.max_side))
-            encoded = resize.encode_jpeg(sent)
-        else:
-            encoded = encode_png(np.ascontiguousarray(pixels))
-        value = _encoded_value(encoded, plan)
-        request = string_request(envelope, plan.key, value)
-        mapped: BoxTransform | None = None if whole else partial(crop_box, crop=crop, inner=None)
-        return ModelInput(
-            request, crop.image_width, crop.image_height, mapped,
-            (sent.shape[1], sent.shape[0]), tfs.DT_STRING, (1,), len(value),
-        )  # fmt: skip
-    if plan.pad_to is not None:
-        pixels, inner = letterbox(pixels, plan.pad_to, plan.pad_value)
-    elif plan.size is not None:
-        pixels = _sized(pixels, plan.size, plan.resize_filter)
-    elif plan.max_side is not None:
-        pixels = _sized(pixels, resize.fit_within(width, height, plan.max_side), plan.resize_filter)
-    transform = inner if whole else partial(crop_box, crop=crop, inner=inner)
-    return _pixels_request(pixels, plan, envelope, crop.image_width, crop.image_height, transform)
-
-
-def _sized(pixels: np.ndarray, size: tuple[int, int], resize_filter: str | None) -> np.ndarray:
-    """Pixels at `size` (width, height) as gateway.imaging.resize sizes a decoded image."""
-    if size == (pixels.shape[1], pixels.shape[0]):
-        return pixels
-    if resize_filter is not None:
-        return filters.resize_exact(pixels, *size, resize_filter)
-    return resize.resize(np.ascontiguousarray(pixels), *size)
 
 
 def _decode_into_request(

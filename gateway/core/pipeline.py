@@ -22,31 +22,28 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import lru_cache, partial
 
 from gateway import errors, metrics, tracing
 from gateway.api.task import Task, TaskRegistry
 from gateway.config import Settings
-from gateway.core.batching import BatchPlan, plan_batching
 from gateway.core.coalescer import Coalescer
+from gateway.core.crops import Crop, build_crop_input
 from gateway.core.inputs import (
-    Crop,
     InputMode,
     InputPlan,
     ModelInput,
-    build_crop_input,
     build_input,
     decodes_quickly,
     forward_encoded,
-    plan_input,
 )
-from gateway.core.ports import Limit, Policy
+from gateway.core.plans import Plan, plan
+from gateway.core.ports import Policy
 from gateway.core.record import record
-from gateway.core.work import in_thread, remaining, spent, stops
-from gateway.domain import Cost, Frame, ModelRef, Outcome, OutputError, OutputPlan, Request, Work
+from gateway.core.work import Account, in_thread, remaining, stops
+from gateway.domain import Cost, Frame, ModelRef, Outcome, OutputError, Request, Work
 from gateway.errors import GatewayError, Kind
 from gateway.imaging.header import ImageLimits, inspect_image
 from gateway.logs import BAD_OUTPUTS
@@ -79,65 +76,9 @@ Observer = Callable[
 ]
 
 
-@dataclass(frozen=True)
-class Plan:
-    """How one model version is called for one task."""
-
-    input: InputPlan
-    outputs: OutputPlan
-    batch: BatchPlan
-
-
-def plan(task: Task, signature: Signature, config: ModelConfig) -> Plan:
-    """How `signature`'s model version is called for `task` with the model's config: its
-    input, the outputs the task reads, how requests are batched; GatewayError BAD_MODEL
-    naming what cannot be served. The one planner: the pipeline (cached per version), job
-    admission and check-models use it."""
-    inputs = plan_input(signature, config.input)
-    outputs = task.output_plan(signature, config)
-    return Plan(inputs, outputs, plan_batching(signature, inputs, outputs, config.batching))
-
-
 @lru_cache(maxsize=1024)
 def _envelope(model: ModelRef, output_filter: tuple[str, ...], signature: str) -> bytes:
     return request_envelope(model, output_filter, signature)
-
-
-class Account:
-    """One call's admission to the gateway's limit (a ticket of its caller's share), and the
-    work its images were charged: one image's (Pipeline.run), or every image of a cascade's
-    tree (gateway.core.cascade), each priced before it runs."""
-
-    def __init__(self, limit: Limit, caller: str) -> None:
-        self._limit = limit
-        self._ticket = limit.acquire(caller)  # OVERLOADED: nothing taken
-        self._started = time.perf_counter()
-        self._charged: list[tuple[Cost, Work]] = []
-
-    def charge(self, cost: Cost, work: Work) -> None:
-        """Reserves one image's priced work (OVERLOADED: nothing reserved); `work` says
-        what it really took once it has run."""
-        self._limit.charge(self._ticket, cost)
-        self._charged.append((cost, work))
-
-    def release(self) -> None:
-        """The call is done: its slot and what its images did not use go back."""
-        if not self._charged:
-            self._limit.release(self._ticket, time.perf_counter() - self._started, None, None)
-            return
-        reserved = _total(cost for cost, _ in self._charged)
-        used = _total(spent(cost, work) or cost for cost, work in self._charged)
-        self._limit.release(self._ticket, time.perf_counter() - self._started, reserved, used)
-
-
-def _total(costs: Iterable[Cost]) -> Cost:
-    pixels = mask_pixels = answer_bytes = items = 0
-    for cost in costs:
-        pixels += cost.pixels
-        mask_pixels += cost.mask_pixels
-        answer_bytes += cost.answer_bytes
-        items += cost.items
-    return Cost(pixels, mask_pixels, answer_bytes, items)
 
 
 class Pipeline:
@@ -338,7 +279,7 @@ class Pipeline:
 
     async def _build_input(
         self,
-        image: bytes,
+        image: bytes | Crop,
         plan: InputPlan,
         envelope: bytes,
         timings: dict[str, float],
@@ -346,6 +287,9 @@ class Pipeline:
     ) -> ModelInput:
         started = time.perf_counter()
         try:
+            if isinstance(image, Crop):  # a pipeline's: decoded already
+                return await in_thread(self._executor, work, build_crop_input, image, plan,
+                                       envelope)  # fmt: skip
             if plan.mode is InputMode.ENCODED:
                 # Forwarding the caller's bytes needs only their header: no thread hop.
                 forwarded = forward_encoded(image, plan, envelope, self._image_limits)
@@ -358,15 +302,6 @@ class Pipeline:
             return await in_thread(
                 self._executor, work, build_input, image, plan, envelope, self._image_limits
             )
-        finally:
-            timings["decode"] += time.perf_counter() - started
-
-    async def _build_crop_input(
-        self, crop: Crop, plan: InputPlan, envelope: bytes, timings: dict[str, float], work: Work
-    ) -> ModelInput:
-        started = time.perf_counter()
-        try:
-            return await in_thread(self._executor, work, build_crop_input, crop, plan, envelope)
         finally:
             timings["decode"] += time.perf_counter() - started
 
@@ -404,14 +339,10 @@ class Pipeline:
             envelope = _envelope(model, plan.outputs.output_filter, signature.name)
             self._timeout(deadline)  # nothing is decoded for a caller whose deadline passed
             with tracing.span("decode", request.trace, model=model.name):
-                if pixels is None:
-                    model_input = await self._build_input(
-                        request.image, plan.input, envelope, timings, work
-                    )
-                else:
-                    model_input = await self._build_crop_input(
-                        pixels, plan.input, envelope, timings, work
-                    )
+                model_input = await self._build_input(
+                    request.image if pixels is None else pixels, plan.input, envelope, timings,
+                    work,
+                )  # fmt: skip
             started = time.perf_counter()
             try:
                 with (

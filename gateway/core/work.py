@@ -1,17 +1,18 @@
 """A request's work in worker threads: run there and awaited to its end (`in_thread`), turned
 into the caller's status when its deadline or its caller stopped it (`stops`), the time left
-for a TF Serving call (`remaining`), and what it really took (`spent`) for the caller's fair
-share."""
+for a TF Serving call (`remaining`), what it really took (`spent`) for the caller's fair
+share, and a call's admission with what its images were charged (`Account`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
+from gateway.core.ports import Limit
 from gateway.domain import Cost, Stopped, Work
 from gateway.errors import GatewayError, Kind
 
@@ -80,3 +81,40 @@ def spent(reserved: Cost | None, work: Work) -> Cost | None:
         min(work.answer_bytes, reserved.answer_bytes),
         reserved.items,
     )
+
+
+class Account:
+    """One call's admission to the gateway's limit (a ticket of its caller's share), and the
+    work its images were charged: one image's (Pipeline.run), or every image of a cascade's
+    tree (gateway.core.cascade), each priced before it runs."""
+
+    def __init__(self, limit: Limit, caller: str) -> None:
+        self._limit = limit
+        self._ticket = limit.acquire(caller)  # OVERLOADED: nothing taken
+        self._started = time.perf_counter()
+        self._charged: list[tuple[Cost, Work]] = []
+
+    def charge(self, cost: Cost, work: Work) -> None:
+        """Reserves one image's priced work (OVERLOADED: nothing reserved); `work` says
+        what it really took once it has run."""
+        self._limit.charge(self._ticket, cost)
+        self._charged.append((cost, work))
+
+    def release(self) -> None:
+        """The call is done: its slot and what its images did not use go back."""
+        if not self._charged:
+            self._limit.release(self._ticket, time.perf_counter() - self._started, None, None)
+            return
+        reserved = _total(cost for cost, _ in self._charged)
+        used = _total(spent(cost, work) or cost for cost, work in self._charged)
+        self._limit.release(self._ticket, time.perf_counter() - self._started, reserved, used)
+
+
+def _total(costs: Iterable[Cost]) -> Cost:
+    pixels = mask_pixels = answer_bytes = items = 0
+    for cost in costs:
+        pixels += cost.pixels
+        mask_pixels += cost.mask_pixels
+        answer_bytes += cost.answer_bytes
+        items += cost.items
+    return Cost(pixels, mask_pixels, answer_bytes, items)

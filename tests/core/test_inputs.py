@@ -12,7 +12,8 @@ import tensorflow as tf
 from PIL import Image
 from tensorflow_serving.apis import predict_pb2
 
-from gateway.core.inputs import InputMode, InputPlan, build_input, plan_input
+from gateway.core.inputs import InputMode, InputPlan, build_input
+from gateway.core.plans import plan_input
 from gateway.errors import GatewayError, Kind
 from gateway.imaging.header import ImageLimits
 from gateway.models import InputPrep

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import subprocess
 import sys
 import tomllib
@@ -30,6 +29,7 @@ from gateway.api.protojson import to_dict
 from gateway.tasks.builtin import BUILT_IN
 from serving import scenes
 from tests.support import tools
+from tests.support.answers import same
 from tests.support.gatewayproc import SERVING, GatewayProcess, run_gateway
 from tests.support.httpcalls import call, multipart, ok_status
 from tests.support.localserver import LocalServer
@@ -89,28 +89,6 @@ def unary(channel: grpc.Channel, binding: Binding, request: Any) -> Any:
         response_deserializer=binding.result_type.FromString,
     )
     return method(request, timeout=120)
-
-
-def same(got: Any, want: Any, where: str = "", tolerance: float = 1e-6) -> None:
-    """`got` is `want` but for the request id (each call has its own), float rounding
-    (MessagePack carries float32, JSON the shortest decimal of the float32, the client command
-    4 or 5 decimals) and int64 (MessagePack an integer, JSON a string)."""
-    if isinstance(want, dict):
-        assert isinstance(got, dict), where
-        keys = set(want) - {"request_id"}
-        assert set(got) - {"request_id"} == keys, f"{where}: {sorted(got)} != {sorted(want)}"
-        for key in keys:
-            same(got[key], want[key], f"{where}.{key}", tolerance)
-    elif isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), where
-        for index, (a, b) in enumerate(zip(got, want, strict=True)):
-            same(a, b, f"{where}[{index}]", tolerance)
-    elif isinstance(want, float) or isinstance(got, float):
-        assert math.isclose(got, want, rel_tol=1e-6, abs_tol=tolerance), f"{where}: {got} != {want}"
-    elif isinstance(got, int) and isinstance(want, str):
-        assert str(got) == want, f"{where}: {got!r} != {want!r}"
-    else:
-        assert got == want, f"{where}: {got!r} != {want!r}"
 
 
 def found_something(answer: dict[str, Any]) -> bool:

@@ -8,13 +8,18 @@ sent on its own (Classify with the crop as PNG): same classes, scores within 1e-
 
 from __future__ import annotations
 
+import base64
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import msgpack
 import numpy as np
 import pytest
 
+from gateway.api import protojson
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
@@ -22,6 +27,7 @@ from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 from gateway.proto.pipeline.v1 import pipeline_pb2_grpc as ppb_grpc
 from serving import scenes
+from tests.support.answers import same
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer
 
@@ -65,7 +71,8 @@ required = true
     text = text.replace('labels = "', f'labels = "{MODEL_CONFIG.parent}/')
     config.write_text(text + extra.replace('task = "classification"\n', ""))
     args = [f"--model-config={config}"]
-    with run_gateway(reference_serving.target, args, log_dir=tmp_path_factory.mktemp("logs")) as gw:
+    logs = tmp_path_factory.mktemp("logs")
+    with run_gateway(reference_serving.target, args, log_dir=logs, http=True) as gw:
         yield gw
 
 
@@ -172,3 +179,61 @@ def test_an_unknown_pipeline_is_not_found_naming_the_ones_there_are(channel):
         stub.Run(ppb.RunRequest(image=b"x", pipeline="nope"), timeout=30)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert PIPELINE in caught.value.details()
+
+
+def _curl(url: str, *args: str) -> tuple[int, bytes]:
+    """The real curl: (HTTP status, body)."""
+    done = subprocess.run(
+        ["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", *args, url],
+        capture_output=True, check=True, timeout=120,
+    )  # fmt: skip
+    body, _, status = done.stdout.rpartition(b"\n")
+    return int(status), body
+
+
+@pytest.fixture(scope="module")
+def grpc_answer(channel) -> tuple[bytes, dict]:
+    """A scene and the gRPC door's answer for it, as proto JSON."""
+    image = scenes.encode(_scene().pixels, "PNG")
+    result = ppb_grpc.PipelineServiceStub(channel).Run(
+        ppb.RunRequest(image=image, pipeline=PIPELINE, request_id="same"), timeout=120
+    )
+    return image, protojson.to_dict(result)
+
+
+def test_every_http_body_answers_as_grpc_does(gateway, grpc_answer, tmp_path):
+    image, expected = grpc_answer
+    path = tmp_path / "scene.png"
+    path.write_bytes(image)
+    url = f"{gateway.http_url}/v1/pipelines/{PIPELINE}:run"
+    raw = _curl(url, "-H", "Content-Type: image/png", "-H", "x-request-id: same",
+                "--data-binary", f"@{path}")  # fmt: skip
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"image": base64.b64encode(image).decode(), "request_id": "same"}))
+    as_json = _curl(url, "-H", "Content-Type: application/json", "--data-binary", f"@{body}")
+    form = _curl(url, "-F", f"image=@{path}", "-F", "request_id=same")
+    invocations = _curl(
+        f"{gateway.http_url}/invocations?pipeline={PIPELINE}&request_id=same",
+        "-H", "Content-Type: image/png", "--data-binary", f"@{path}",
+    )  # fmt: skip
+    for status, answer in (raw, as_json, form, invocations):
+        assert status == 200, answer
+        assert json.loads(answer) == expected
+    packed = tmp_path / "body.msgpack"
+    packed.write_bytes(msgpack.packb({"image": image, "request_id": "same", "tag": 7}))
+    status, answer = _curl(url, "-H", "Content-Type: application/msgpack",
+                           "--data-binary", f"@{packed}")  # fmt: skip
+    assert status == 200, answer
+    unpacked = msgpack.unpackb(answer)
+    assert unpacked.pop("metadata") == {"tag": 7}
+    same(unpacked, expected, "msgpack")
+
+
+def test_http_refusals_name_what_to_change(gateway):
+    url = f"{gateway.http_url}/v1/pipelines/nope:run"
+    status, answer = _curl(url, "-H", "Content-Type: image/png", "--data-binary", "x")
+    assert status == 404 and PIPELINE in json.loads(answer)["error"]["message"]
+    url = f"{gateway.http_url}/v1/pipelines/{PIPELINE}:run"
+    body = json.dumps({"image": "", "pipeline": "other"})
+    status, answer = _curl(url, "-H", "Content-Type: application/json", "--data-binary", body)
+    assert status == 400 and "path names" in json.loads(answer)["error"]["message"]

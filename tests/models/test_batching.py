@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.batching import DEFAULT_MAX_BATCH, plan_batching
-from gateway.core.inputs import plan_input
+from gateway.core.plans import plan_input
 from gateway.domain import OutputPlan
 from gateway.models import InputPrep, ModelConfigError, load_registry
 from gateway.models.batching import BatchingConfig

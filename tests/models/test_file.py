@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import built_in_tasks
 from gateway.models import (
     InputPrep,
     ModelConfigError,

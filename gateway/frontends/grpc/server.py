@@ -22,7 +22,8 @@ from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import job_servicers as jobs_door
 from gateway.frontends.grpc.health import HealthServicer, HealthStatuses
-from gateway.frontends.grpc.servicers import Drain, add_pipeline_service, add_task_services
+from gateway.frontends.grpc.pipeline_servicer import add_pipeline_service
+from gateway.frontends.grpc.servicers import Drain, add_task_services
 from gateway.jobs.control.service import JobService
 from gateway.tls import server_credentials
 

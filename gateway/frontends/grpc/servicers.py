@@ -17,21 +17,19 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.rpc import status_pb2
 
 from gateway import identity, logs, metrics
-from gateway.api import pipelines, strings
-from gateway.api.bindings import TRACE_HEADERS, Binding, Bindings, ToRequest
+from gateway.api import strings
+from gateway.api.bindings import TRACE_HEADERS, Binding, ToRequest
 from gateway.config import Settings
-from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.domain import Outcome, Request, Trace
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.grpc.status import STATUS, abort
-from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 
 log = logging.getLogger("gateway.pipeline")
 request_log = logs.RequestLog()
@@ -164,7 +162,7 @@ class Runner(Protocol):
     async def run(self, name: str, request: Request) -> Outcome: ...
 
 
-async def _unary(
+async def serve_unary(
     pipeline: Runner,
     drain: Drain,
     task: str,
@@ -198,7 +196,7 @@ async def _unary(
         drain.leave()
 
 
-async def _stream(
+async def serve_stream(
     pipeline: Runner,
     drain: Drain,
     task: str,
@@ -301,7 +299,7 @@ class TaskServicer:
 
     async def unary(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         binding = self._binding
-        return await _unary(
+        return await serve_unary(
             self._pipeline,
             self._drain,
             binding.task,
@@ -316,7 +314,7 @@ class TaskServicer:
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         binding = self._binding
-        async for result in _stream(
+        async for result in serve_stream(
             self._pipeline,
             self._drain,
             binding.task,
@@ -355,64 +353,6 @@ def add_task_services(
         server.add_registered_method_handlers(name, handlers)
         names.append(name)
     return tuple(names)
-
-
-class _Named(NamedTuple):
-    """The cascades as a Runner: the pipeline a request names (its model.name)."""
-
-    settings: Settings
-    cascades: Cascades
-
-    async def run(self, name: str, request: Request) -> Outcome:
-        return await self.cascades.run(request.model.name, request)
-
-
-class PipelineServicer:
-    """pipeline.v1.PipelineService (gateway.api.pipelines) over the cascades."""
-
-    def __init__(self, cascades: Cascades, results: pipelines.Results, drain: Drain) -> None:
-        self._runner = _Named(cascades.settings, cascades)
-        self._results = results
-        self._drain = drain
-
-    async def unary(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await _unary(
-            self._runner, self._drain, "", "Run", request, context, pipelines.to_request,
-            self._results.to_result, pipelines.check,
-        )  # fmt: skip
-
-    async def stream(
-        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for result in _stream(
-            self._runner, self._drain, "", "RunStream", request_iterator, context,
-            pipelines.to_request, self._results.to_result, self._error_result, pipelines.check,
-        ):  # fmt: skip
-            yield result
-
-    @staticmethod
-    def _error_result(error: GatewayError, request_id: str) -> Any:
-        return ppb.PipelineResult(request_id=request_id, error=to_status(error))
-
-
-def add_pipeline_service(
-    server: grpc.aio.Server, cascades: Cascades, bindings: Bindings, drain: Drain
-) -> str:
-    """Adds pipeline.v1.PipelineService; returns its full name."""
-    servicer = PipelineServicer(cascades, pipelines.Results(bindings), drain)
-    parse, serialize = ppb.RunRequest.FromString, ppb.PipelineResult.SerializeToString
-    handlers = {
-        "Run": grpc.unary_unary_rpc_method_handler(
-            servicer.unary, request_deserializer=parse, response_serializer=serialize
-        ),
-        "RunStream": grpc.stream_stream_rpc_method_handler(
-            servicer.stream, request_deserializer=parse, response_serializer=serialize
-        ),
-    }
-    name = str(pipelines.SERVICE.full_name)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-    server.add_registered_method_handlers(name, handlers)
-    return name
 
 
 def to_status(error: GatewayError) -> status_pb2.Status:

@@ -233,7 +233,8 @@ def decode_multipart(
         except UnicodeDecodeError:
             raise errors.invalid_input(f"form field {name} is not UTF-8 text") from None
     message.image = image
-    apply_query(message, fields, allow_model=True, source="form field")
+    allow_model = "model" in message.DESCRIPTOR.fields_by_name  # a pipeline's has none
+    apply_query(message, fields, allow_model=allow_model, source="form field")
     return Decoded(message)
 
 

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -23,14 +23,16 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from google.rpc import code_pb2
 
 from gateway import errors, identity, logs, metrics
-from gateway.api import strings
-from gateway.api.bindings import TRACE_HEADERS, Binding, Bindings
+from gateway.api import pipelines, strings
+from gateway.api.bindings import TRACE_HEADERS, Binding, Bindings, ToRequest
 from gateway.config import Settings
+from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline, new_request_id
-from gateway.domain import ModelRef
+from gateway.domain import Outcome, Request
 from gateway.errors import GatewayError, Kind
 from gateway.frontends.http import bodies, openapi, page
 from gateway.frontends.http.limits import BodyLimits
+from gateway.frontends.http.paths import PathModel, set_path_model
 from gateway.frontends.http.responses import (
     REQUEST_ID,
     Encoder,
@@ -44,6 +46,7 @@ from gateway.frontends.http.status import (
     not_found,
     unsupported_media_type,
 )
+from gateway.proto.pipeline.v1.pipeline_pb2 import RunRequest
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.readiness import Readiness
 
@@ -63,8 +66,11 @@ class Handlers:
         bindings: Bindings,
         readiness: Readiness,
         jobs: bool = False,
+        cascades: Cascades | None = None,
     ) -> None:
         self._settings = settings
+        self._cascades = cascades or Cascades(pipeline, {})
+        self._results = pipelines.Results(bindings)
         self._jobs = jobs  # the batch jobs routes are there (described, and on the page)
         self._pipeline = pipeline
         self._bindings = bindings
@@ -121,12 +127,47 @@ class Handlers:
     async def predict(self, binding: Binding, request: web.Request) -> web.StreamResponse:
         match = request.match_info
         path_model = PathModel(match["model"], match.get("version"), match.get("label"))
-        return await self._run(binding, request, f"POST :{binding.verb}", path_model)
+        return await self._run(self._task_call(binding), request, f"POST :{binding.verb}",
+                               path_model)  # fmt: skip
 
     async def invocations(self, request: web.Request) -> web.StreamResponse:
-        """The default model with its task (SageMaker-style hosting)."""
+        """The default model with its task (SageMaker-style hosting), or the pipeline that
+        `?pipeline=NAME` names."""
+        if "pipeline" in request.query:
+            return await self.run_pipeline(request, request.query["pipeline"], "/invocations")
         binding = self._bindings.for_task(self._pipeline.default_task())
-        return await self._run(binding, request, "POST /invocations", None)
+        return await self._run(self._task_call(binding), request, "POST /invocations", None)
+
+    async def pipeline(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/pipelines/{name}:run (gateway.core.cascade)."""
+        return await self.run_pipeline(request, request.match_info["pipeline"], ":run")
+
+    async def run_pipeline(self, request: web.Request, name: str, route: str) -> web.StreamResponse:
+        def place(message: Any, _: object) -> None:
+            if route == ":run" and message.pipeline and message.pipeline != name:
+                raise errors.invalid_input(
+                    f"the request names pipeline '{message.pipeline}' but the path names "
+                    f"'{name}'; leave it out of the body or make them the same"
+                )
+            message.pipeline = name
+
+        call = _Call(
+            RunRequest, place, pipelines.check, pipelines.to_request,
+            self._cascades.run_named, self._results.to_result,
+        )  # fmt: skip
+        return await self._run(call, request, f"POST {route}", True)
+
+    def _task_call(self, binding: Binding) -> _Call:
+        def check(message: Any) -> None:
+            strings.request(message.request_id, message.model.name, message.model.label)
+
+        def run(domain: Request) -> Awaitable[Outcome]:
+            return self._pipeline.run(binding.task, domain)
+
+        return _Call(
+            binding.request_type, self._place_model, check, binding.to_request, run,
+            binding.to_result,
+        )  # fmt: skip
 
     async def expect(self, method: str, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: a body declared over the limit, or sent by a caller the
@@ -155,8 +196,10 @@ class Handlers:
         return response
 
     async def _run(
-        self, binding: Binding, request: web.Request, method: str, path_model: PathModel | None
+        self, call: _Call, request: web.Request, method: str, path: PathModel | bool | None
     ) -> web.StreamResponse:
+        """A prediction: `path` is what the route names (the model's path; True: a
+        pipeline's; None: nothing, the body or the query may name the model)."""
         started = time.perf_counter()
         header_id = request.headers.get(REQUEST_ID, "")
         trace = tuple(
@@ -172,9 +215,9 @@ class Handlers:
             strings.trace(trace)
             caller = self._caller(request)
             self._pipeline.admits(caller)
-            decoded = await self._request_message(binding, request, body_format, path_model)
+            decoded = await self._request_message(call, request, body_format, path)
             message = decoded.message
-            strings.request(message.request_id, message.model.name, message.model.label)
+            call.check(message)
         except (GatewayError, HttpError) as exc:
             response = self._refused(method, exc, header_id, started, as_msgpack)
             if response.status in (408, 413):
@@ -182,25 +225,25 @@ class Handlers:
             return response
         request_id = message.request_id or header_id or new_request_id()
         try:
-            domain = binding.to_request(message, request_id, method, None, trace)
-            outcome = await self._pipeline.run(binding.task, domain._replace(caller=caller))
+            domain = call.to_request(message, request_id, method, None, trace)
+            outcome = await call.run(domain._replace(caller=caller))
         except GatewayError as exc:
             status = STATUS[exc.kind]
             return error_response(
                 status, exc.code, exc.message, request_id, as_msgpack, exc.retry_after
             )
-        result = binding.to_result(outcome)
+        result = call.to_result(outcome)
         return await self.encoder.result_response(result, request_id, as_msgpack, decoded.metadata)
 
     async def _request_message(
         self,
-        binding: Binding,
+        call: _Call,
         request: web.Request,
         body_format: str | None,
-        path_model: PathModel | None,
+        path: PathModel | bool | None,
     ) -> bodies.Decoded:
-        """The body read and decoded into the binding's request message, with the query's
-        options and the path's model applied."""
+        """The body read and decoded into the call's request message, with the query's
+        options and the path's model (or pipeline) applied."""
         if body_format is None:
             raise unsupported_media_type(
                 f"Content-Type {request.content_type or '(none)'} is not supported; send one "
@@ -209,15 +252,18 @@ class Handlers:
         body = await bodies.read_body(request, body_format, self._settings)
         content_type = request.headers.get("Content-Type", "")
         decoded = await bodies.decode(
-            body_format, content_type, body, binding.request_type(), self._body_limits
+            body_format, content_type, body, call.message_type(), self._body_limits
         )
         message = decoded.message
-        bodies.apply_query(message, request.query, allow_model=path_model is None)
-        if path_model is not None:
-            _set_path_model(message, path_model.ref())
+        bodies.apply_query(message, request.query, allow_model=path is None)
+        call.place(message, path)
+        return decoded
+
+    def _place_model(self, message: Any, path: PathModel | bool | None) -> None:
+        if isinstance(path, PathModel):
+            set_path_model(message, path.ref())
         elif not message.model.name:
             message.model.name = self._pipeline.default_model
-        return decoded
 
     def _caller(self, request: web.Request) -> str:
         """Who is calling (gateway.identity, the same reader as every door)."""
@@ -320,47 +366,23 @@ class Handlers:
         )
 
 
+class _Call(NamedTuple):
+    """What a prediction route runs: its request message, how the route's path goes into it
+    (`place`), the message's own strings checked (`check`), the conversions and the run."""
+
+    message_type: Callable[[], Any]
+    place: Callable[[Any, PathModel | bool | None], None]
+    check: Callable[[Any], None]
+    to_request: ToRequest
+    run: Callable[[Request], Awaitable[Outcome]]
+    to_result: Callable[[Outcome], Any]
+
+
 def _http_error(request: web.Request, error: HttpError) -> web.Response:
     request_id = strings.echoed(request.headers.get(REQUEST_ID, "")) or new_request_id()
     return error_response(
         error.status, error.code, error.message, request_id, wants_msgpack(request, False)
     )
-
-
-@dataclass(frozen=True)
-class PathModel:
-    """The model as a route's path names it (segments as text)."""
-
-    name: str
-    version: str | None
-    label: str | None
-
-    def ref(self) -> ModelRef:
-        if self.version is None:
-            return ModelRef(self.name, None, self.label)
-        try:
-            version = int(self.version)
-        except ValueError:
-            raise errors.invalid_input(
-                f"version in the path must be a whole number, got {self.version!r}; use "
-                "/labels/{label} for a version label"
-            ) from None
-        return ModelRef(self.name, version, None)
-
-
-def _set_path_model(message: bodies.ApiRequest, model: ModelRef) -> None:
-    """The path names the model; a body may repeat it but not name another."""
-    spec = message.model
-    if spec.name and spec.name != model.name:
-        raise errors.invalid_input(
-            f"the body names model '{spec.name}' but the path names '{model.name}'; "
-            "leave model out of the body or make them the same"
-        )
-    spec.name = model.name
-    if model.version is not None:
-        spec.version = model.version
-    elif model.label is not None:
-        spec.label = model.label
 
 
 def _version_status(status: tfs.ModelVersionStatus) -> dict[str, object]:

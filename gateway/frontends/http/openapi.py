@@ -8,15 +8,46 @@ routes.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from gateway.api.bindings import Binding, Bindings
+from gateway.api.bindings import Bindings
 from gateway.frontends.http import bodies, jobs_openapi
 from gateway.models import ModelRegistry
+from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 
 Field = FieldDescriptor
+
+
+class Described(Protocol):
+    """What a prediction route is described from: a binding, or the pipelines' route."""
+
+    @property
+    def request_type(self) -> Any: ...
+
+    @property
+    def result_type(self) -> Any: ...
+
+    @property
+    def options(self) -> Mapping[str, str]: ...
+
+
+class _Route(NamedTuple):
+    request_type: Any
+    result_type: Any
+    options: Mapping[str, str]
+
+
+_PIPELINES = _Route(
+    ppb.RunRequest,
+    ppb.PipelineResult,
+    {
+        "min_score": "the first model's minimum score, 0..1 (0: the pipeline's default)",
+        "max_detections": "the first model's most instances (0: the pipeline's default)",
+    },
+)
 
 _ERROR = {
     "description": "error",
@@ -40,7 +71,7 @@ _PREDICT_ERRORS = {
 }
 
 
-def _request_body(binding: Binding) -> dict[str, Any]:
+def _request_body(binding: Described) -> dict[str, Any]:
     request = binding.request_type.DESCRIPTOR.name
     binary = {"type": "string", "format": "binary"}
     return {
@@ -73,7 +104,7 @@ def _request_body(binding: Binding) -> dict[str, Any]:
 
 
 def _parameters(
-    binding: Binding, names: tuple[str, ...], model_in_query: bool
+    binding: Described, names: tuple[str, ...], model_in_query: bool
 ) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
@@ -89,6 +120,7 @@ def _parameters(
             ("model", "string", "model name (default: the gateway's default model)"),
             ("version", "integer", "model version"),
             ("label", "string", "model version label"),
+            ("pipeline", "string", "a pipeline to run instead ([pipelines.NAME])"),
         ]
     params += [
         {
@@ -113,7 +145,7 @@ def _parameters(
 
 
 def _predict(
-    binding: Binding, summary: str, names: tuple[str, ...], model_in_query: bool = False
+    binding: Described, summary: str, names: tuple[str, ...], model_in_query: bool = False
 ) -> dict[str, Any]:
     result = binding.result_type.DESCRIPTOR.name
     responses: dict[str, Any] = {
@@ -202,6 +234,16 @@ def _add_schema(descriptor: Any, schemas: dict[str, Any]) -> str:
     schema: dict[str, Any] = {"type": "object", "properties": {}}
     schemas[name] = schema
     for field in descriptor.fields:
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:  # a map: a JSON object
+            item = entry.fields_by_name["value"]
+            value = (
+                {"$ref": f"#/components/schemas/{_add_schema(item.message_type, schemas)}"}
+                if item.type == Field.TYPE_MESSAGE
+                else _scalar(item)
+            )
+            schema["properties"][field.name] = {"type": "object", "additionalProperties": value}
+            continue
         if field.type == Field.TYPE_MESSAGE:
             value = {"$ref": f"#/components/schemas/{_add_schema(field.message_type, schemas)}"}
         elif field.name == "image" and field.type == Field.TYPE_BYTES:
@@ -220,7 +262,7 @@ def _schemas(bindings: Bindings, jobs: bool) -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     for descriptor in jobs_openapi.MESSAGES if jobs else ():
         _add_schema(descriptor, schemas)
-    for binding in bindings:
+    for binding in (*bindings, _PIPELINES):
         request = schemas[_add_schema(binding.request_type.DESCRIPTOR, schemas)]
         request["required"] = ["image"]
         result = schemas[_add_schema(binding.result_type.DESCRIPTOR, schemas)]
@@ -281,6 +323,12 @@ def document(registry: ModelRegistry, bindings: Bindings, jobs: bool = False) ->
         paths[f"{base}/labels/{{label}}:{verb}"] = _predict(
             binding, f"{what} with a version label", ("model", "label")
         )
+    pipelines = ", ".join(registry.pipelines) or "none configured"
+    paths["/v1/pipelines/{pipeline}:run"] = _predict(
+        _PIPELINES,
+        f"Run a pipeline: detect, then a model on each instance's crop (configured: {pipelines})",
+        ("pipeline",),
+    )
     paths["/invocations"] = _predict(
         bindings.for_task(registry.task_of(registry.default_model)),
         f"SageMaker-style: the default model '{registry.default_model}' and its task",

@@ -150,15 +150,20 @@ def to_msgpack(
 
 
 def _native(message: Message) -> dict[str, Any]:
-    """Every field of a message as plain values; message fields, and the members of a oneof,
-    only when set (as the JSON door writes them)."""
+    """Every field of a message as plain values (a map as a map); message fields, and the
+    members of a oneof, only when set (as the JSON door writes them)."""
     out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         if field.containing_oneof is not None and not message.HasField(field.name):
             continue
         value = getattr(message, field.name)
         if field.type == Field.TYPE_MESSAGE:
-            if field.is_repeated:
+            entry_type = field.message_type
+            if entry_type is not None and entry_type.GetOptions().map_entry:  # a map
+                entry = entry_type.fields_by_name["value"]
+                nested = entry.type == Field.TYPE_MESSAGE
+                out[field.name] = {k: _native(v) if nested else v for k, v in value.items()}
+            elif field.is_repeated:
                 out[field.name] = [_native(item) for item in value]
             elif message.HasField(field.name):
                 out[field.name] = _native(value)

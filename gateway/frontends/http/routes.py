@@ -2,7 +2,9 @@
 
     POST /v1/models/{model}[/versions/{n} | /labels/{label}]:{verb}   one per binding
                                (:detect, :classify)
-    POST /invocations          the default model with its task (SageMaker-style hosting)
+    POST /v1/pipelines/{name}:run   a pipeline: detect, then a model on each crop
+    POST /invocations          the default model with its task (SageMaker-style hosting), or
+                               ?pipeline=NAME
     GET  /ping                 200 {} while the default model is AVAILABLE, else 503
     GET  /v1/models/{model}[/versions/{n} | /labels/{label}]   TF Serving's model status
     GET  /v1/models/{model}/rollout   the model's canary and shadow, and what they counted
@@ -49,6 +51,12 @@ def register_routes(
         expect = partial(handlers.expect, f"POST :{binding.verb}")
         for path in MODEL_PATHS:
             add("POST", f"{path}:{binding.verb}", predict, expect_handler=expect)
+    add(
+        "POST",
+        f"/v1/pipelines/{{pipeline:{SEGMENT}}}:run",
+        handlers.pipeline,
+        expect_handler=partial(handlers.expect, "POST :run"),
+    )
     add(
         "POST",
         "/invocations",

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gateway.api.bindings import Bindings
 from gateway.config import Settings
+from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.http.handlers import Handlers
 from gateway.frontends.http.job_handlers import JobHandlers
@@ -32,9 +33,12 @@ class HttpDoor:
         bindings: Bindings,
         readiness: Readiness,
         jobs: JobService | None = None,
+        cascades: Cascades | None = None,
     ) -> None:
         self._settings = settings
-        self.handlers = Handlers(settings, pipeline, bindings, readiness, jobs is not None)
+        self.handlers = Handlers(
+            settings, pipeline, bindings, readiness, jobs is not None, cascades
+        )
         job_handlers = JobHandlers(settings, jobs) if jobs is not None else None
         self._runner: web.AppRunner | None = None
         self.port = 0

@@ -62,9 +62,9 @@ def test_openapi_describes_exactly_the_server_s_routes() -> None:
         (method.upper(), path) for path, item in document["paths"].items() for method in item
     }
     assert routes == described
-    # 3 prediction routes per task (latest, version, label), /invocations, /ping, 3 status,
-    # rollout, spec, page
-    assert len(routes) == 3 * len(BUILT_IN) + 8
+    # 3 prediction routes per task (latest, version, label), pipelines, /invocations, /ping,
+    # 3 status, rollout, spec, page
+    assert len(routes) == 3 * len(BUILT_IN) + 9
 
 
 def test_openapi_parameters_match_the_path_templates() -> None:

@@ -62,7 +62,9 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
     routes, document, html = asyncio.run(build())
     described = {(m.upper(), path) for path, item in document["paths"].items() for m in item}
     assert routes == described
-    jobs_routes = {r for r in routes if "/v1/models" not in r[1] and r[1].startswith("/v1/")}
+    jobs_routes = {
+        r for r in routes if r[1].startswith(("/v1/uploads", "/v1/batchJobs", "/v1/operations"))
+    }
     assert jobs_routes == {
         ("POST", "/v1/uploads"),
         ("POST", "/v1/batchJobs"),
