@@ -30,12 +30,14 @@ from PIL import Image
 
 from gateway import errors, policy
 from gateway.api import bindings as api
+from gateway.api import pipelines
 from gateway.api.task import TaskRegistry
 from gateway.config import Settings
+from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline
 from gateway.core.plans import plan
 from gateway.domain import ModelRef
-from gateway.models import ModelRegistry
+from gateway.models import ModelConfigError, ModelRegistry
 from gateway.models.rollout import RolloutConfig
 from gateway.policy.rollout import ModelRollout
 from gateway.proto.detection.v1 import detection_pb2 as pb
@@ -79,8 +81,79 @@ def _signature(signature: Signature) -> dict[str, Any]:
 
 
 def models_to_check(registry: ModelRegistry) -> list[str]:
-    """Every model of the model config, and the default model."""
-    return sorted({*registry.models, registry.default_model})
+    """Every model of the model config, the default model and the pipelines' models."""
+    named = {p.detect for p in registry.pipelines.values()} | {
+        step.model for p in registry.pipelines.values() for step in p.steps
+    }
+    return sorted({*registry.models, registry.default_model, *named})
+
+
+@dataclass
+class PipelineReport:
+    """What the gateway makes of one configured pipeline ([pipelines.NAME])."""
+
+    pipeline: str
+    steps: list[dict[str, Any]]  # the first model, then each step: model, task, rules
+    error: str | None = None
+    trial: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+async def check_pipeline(
+    name: str, pipeline: Pipeline, models: Mapping[str, ModelReport]
+) -> PipelineReport:
+    """A pipeline checked against the tasks and its models' reports, then run on the trial
+    image; its error names what to change."""
+    config = pipeline.registry.pipelines[name]
+    registry = pipeline.registry
+    steps: list[dict[str, Any]] = [
+        {"step": "first", "model": config.detect, "task": registry.task_of(config.detect),
+         **config.options}
+    ]  # fmt: skip
+    for step in config.steps:
+        rules = {"labels": sorted(step.labels) if step.labels else "all",
+                 "padding": step.padding, "min_size": step.min_size,
+                 "max_crops": step.max_crops, "required": step.required}  # fmt: skip
+        steps.append({"step": step.name, "model": step.model,
+                      "task": registry.task_of(step.model), **rules, **step.options})  # fmt: skip
+    report = PipelineReport(name, steps)
+    try:
+        cascades = Cascades(pipeline, {name: config})
+    except ModelConfigError as e:
+        report.error = str(e)
+        return report
+    bad = [m["model"] for m in steps if not models[m["model"]].ok]
+    if bad:
+        report.error = f"its models {', '.join(bad)} cannot be served (see their reports)"
+        return report
+    request = pipelines.request(trial_image(), name, {}, TRIAL_REQUEST_ID, "CheckModels", None, ())
+    try:
+        outcome = await cascades.run(name, request)
+    except errors.GatewayError as e:
+        report.error = f"the trial failed ({e.kind.code}): {e.message}"
+        return report
+    tree = outcome.result
+    report.trial = {
+        "instances": len(tree.attached),
+        "steps": {s.name: {"crops": s.crops, "failed": s.failed} for s in tree.steps},
+    }
+    return report
+
+
+def render_pipeline(report: PipelineReport) -> str:
+    status = "OK" if report.ok else "CANNOT BE SERVED"
+    lines = [f"pipeline '{report.pipeline}': {status}"]
+    for step in report.steps:
+        shown = ", ".join(f"{k} = {v}" for k, v in step.items() if k != "step")
+        lines.append(f"  {step['step']}: {shown}")
+    if report.trial is not None:
+        lines.append(f"  trial on the generated image: {json.dumps(report.trial)}")
+    if report.error is not None:
+        lines.append(f"  reason: {report.error}")
+    return "\n".join(lines)
 
 
 async def plan_model(
@@ -261,7 +334,7 @@ def _rollout_line(rollout: Mapping[str, Any]) -> str:
 
 async def check(
     settings: Settings, registry: ModelRegistry, tasks: TaskRegistry
-) -> list[ModelReport]:
+) -> tuple[list[ModelReport], list[PipelineReport]]:
     client = TFServingClient(settings)
     executor = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     try:
@@ -274,8 +347,10 @@ async def check(
             if report.ok:
                 await trial(pipeline, tasks.bindings, report)
             reports.append(report)
+        by_model = {report.model: report for report in reports}
+        cascades = [await check_pipeline(name, pipeline, by_model) for name in registry.pipelines]
         await pipeline.shadows.drain()  # a trial's copy to a shadow candidate, if any
-        return reports
+        return reports, cascades
     finally:
         await client.close()
         executor.shutdown(wait=False)
@@ -284,22 +359,30 @@ async def check(
 def report(settings: Settings, registry: ModelRegistry, tasks: TaskRegistry, as_json: bool) -> int:
     """Checks every model and prints the reports; returns the exit status (1: a model
     cannot be served)."""
-    reports = asyncio.run(check(settings, registry, tasks))
+    reports, cascades = asyncio.run(check(settings, registry, tasks))
+    ok = all(r.ok for r in reports) and all(c.ok for c in cascades)
     if as_json:
         document = {
             "upstream": settings.upstream,
-            "ok": all(r.ok for r in reports),
+            "ok": ok,
             "models": [
                 {k: v for k, v in asdict(r).items() if k != "fields"} | {"ok": r.ok}
                 for r in reports
             ],
+            "pipelines": [asdict(c) | {"ok": c.ok} for c in cascades],
         }
         print(json.dumps(document, indent=2))
     else:
-        print("\n\n".join(render(r) for r in reports))
+        print("\n\n".join([*(render(r) for r in reports), *map(render_pipeline, cascades)]))
         bad = [r.model for r in reports if not r.ok]
         print(
             f"\n{len(reports) - len(bad)} of {len(reports)} models can be served"
             + (f"; not: {', '.join(bad)}" if bad else "")
         )
-    return 0 if all(r.ok for r in reports) else 1
+        if cascades:
+            bad = [c.pipeline for c in cascades if not c.ok]
+            print(
+                f"{len(cascades) - len(bad)} of {len(cascades)} pipelines can be served"
+                + (f"; not: {', '.join(bad)}" if bad else "")
+            )
+    return 0 if ok else 1

@@ -127,7 +127,7 @@ def test_the_client_command_over_http_calls_the_given_task(
 
 def test_check_models_tries_the_given_task(served: Served) -> None:
     registry = load_models(served.settings, served.tasks)
-    reports = asyncio.run(modelcheck.check(served.settings, registry, served.tasks))
+    reports, _ = asyncio.run(modelcheck.check(served.settings, registry, served.tasks))
     (report,) = reports
     assert (report.model, report.task, report.ok) == (MODEL, "vectors", True), report.error
     assert report.trial is not None and report.trial["summary"], report

@@ -244,7 +244,7 @@ def test_a_batch_of_classifications_scores_each_image_as_it_scores_alone(
 
 def test_check_models_says_which_models_batch_and_why(tfs: LocalServer, tmp_path: Path) -> None:
     settings = Settings(upstream=tfs.target)
-    reports = asyncio.run(modelcheck.check(settings, registry(tmp_path), built_in_tasks()))
+    reports, _ = asyncio.run(modelcheck.check(settings, registry(tmp_path), built_in_tasks()))
     plans = {r.model: r.batching for r in reports}
     assert all(r.ok for r in reports), [r.error for r in reports]
     assert plans["detector"] == {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,9 +38,7 @@ PIPELINE = "detect_then_classify"
 
 
 @pytest.fixture(scope="module")
-def gateway(
-    reference_serving: LocalServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
+def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = tmp_path_factory.mktemp("pipelines") / "models.toml"
     # The example config, plus pipelines for the per-crop rules (paths stay relative to it).
     extra = """
@@ -70,6 +69,13 @@ required = true
     text = MODEL_CONFIG.read_text().replace('label_map = "', f'label_map = "{MODEL_CONFIG.parent}/')
     text = text.replace('labels = "', f'labels = "{MODEL_CONFIG.parent}/')
     config.write_text(text + extra.replace('task = "classification"\n', ""))
+    return config
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    reference_serving: LocalServer, config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     args = [f"--model-config={config}"]
     logs = tmp_path_factory.mktemp("logs")
     with run_gateway(reference_serving.target, args, log_dir=logs, http=True) as gw:
@@ -237,3 +243,48 @@ def test_http_refusals_name_what_to_change(gateway):
     body = json.dumps({"image": "", "pipeline": "other"})
     status, answer = _curl(url, "-H", "Content-Type: application/json", "--data-binary", body)
     assert status == 400 and "path names" in json.loads(answer)["error"]["message"]
+
+
+def _check_models(upstream: str, config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "check-models", f"--upstream={upstream}",
+         f"--model-config={config}"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+
+
+def test_check_models_shows_each_pipeline_and_what_stops_one(reference_serving, config):
+    done = _check_models(reference_serving.target, config)
+    assert done.returncode == 1, done.stderr  # missing_step names a model TF Serving lacks
+    out = done.stdout
+    assert f"pipeline '{PIPELINE}': OK" in out
+    assert "colour: model = classifier_scores, task = classification" in out
+    assert "pipeline 'missing_step': CANNOT BE SERVED" in out
+    assert "reason: its models no_such_model cannot be served" in out
+    assert "2 of 4 pipelines can be served; not: missing_step, missing_required" in out
+
+
+def test_check_models_refuses_a_pipeline_its_tasks_cannot_run(reference_serving, tmp_path, config):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        config.read_text()
+        + """
+[pipelines.backwards]
+detect = "classifier_scores"
+[[pipelines.backwards.steps]]
+name = "boxes"
+model = "detector"
+
+[pipelines.wrong_option]
+detect = "detector"
+[[pipelines.wrong_option.steps]]
+name = "colour"
+model = "classifier_scores"
+max_detections = 3
+"""
+    )
+    out = _check_models(reference_serving.target, bad).stdout
+    assert "pipeline 'backwards': CANNOT BE SERVED" in out
+    assert "detect = 'classifier_scores' is a classification model, which finds no instances" in out
+    assert "pipeline 'wrong_option': CANNOT BE SERVED" in out
+    assert "max_detections is not an option of task classify" in out

@@ -357,7 +357,7 @@ def test_check_models_shows_the_rollout_and_refuses_a_candidate_tf_serving_lacks
         tasks = built_in_tasks()
         registry = load_registry(path, "detector", tasks=tasks.config_readers)
         settings = Settings(upstream=tfs.target)
-        (report,) = asyncio.run(modelcheck.check(settings, registry, tasks))
+        (report,), _ = asyncio.run(modelcheck.check(settings, registry, tasks))
         return report
 
     report = check(
