@@ -288,3 +288,20 @@ max_detections = 3
     assert "detect = 'classifier_scores' is a classification model, which finds no instances" in out
     assert "pipeline 'wrong_option': CANNOT BE SERVED" in out
     assert "max_detections is not an option of task classify" in out
+
+
+def test_run_stream_answers_in_order_with_per_image_errors(channel):
+    image = scenes.encode(_scene().pixels, "PNG")
+    requests = [
+        ppb.RunRequest(image=image, pipeline=PIPELINE, request_id="a"),
+        ppb.RunRequest(image=b"\x89PNG broken", pipeline=PIPELINE, request_id="b"),
+        ppb.RunRequest(image=image, pipeline=PIPELINE, request_id="d", max_detections=2),
+    ]
+    results = list(ppb_grpc.PipelineServiceStub(channel).RunStream(iter(requests), timeout=120))
+    assert [r.request_id for r in results] == ["a", "b", "d"]
+    assert len(results[0].instances) >= 4 and results[0].steps[0].crops == len(results[0].instances)
+    assert results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    # A request's options are the first model's: fewer instances, each still classified.
+    kept = results[2].detections.detections
+    assert len(results[2].instances) == len(kept) == 2
+    assert all(instance.steps["colour"].classes.classes for instance in results[2].instances)
