@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from gateway.core.inputs import InputMode, InputPlan, build_input
-from gateway.core.plans import plan_input
 from gateway.core.letterbox import content_size, decode_letterboxed, unletterbox
+from gateway.core.plans import plan_input
 from gateway.domain import ModelRef
 from gateway.errors import GatewayError
 from gateway.imaging.header import ImageLimits
