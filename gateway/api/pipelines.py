@@ -25,6 +25,8 @@ from gateway.errors import GatewayError
 from gateway.proto.detection.v1 import detection_pb2 as dpb
 from gateway.proto.pipeline.v1 import pipeline_pb2 as pb
 
+# The task a pipeline's call is recorded under (the payload log's one event per tree).
+TASK = "pipeline"
 # RunRequest's fields that are the first model's options (0: the pipeline's default).
 OPTIONS = ("min_score", "max_detections")
 SERVICE = pb.DESCRIPTOR.services_by_name["PipelineService"]

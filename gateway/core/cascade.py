@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gateway.api.pipelines import TASK
 from gateway.api.task import Task
 from gateway.core.crops import Crop
 from gateway.core.pipeline import Pipeline, new_request_id
@@ -138,9 +139,29 @@ class Cascades:
 
     async def run(self, name: str, request: Request) -> Outcome:
         """Runs pipeline `name` on `request.image` (its options: the first model's, over the
-        pipeline's defaults); GatewayError for the image or a required step's failure."""
-        cascade = self.get(name)
+        pipeline's defaults); GatewayError for the image or a required step's failure. The
+        pipeline's observers (the payload log) are told of the whole tree once, as task
+        gateway.api.pipelines.TASK; its images are counted and logged one by one."""
+        started = time.perf_counter()
         request_id = request.request_id or new_request_id()
+        outcome: Outcome | None = None
+        failure: GatewayError | None = None
+        try:
+            outcome = await self._run(self.get(name), request, request_id)
+            return outcome
+        except GatewayError as exc:
+            failure = exc
+            raise
+        except asyncio.CancelledError:
+            failure = GatewayError(Kind.CANCELLED, "the call was cancelled")
+            raise
+        finally:
+            seconds = time.perf_counter() - started
+            for observe in self._pipeline.observers:
+                observe(TASK, request, request_id, ModelRef(name), outcome, failure, seconds)
+
+    async def _run(self, cascade: Cascade, request: Request, request_id: str) -> Outcome:
+        name = cascade.config.name
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
         account = self._pipeline.admit(request.caller)
         try:
@@ -160,6 +181,7 @@ class Cascades:
                 ),
                 account=account,
                 pixels=Crop(pixels, 0, 0, width, height),
+                observe=False,
             )  # fmt: skip
             instances = cascade.first.instances(first.result) or ()
             attached: list[dict[str, StepAnswer]] = [{} for _ in instances]

@@ -1,4 +1,5 @@
-"""One logged image as one CloudEvents 1.0 event: what was asked and what was answered.
+"""One logged image as one CloudEvents 1.0 event: what was asked and what was answered (for a
+pipeline, task "pipeline": the whole tree as pipeline.v1's PipelineResult, in one event).
 
 One event per image, holding both the request and the response. KServe's logger sends a
 request event and a response event sharing one `id`; CloudEvents requires `source` + `id`
@@ -36,10 +37,11 @@ import random
 import socket
 import string
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from gateway.api import pipelines
 from gateway.api.bindings import Bindings
 from gateway.api.protojson import to_dict
 from gateway.core.record import trace_id_of
@@ -88,8 +90,14 @@ def event(record: Record, bindings: Bindings) -> dict[str, Any]:
     if record.full_image:
         image["data"] = base64.b64encode(request.image).decode("ascii")
     asked = record.model or request.model
-    options: dict[str, Any] = getattr(request.options, "_asdict", dict)()
-    binding = bindings.for_task(record.task)
+    if record.task == pipelines.TASK:  # a pipeline's tree: its options are a dict already
+        options: dict[str, Any] = dict(request.options)
+        names: Iterable[str] = pipelines.OPTIONS
+        to_result: Callable[[Outcome], Any] = pipelines.Results(bindings).to_result
+    else:
+        options = getattr(request.options, "_asdict", dict)()
+        binding = bindings.for_task(record.task)
+        names, to_result = binding.options, binding.to_result
     trace = dict(request.trace)
     data_request = {
         "method": request.method or record.task,
@@ -97,12 +105,12 @@ def event(record: Record, bindings: Bindings) -> dict[str, Any]:
         "trace_id": trace_id_of(request.trace) or None,
         "caller": request.caller,
         "model": {"name": asked.name, "version": asked.version, "label": asked.label},
-        "options": {name: options[name] for name in binding.options if name in options},
+        "options": {name: options[name] for name in names if name in options},
         "image": image,
     }
     response: dict[str, Any] = {"code": record.code}
     if outcome is not None:
-        response["result"] = to_dict(binding.to_result(outcome))
+        response["result"] = to_dict(to_result(outcome))
         response["model"] = {"name": outcome.model_name, "version": outcome.model_version}
     else:
         response["error"] = {"code": record.code, "message": record.message}

@@ -38,6 +38,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.api import pipelines
 from gateway.api.bindings import Bindings
 from gateway.jobs.runner import storage
 from gateway.paylog.events import SPECVERSION, TYPE
@@ -221,6 +222,8 @@ def _add(
         digest = str(image["sha256"])
     except (KeyError, TypeError):
         return "the event lacks data.request, data.response or their fields"
+    if task == pipelines.TASK:
+        return "a pipeline's event: batch jobs do not run pipelines yet"
     try:
         binding = bindings.for_task(task)
     except KeyError:

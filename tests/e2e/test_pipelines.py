@@ -12,6 +12,8 @@ import base64
 import json
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,8 +78,10 @@ required = true
 def gateway(
     reference_serving: LocalServer, config: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    args = [f"--model-config={config}"]
     logs = tmp_path_factory.mktemp("logs")
+    (logs / "paylog.toml").write_text("[default]\nrate = 1.0\n")
+    args = [f"--model-config={config}", f"--payload-log={logs / 'payloads.jsonl'}",
+            f"--payload-log-config={logs / 'paylog.toml'}"]  # fmt: skip
     with run_gateway(reference_serving.target, args, log_dir=logs, http=True) as gw:
         yield gw
 
@@ -305,3 +309,40 @@ def test_run_stream_answers_in_order_with_per_image_errors(channel):
     kept = results[2].detections.detections
     assert len(results[2].instances) == len(kept) == 2
     assert all(instance.steps["colour"].classes.classes for instance in results[2].instances)
+
+
+def test_the_payload_log_holds_one_event_with_the_whole_tree(channel, gateway):
+    image = scenes.encode(_scene().pixels, "PNG")
+    answer = ppb_grpc.PipelineServiceStub(channel).Run(
+        ppb.RunRequest(image=image, pipeline=PIPELINE, request_id="logged-tree", min_score=0.6),
+        timeout=120,
+    )
+    log = gateway.log_path.parent / "payloads.jsonl"
+    deadline = time.monotonic() + 60
+    while True:  # the log is written by a thread of its own, after the answer
+        events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        mine = [e for e in events if e["requestid"].startswith("logged-tree")]
+        if mine or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    (event,) = mine  # one event for the tree: none for the first model or a crop
+    assert (event["task"], event["subject"], event["code"]) == ("pipeline", PIPELINE, "OK")
+    data = event["data"]
+    assert data["request"]["options"] == {"min_score": pytest.approx(0.6)}
+    assert data["response"]["result"] == protojson.to_dict(answer)
+
+
+def test_each_step_is_counted_under_its_own_method(channel, gateway):
+    image = scenes.encode(_scene().pixels, "PNG")
+    answer = ppb_grpc.PipelineServiceStub(channel).Run(
+        ppb.RunRequest(image=image, pipeline=PIPELINE), timeout=120
+    )
+    url = f"http://127.0.0.1:{gateway.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    step = f'method="Pipeline {PIPELINE}/colour"'
+    requests = [line for line in text.splitlines() if line.startswith("vision_gateway_requests_")]
+    counted = [line for line in requests if step in line and 'code="OK"' in line]
+    assert counted and float(counted[0].rsplit(" ", 1)[1]) >= answer.steps[0].crops
+    # Each crop's request log line names it, under the call's request id.
+    lines = [r for r in gateway.records() if r.get("method") == f"Pipeline {PIPELINE}/colour"]
+    assert any(r["request_id"] == f"{answer.request_id}-colour-0" for r in lines)
