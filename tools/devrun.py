@@ -186,7 +186,8 @@ def _banner(args: argparse.Namespace, models: list[str], samples: dict[str, Path
     scene, shapes = samples["scene"], samples["shapes"]
     return f"""
 ready:
-  gateway (detection, classification, instance segmentation, keypoints, embedding over gRPC)
+  gateway (detection, classification, instance segmentation, keypoints, embedding and the
+  pipeline detect_then_classify over gRPC)
                                             {target}
   models                                    {", ".join(models)}
   local TF Serving (gRPC)                   localhost:{args.serving_port}
@@ -215,6 +216,10 @@ try:
 
   # embedding (HTTP)
   curl -s -H 'Content-Type: image/jpeg' --data-binary @{scene} '{http}/v1/models/embedder:embed'
+
+  # pipeline: detect, then classify each box's crop (HTTP)
+  curl -s -H 'Content-Type: image/jpeg' --data-binary @{scene} \\
+    '{http}/v1/pipelines/detect_then_classify:run'
 
   # or open {http}/ and drop a picture on the page
 

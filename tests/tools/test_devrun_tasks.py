@@ -130,13 +130,19 @@ def test_every_banner_command_answers(make_run: MakeRun) -> None:
         "instance segmentation",
         "keypoints",
         "embedding",
+        "pipeline: detect, then classify each box's crop",
     ]
+    boxes = len(scenes.sample_scene().boxes)
     expect = {
-        "detection": lambda a: len(a["detections"]) == len(scenes.sample_scene().boxes),
+        "detection": lambda a: len(a["detections"]) == boxes,
         "classification": lambda a: len(a["classes"]) > 0,
         "instance segmentation": lambda a: len(a["instances"]) == 4,
         "keypoints": lambda a: len(a["instances"]) == 4,
         "embedding": lambda a: len(a["embedding"]) == 48,
+        "pipeline: detect, then classify each box's crop": lambda a: (
+            len(a["instances"]) == len(a["detections"]["detections"]) == boxes
+            and all(i["steps"]["colour"]["classes"]["classes"] for i in a["instances"])
+        ),
     }
     for task, command in commands.items():
         run = subprocess.run(
