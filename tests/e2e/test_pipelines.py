@@ -346,3 +346,44 @@ def test_each_step_is_counted_under_its_own_method(channel, gateway):
     # Each crop's request log line names it, under the call's request id.
     lines = [r for r in gateway.records() if r.get("method") == f"Pipeline {PIPELINE}/colour"]
     assert any(r["request_id"] == f"{answer.request_id}-colour-0" for r in lines)
+
+
+def _work_units(gateway: GatewayProcess) -> float:
+    """Work units the gateway has counted to its callers (all of them)."""
+    url = f"http://127.0.0.1:{gateway.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    lines = [
+        ln for ln in text.splitlines() if ln.startswith("vision_gateway_caller_work_units_total")
+    ]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def test_the_whole_tree_is_charged_to_the_caller(channel, gateway):
+    image = scenes.encode(_scene().pixels, "PNG")
+    before = _work_units(gateway)
+    pb_grpc.DetectionServiceStub(channel).Detect(
+        pb.DetectRequest(image=image, model=pb.ModelSpec(name="detector"), min_score=0.5),
+        timeout=120,
+    )
+    detect = _work_units(gateway) - before
+    answer = ppb_grpc.PipelineServiceStub(channel).Run(
+        ppb.RunRequest(image=image, pipeline=PIPELINE), timeout=120
+    )
+    tree = _work_units(gateway) - before - detect
+    crops = sum(
+        (s.crop.x_max - s.crop.x_min) * (s.crop.y_max - s.crop.y_min) / 1e6
+        for instance in answer.instances
+        for s in instance.steps.values()
+    )
+    # The picture decoded for the crops, the first model's image (as Detect's), each crop.
+    assert tree >= detect + 640 * 480 / 1e6 + crops - 1e-6
+
+
+def test_a_caller_cannot_make_a_pipeline_cut_more_than_its_model_allows(channel):
+    stub = ppb_grpc.PipelineServiceStub(channel)
+    image = scenes.encode(_scene().pixels, "PNG")
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Run(ppb.RunRequest(image=image, pipeline=PIPELINE, max_detections=100_000),
+                 timeout=60)  # fmt: skip
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_detections" in refused.value.details()
