@@ -19,13 +19,14 @@ keypoints a step finds are in the caller's pixels (the crop's transform maps the
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.api.pipelines import TASK
+from gateway.api.pipelines import OPTIONS, TASK
 from gateway.api.task import Task
 from gateway.core.crops import Crop
 from gateway.core.pipeline import Pipeline, new_request_id
@@ -46,6 +47,8 @@ from gateway.imaging.decode import decode_image
 from gateway.imaging.header import ImageLimits, inspect_image
 from gateway.models import ModelConfigError
 from gateway.models.pipelines import PipelineConfig, StepConfig
+
+log = logging.getLogger("gateway.pipeline")
 
 # Crops of one request in flight at once: enough to fill a batching model's Predicts, few
 # enough that one request's crops queue behind the decode threads' other work, not before it.
@@ -78,7 +81,7 @@ def check_pipelines(
     for name, config in configs.items():
         where = f"[pipelines.{name}]"
         first = pipeline.tasks[registry.task_of(config.detect)]
-        if not first.finds_instances:
+        if not first.finds_instances or not set(OPTIONS) <= set(first.binding.options):
             raise ModelConfigError(
                 f"{where} detect = '{config.detect}' is a {first.name} model, which finds no "
                 "instances to crop; name a detection, instance_segmentation or keypoints model"
@@ -155,6 +158,12 @@ class Cascades:
         except asyncio.CancelledError:
             failure = GatewayError(Kind.CANCELLED, "the call was cancelled")
             raise
+        except Exception:  # a bug: logged with its traceback, answered as the pipeline does
+            log.exception("unexpected error", extra={"fields": {"request_id": request_id}})
+            failure = GatewayError(
+                Kind.INTERNAL, f"internal error in the gateway; quote request id {request_id}"
+            )
+            raise failure from None
         finally:
             seconds = time.perf_counter() - started
             for observe in self._pipeline.observers:
