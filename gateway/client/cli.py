@@ -1,12 +1,15 @@
-"""`python -m gateway.client` / `detection-client`: run a task on images, one JSON line each.
+"""`python -m gateway.client` / `detection-client`: run a task, or a pipeline, on images, one
+JSON line each.
 
     python -m gateway.client IMAGE... --target localhost:50051 [--task classify] [--model NAME]
                              [--stream] [--tls --ca-file CA.pem ...] [--draw OUT.png]
     python -m gateway.client IMAGE... --http http://localhost:8080 [--task classify] ...
+    python -m gateway.client IMAGE... --pipeline NAME [--min-score S] [--max-detections K] ...
 
 Each line is the result (or the error) of one image; `--draw` also writes the image with its
-result drawn on it, as its task draws it (boxes and labels, masks, keypoints, top classes).
-The tasks and their option flags come from the bindings (gateway.api.bindings).
+result drawn on it, as its task draws it (boxes and labels, masks, keypoints, top classes); a
+pipeline's as its first step's task draws it, with a caption per step under each instance's
+label. The tasks and their option flags come from the bindings (gateway.api.bindings).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +26,68 @@ import grpc
 
 from gateway.api.arguments import add_option_arguments, add_tls_arguments, tls_from_args
 from gateway.api.bindings import Bindings
-from gateway.client.drawing import draw, draw_path
+from gateway.api.pipelines import OPTIONS as PIPELINE_OPTIONS
+from gateway.client.drawing import draw, draw_path, draw_pipeline
 from gateway.client.http_client import HttpCallError, HttpClient
 from gateway.client.messages import result_dict
-from gateway.client.stubs import TaskClient
+from gateway.client.stubs import GatewayClient, TaskClient
 from gateway.tasks.builtin import BUILT_IN
+
+Call = Callable[..., Any]
+Stream = Callable[..., Iterator[Any]]
 
 
 def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> int:
+    parser = _parser(bindings)
+    args = parser.parse_args(argv)
+    if args.http and args.stream:
+        parser.error("--stream is gRPC only (the HTTP door takes one image per request)")
+    verb = args.task or bindings.verbs[0]
+    painter: Callable[[bytes, dict[str, Any], Path], None]
+    if args.pipeline:
+        fields = _pipeline_fields(parser, args, bindings)
+        painter = partial(draw_pipeline, bindings=bindings)
+    else:
+        binding = bindings.for_verb(verb)
+        if args.draw and binding.draw is None:
+            parser.error(f"task {binding.verb} has no drawing; leave out --draw")
+        fields = {"model": args.model, "version": args.version, "label": args.label}
+        fields.update({name: getattr(args, name) for name in binding.options})
+        painter = partial(draw, binding=binding)
+
+    def report(index: int, path: Path, image: bytes, result: Any) -> bool:
+        line = result_dict(result)
+        print(json.dumps({"image": str(path), **line}))
+        if args.draw and "error" not in line:
+            try:
+                painter(image, line, draw_path(args.draw, index, len(args.images)))
+            except ValueError as exc:  # an answer of a task these bindings do not know
+                print(f"cannot draw {path}: {exc}", file=sys.stderr)
+                return True
+        return "error" in line
+
+    if args.http:
+        http = HttpClient(args.http, timeout=args.timeout, task=verb, bindings=bindings)
+        call = partial(http.run_pipeline, pipeline=args.pipeline) if args.pipeline else http.call
+        return _main_http(args, call, fields, report)
+    tls = tls_from_args(args)
+    client: GatewayClient | TaskClient
+    if args.pipeline:
+        client = GatewayClient(args.target, bindings=bindings, timeout=args.timeout, tls=tls)
+        call = partial(client.run_pipeline, pipeline=args.pipeline)
+        stream: Stream = partial(client.run_pipeline_stream, pipeline=args.pipeline)
+    else:
+        client = TaskClient(args.target, binding, timeout=args.timeout, tls=tls)
+        call, stream = client.call, client.stream
+    with client:
+        return _main_grpc(args, call, stream, fields, report)
+
+
+def _parser(bindings: Bindings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gateway.client",
-        description=f"Run a task ({', '.join(bindings.verbs)}) on images.",
+        description=f"Run a task ({', '.join(bindings.verbs)}), or a pipeline of the gateway's "
+        "model config, on images.",
     )
     parser.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
     parser.add_argument("--target", default="localhost:50051", help="gateway host:port (gRPC)")
@@ -41,7 +96,16 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
         metavar="URL",
         help="call the HTTP door at URL (e.g. http://localhost:8080) instead of gRPC",
     )
-    parser.add_argument("--task", choices=bindings.verbs, default=bindings.verbs[0])
+    parser.add_argument(
+        "--task", choices=bindings.verbs, help=f"the task to run (default: {bindings.verbs[0]})"
+    )
+    parser.add_argument(
+        "--pipeline",
+        metavar="NAME",
+        help="run the gateway's pipeline NAME ([pipelines.NAME] of its model config) instead of "
+        "a task: the first model's instances, each with what the steps found in its crop; "
+        f"options: {', '.join('--' + o.replace('_', '-') for o in PIPELINE_OPTIONS)}",
+    )
     parser.add_argument("--model", default="", help="model name (default: the gateway's)")
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--version", type=int, help="model version")
@@ -54,66 +118,77 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
         type=Path,
         metavar="OUT.png",
         help="write the image with its result drawn (boxes and labels, masks, keypoints, top "
-        "classes, ...); with several "
-        "images OUT-0.png, OUT-1.png, ...",
+        "classes, ...; a pipeline's steps as captions under each instance's label); with "
+        "several images OUT-0.png, OUT-1.png, ...",
     )
     add_tls_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.http and args.stream:
-        parser.error("--stream is gRPC only (the HTTP door takes one image per request)")
-    binding = bindings.for_verb(args.task)
-    if args.draw and binding.draw is None:
-        parser.error(f"task {binding.verb} has no drawing; leave out --draw")
-    fields: dict[str, Any] = {"model": args.model, "version": args.version, "label": args.label}
-    fields.update({name: getattr(args, name) for name in binding.options})
+    return parser
 
-    def report(index: int, path: Path, image: bytes, result: Any) -> bool:
-        line = result_dict(result)
-        print(json.dumps({"image": str(path), **line}))
-        if args.draw and "error" not in line:
-            draw(image, line, draw_path(args.draw, index, len(args.images)), binding)
-        return "error" in line
 
-    if args.http:
-        return _main_http(args, fields, report, bindings)
-    client = TaskClient(args.target, binding, timeout=args.timeout, tls=tls_from_args(args))
+def _pipeline_fields(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, bindings: Bindings
+) -> dict[str, Any]:
+    """A pipeline run's fields: the first model's options; a task, a model or another task
+    option is refused (the pipeline's config names its models and the steps' options)."""
+    named = [flag for flag, value in (("--task", args.task), ("--model", args.model),
+             ("--version", args.version), ("--label", args.label)) if value]  # fmt: skip
+    options = {name for binding in bindings for name in binding.options}
+    named += [
+        "--" + name.replace("_", "-")
+        for name in sorted(options - set(PIPELINE_OPTIONS))
+        if getattr(args, name)
+    ]
+    if named:
+        parser.error(
+            f"{', '.join(named)} cannot go with --pipeline: the pipeline's config names its "
+            "models and its steps' options; a run takes "
+            f"{' and '.join('--' + o.replace('_', '-') for o in PIPELINE_OPTIONS)}"
+        )
+    return {name: getattr(args, name, 0) for name in PIPELINE_OPTIONS}
+
+
+def _main_grpc(
+    args: argparse.Namespace,
+    call: Call,
+    stream: Stream,
+    fields: dict[str, Any],
+    report: Callable[[int, Path, bytes, Any], bool],
+) -> int:
     failed = 0
-    with client:
-        try:
-            if args.stream:
-                blobs = [path.read_bytes() for path in args.images]
-                results = client.stream(iter(blobs), **fields)
-                for index, (path, image, result) in enumerate(
-                    zip(args.images, blobs, results, strict=True)
-                ):
-                    failed += report(index, path, image, result)
-            else:
-                for index, path in enumerate(args.images):
-                    image = path.read_bytes()
-                    try:
-                        result = client.call(image, **fields)
-                    except grpc.RpcError as exc:
-                        failed += 1
-                        error = {"code": exc.code().name, "message": exc.details()}
-                        print(json.dumps({"image": str(path), "error": error}))
-                        continue
-                    failed += report(index, path, image, result)
-        except grpc.RpcError as exc:
-            print(json.dumps({"error": {"code": exc.code().name, "message": exc.details()}}))
-            return 1
-        except OSError as exc:
-            print(f"cannot read image: {exc}", file=sys.stderr)
-            return 2
+    try:
+        if args.stream:
+            blobs = [path.read_bytes() for path in args.images]
+            results: Iterable[Any] = stream(iter(blobs), **fields)
+            for index, (path, image, result) in enumerate(
+                zip(args.images, blobs, results, strict=True)
+            ):
+                failed += report(index, path, image, result)
+        else:
+            for index, path in enumerate(args.images):
+                image = path.read_bytes()
+                try:
+                    result = call(image, **fields)
+                except grpc.RpcError as exc:
+                    failed += 1
+                    error = {"code": exc.code().name, "message": exc.details()}
+                    print(json.dumps({"image": str(path), "error": error}))
+                    continue
+                failed += report(index, path, image, result)
+    except grpc.RpcError as exc:
+        print(json.dumps({"error": {"code": exc.code().name, "message": exc.details()}}))
+        return 1
+    except OSError as exc:
+        print(f"cannot read image: {exc}", file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 
 def _main_http(
     args: argparse.Namespace,
+    call: Call,
     fields: dict[str, Any],
     report: Callable[[int, Path, bytes, Any], bool],
-    bindings: Bindings,
 ) -> int:
-    client = HttpClient(args.http, timeout=args.timeout, task=args.task, bindings=bindings)
     failed = 0
     for index, path in enumerate(args.images):
         try:
@@ -122,7 +197,7 @@ def _main_http(
             print(f"cannot read image: {exc}", file=sys.stderr)
             return 2
         try:
-            result = client.call(image, **fields)
+            result = call(image, **fields)
         except HttpCallError as exc:
             failed += 1
             error = {"code": exc.code, "message": exc.message, "http_status": exc.status}

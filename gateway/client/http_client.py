@@ -1,6 +1,6 @@
 """The gateway's HTTP door from Python, with urllib: the raw image as the body, options in
 the query, the proto3 JSON result parsed back into the same messages as the gRPC stubs
-return."""
+return (a task's result, or a pipeline's PipelineResult)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from gateway.api.bindings import Bindings
+from gateway.api.pipelines import OPTIONS
+from gateway.client.pipelines import pipeline_request
+from gateway.proto.pipeline.v1 import pipeline_pb2 as pb
 from gateway.tasks.builtin import BUILT_IN
 
 
@@ -63,19 +66,35 @@ class HttpClient:
         **options: Any,
     ) -> Any:
         """One image; raises HttpCallError with the gateway's error code and message."""
+        body = self._post(self.path(model, version, label), image, options)
+        return json_format.Parse(body, self._binding.result_type(), ignore_unknown_fields=True)
+
+    def run_pipeline(
+        self, image: bytes, pipeline: str, *, request_id: str = "", **options: Any
+    ) -> pb.PipelineResult:
+        """One image through the gateway's pipeline `pipeline` (POST
+        /v1/pipelines/{name}:run; options: the first model's min_score and max_detections);
+        its pipeline.v1 PipelineResult. HttpCallError as call()."""
+        message = pipeline_request(image, pipeline, request_id=request_id, **options)
+        fields = {name: getattr(message, name) for name in (*OPTIONS, "request_id")}
+        path = "/v1/pipelines/" + urllib.parse.quote(pipeline, safe="") + ":run"
+        body = self._post(path, image, fields)
+        return json_format.Parse(body, pb.PipelineResult(), ignore_unknown_fields=True)
+
+    def _post(self, path: str, image: bytes, options: dict[str, Any]) -> bytes:
+        """The raw image to `path` with the options set (not 0 or empty) in the query; the
+        answer's body."""
         query = urllib.parse.urlencode({name: value for name, value in options.items() if value})
-        url = self.url + self.path(model, version, label) + (f"?{query}" if query else "")
         request = urllib.request.Request(
-            url,
+            self.url + path + (f"?{query}" if query else ""),
             data=image,
             headers={"Content-Type": "application/octet-stream", "Accept": "application/json"},
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                body = response.read()
+                return bytes(response.read())
         except urllib.error.HTTPError as exc:
             raise HttpCallError.from_response(exc.code, exc.read()) from None
-        return json_format.Parse(body, self._binding.result_type(), ignore_unknown_fields=True)
 
 
 class HttpCallError(Exception):

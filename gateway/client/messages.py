@@ -14,6 +14,7 @@ from gateway.api.bindings import Binding, model_spec
 # Fields a result's dict starts with, in this order; the task's own fields follow.
 _LEADING = ("request_id", "model", "image_width", "image_height")
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+_STATUS = "google.rpc.Status"
 
 
 def task_request(
@@ -31,14 +32,13 @@ def task_request(
 
 
 def result_dict(result: Any) -> dict[str, Any]:
-    """A result message as plain data: request_id, model, image size, then the task's fields
-    (every field present, a message field when set: the HTTP door's fields); scores rounded
-    to 4 decimals, normalized coordinates to 5. A result whose `error` is set becomes its
-    request_id and the error."""
+    """A result message (a task's, or a pipeline's PipelineResult) as plain data: request_id,
+    model, image size, then the task's fields (every field present, a message field when set:
+    the HTTP door's fields; a map as an object); scores rounded to 4 decimals, normalized
+    coordinates to 5; a google.rpc.Status inside (a pipeline step's failed crop) as its code's
+    name and message. A result whose `error` is set becomes its request_id and the error."""
     if result.HasField("error"):
-        error = result.error
-        code = _CODE_NAMES.get(error.code, grpc.StatusCode.UNKNOWN.name)
-        return {"request_id": result.request_id, "error": {"code": code, "message": error.message}}
+        return {"request_id": result.request_id, "error": _status(result.error)}
     fields = result.DESCRIPTOR.fields_by_name
     names = [name for name in _LEADING if name in fields]
     names += [
@@ -51,8 +51,16 @@ def result_dict(result: Any) -> dict[str, Any]:
     }
 
 
+def _status(status: Any) -> dict[str, str]:
+    code = _CODE_NAMES.get(status.code, grpc.StatusCode.UNKNOWN.name)
+    return {"code": code, "message": status.message}
+
+
 def _value(message: Message, field: FieldDescriptor) -> Any:
     value = getattr(message, field.name)
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        entry = field.message_type.fields_by_name["value"]
+        return {key: _single(message, entry, value[key]) for key in sorted(value)}
     if field.is_repeated:
         return [_single(message, field, item) for item in value]
     return _single(message, field, value)
@@ -60,11 +68,14 @@ def _value(message: Message, field: FieldDescriptor) -> Any:
 
 def _single(message: Message, field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        # Every field, but only the member of a oneof that is set (as proto3 JSON writes it).
+        if value.DESCRIPTOR.full_name == _STATUS:
+            return _status(value)
+        # Every field, but a message (or a oneof's member) only when set, as proto3 JSON
+        # writes it.
         return {
             inner.name: _value(value, inner)
             for inner in value.DESCRIPTOR.fields
-            if inner.containing_oneof is None or value.HasField(inner.name)
+            if not inner.has_presence or value.HasField(inner.name)
         }
     if field.type == FieldDescriptor.TYPE_BYTES:  # base64, as proto3 JSON writes bytes
         return base64.b64encode(value).decode("ascii")

@@ -11,6 +11,8 @@ from typing import Any
 from gateway.api.bindings import Binding, Bindings
 from gateway.api.channel import DEFAULT_MAX_MESSAGE_BYTES, open_channel, task_methods
 from gateway.client.messages import task_request
+from gateway.client.pipelines import pipeline_request
+from gateway.proto.pipeline.v1 import pipeline_pb2_grpc as ppb_grpc
 from gateway.tasks.builtin import BUILT_IN
 from gateway.tls import TLS
 
@@ -48,7 +50,9 @@ class GatewayClient(_Channel):
     `client.call(verb, image, **fields)` and `client.stream(verb, images, **fields)`, or by
     the task's verb: `client.detect(image, min_score=0.4)`, `client.segment(image)`,
     `client.classify_stream(images)`, ... (fields: model, version, label, request_id and the
-    task's options). Raises grpc.RpcError on failure."""
+    task's options); a pipeline of its model config by `client.run_pipeline(image, name,
+    min_score=0.4)` and `client.run_pipeline_stream(images, name)`. Raises grpc.RpcError on
+    failure."""
 
     def __init__(
         self,
@@ -62,6 +66,7 @@ class GatewayClient(_Channel):
         super().__init__(target, timeout, max_message_bytes, tls)
         self.bindings = bindings
         self._tasks: dict[str, TaskClient] = {}
+        self._pipeline_stub: ppb_grpc.PipelineServiceStub | None = None
 
     def _task(self, verb: str) -> TaskClient:
         task = self._tasks.get(verb)
@@ -77,6 +82,26 @@ class GatewayClient(_Channel):
         """Streams images (e.g. video frames) through the task `verb`; yields results in the
         same order (a result with `error` set for an image that failed on its own)."""
         return self._task(verb).stream(images, **fields)
+
+    def run_pipeline(self, image: bytes, pipeline: str, **fields: Any) -> Any:
+        """One encoded image through the gateway's pipeline `pipeline` ([pipelines.NAME] of
+        its model config; fields: request_id, and the first model's min_score and
+        max_detections); its pipeline.v1 PipelineResult."""
+        request = pipeline_request(image, pipeline, **fields)
+        return self._pipelines().Run(request, timeout=self.timeout)
+
+    def run_pipeline_stream(
+        self, images: Iterable[bytes], pipeline: str, **fields: Any
+    ) -> Iterator[Any]:
+        """Streams images through the pipeline; yields PipelineResults in the same order (one
+        with `error` set for an image that failed on its own)."""
+        requests = (pipeline_request(image, pipeline, **fields) for image in images)
+        yield from self._pipelines().RunStream(requests, timeout=self.timeout)
+
+    def _pipelines(self) -> ppb_grpc.PipelineServiceStub:
+        if self._pipeline_stub is None:
+            self._pipeline_stub = ppb_grpc.PipelineServiceStub(self._channel)
+        return self._pipeline_stub
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         verb = name.removesuffix("_stream")

@@ -36,11 +36,16 @@ class Sketch:
             width=self.line_width,
         )
 
-    def label(self, text: str, left_x: float, top_y: float) -> None:
-        """`text` in white on the colour, above (left_x, top_y), or below it at the top edge."""
+    def label(self, text: str, left_x: float, top_y: float, under: int = 0) -> None:
+        """`text` in white on the colour, above (left_x, top_y), or below it at the top edge;
+        `under` = n: on the nth line under that label (what a pipeline's steps attached to
+        an instance, under the instance's own label)."""
         left, top, right, bottom = self.canvas.textbbox((0, 0), text, font=self.font)
         height = bottom - top + 4
         above = top_y - height if top_y - height >= 0 else top_y
+        if under:
+            line = self.text_size + 6  # a label's height for any text, and a gap of 2
+            above = (top_y - line if top_y - line >= 0 else top_y) + under * line
         self.canvas.rectangle(
             (left_x, above, left_x + right - left + 6, above + height), fill=DRAW_COLOUR
         )

@@ -2,7 +2,8 @@
 page: the `browser` fixture (module scope; skipped, saying why, when chromium is not
 installed: `make pytest` installs it as root), one tab per `with_page` call, the `Page`
 calls the tests need, and `show_result`: the page drawing a given result over a given image,
-its canvas read back; `run_page`: the gateway's page run on an image, read back the same way.
+its canvas read back; `run_page`: the gateway's page run on an image, read back the same way
+(`read`: what the page shows now, e.g. after `Page.pick_file`).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ _READ = """({state: document.body.dataset.state, status: $("status").textContent
 _SHOW = """(async () => {
   const blob = await (await fetch(%s)).blob();
   document.body.dataset.state = "done";
-  try { await show(%s, %s, blob); }
+  try { await %s; }
   catch (error) {
     status(String(error.message || error), true);
     document.body.dataset.state = "error";
@@ -161,25 +162,38 @@ def _shown(read: dict[str, Any]) -> Shown:
 
 
 async def show_result(
-    page: Page, url: str, verb: str, result: Any, image: bytes, mime: str = "image/png"
+    page: Page, url: str, verb: str | None, result: Any, image: bytes, mime: str = "image/png"
 ) -> Shown:
     """Opens the page at `url` and has it draw `result` of the task route `verb` over `image`,
     as it does with an answer of the gateway (the page's `show`), then reads the canvas
-    back."""
+    back. verb=None: `result` is a pipeline's answer (the page's `showPipeline`)."""
     await page.open(url)
     data = json.dumps(f"data:{mime};base64," + base64.b64encode(image).decode())
-    return _shown(await page.evaluate(_SHOW % (data, json.dumps(verb), json.dumps(result), _READ)))
+    answer = json.dumps(result)
+    call = f"show({json.dumps(verb)}, {answer}, blob)" if verb else f"showPipeline({answer}, blob)"
+    return _shown(await page.evaluate(_SHOW % (data, call, _READ)))
 
 
 async def run_page(
-    page: Page, gateway_url: str, model: str, image: bytes, mime: str, **options: str
+    page: Page,
+    gateway_url: str,
+    model: str,
+    image: bytes,
+    mime: str,
+    picker: str = "model",
+    **options: str,
 ) -> Shown:
     """The gateway's page run on `image` with `model` and the task's `options` filled in
-    (`/?model=...&image=data:...&top_k=...`), as a person would see it once it is done (or
-    failed)."""
+    (`/?model=...&image=data:...&top_k=...`; picker="pipeline": `model` is a pipeline's
+    name, `/?pipeline=...`), as a person would see it once it is done (or failed)."""
     data = f"data:{mime};base64,{base64.b64encode(image).decode()}"
-    query = urllib.parse.urlencode({"model": model, "image": data, **options})
+    query = urllib.parse.urlencode({picker: model, "image": data, **options})
     await page.run(f"{gateway_url}/?{query}")
+    return await read(page)
+
+
+async def read(page: Page) -> Shown:
+    """What the page shows now: its state, status line, rows, JSON and canvas."""
     return _shown(await page.evaluate(_READ))
 
 

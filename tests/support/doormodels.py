@@ -1,7 +1,8 @@
 """Two models of an in-process TF Serving (tests/support/fakeserving.py) and the model config
 that serves them, for tests of the doors and the client over tests/support/doors.py: `detector`
 (OD API outputs: one box over the centre half of the image, class 1, "a box") and `colours` (a
-classifier: each channel's share of the image's mean colour, labels red, green, blue)."""
+classifier: each channel's share of the image's mean colour, labels red, green, blue), and
+pipelines of them (PIPELINES, given to write_model_config)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,19 @@ label_map = "label_map.pbtxt"
 task = "classification"
 labels = "colours.txt"
 top_k = 3
+"""
+# Pipelines over them (docs/pipelines.md), for the client's tests: each box's colour, and a
+# step whose model TF Serving lacks (each crop then fails on its own: NOT_FOUND).
+PIPELINES = """
+[pipelines.box_colours]
+detect = "detector"
+[[pipelines.box_colours.steps]]
+name = "colour"
+model = "colours"
+top_k = 2
+[[pipelines.box_colours.steps]]
+name = "missing"
+model = "no_such_model"
 """
 
 
@@ -59,9 +73,9 @@ def models() -> list[FakeModel]:
     ]
 
 
-def write_model_config(directory: Path) -> Path:
+def write_model_config(directory: Path, pipelines: str = "") -> Path:
     (directory / "label_map.pbtxt").write_text("item { id: 1 name: 'box' display_name: 'a box' }\n")
     (directory / "colours.txt").write_text("\n".join(COLOURS) + "\n")
     path = directory / "models.toml"
-    path.write_text(MODEL_CONFIG)
+    path.write_text(MODEL_CONFIG + pipelines)
     return path

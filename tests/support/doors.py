@@ -27,6 +27,7 @@ from gateway.api import bindings as api
 from gateway.api.task import TaskRegistry
 from gateway.app import built_in_tasks, load_models
 from gateway.config import Settings
+from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.grpc import server as grpc_door
 from gateway.frontends.http.server import HttpDoor
@@ -129,13 +130,17 @@ class InProcessDoors:
             self._tasks,
             policy.build(self.settings, registry),
         )
-        self._grpc = grpc_door.build(self.settings, self.pipeline, self._bindings)
+        # The model config's pipelines ([pipelines.NAME]), on both doors as gateway.app serves them.
+        cascades = Cascades(self.pipeline, registry.pipelines)
+        self._grpc = grpc_door.build(self.settings, self.pipeline, self._bindings, None, cascades)
         await self._grpc.statuses.start()
         self.readiness = Readiness(
             self._client, registry.default_model, self.settings.health_interval, None
         )
         self.readiness.subscribe(self._grpc.statuses.on_readiness)
-        self._http = HttpDoor(self.settings, self.pipeline, self._bindings, self.readiness)
+        self._http = HttpDoor(
+            self.settings, self.pipeline, self._bindings, self.readiness, None, cascades
+        )
         await self._grpc.server.start()
         self.grpc_port = self._grpc.port
         self.http_port = await self._http.start()

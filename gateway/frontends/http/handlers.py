@@ -355,7 +355,9 @@ class Handlers:
 
     async def page(self, request: web.Request) -> web.StreamResponse:
         return web.Response(
-            body=page.render(self._pipeline.registry, self._bindings, self._jobs).encode(),
+            body=page.render(
+                self._pipeline.registry, self._bindings, self._jobs, self._cascades.cascades
+            ).encode(),
             content_type="text/html",
             charset="utf-8",
             headers={

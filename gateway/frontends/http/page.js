@@ -1,6 +1,8 @@
 // The page's own script (gateway/frontends/http/page.py says what it is and the renderers'
-// contract). Before it: MODELS {model: task}, VERBS {task: verb}, DEFAULT_MODEL, BOX (the first
-// colour) and RENDERERS {verb: async (result, view) => ...}, one per task with a page.js.
+// contract). Before it: MODELS {model: task}, VERBS {task: verb}, OPTIONS {verb: inputs},
+// PIPELINES {name: {detect, verb, steps, options}}, ANSWERS (where a pipeline's answer holds the
+// tasks' answers), DEFAULT_MODEL, BOX (the first colour) and RENDERERS {verb: async (result,
+// view) => ...}, one per task with a page.js.
 const $ = (id) => document.getElementById(id);
 const select = $("model");
 for (const [name, task] of Object.entries(MODELS)) {
@@ -10,6 +12,28 @@ for (const [name, task] of Object.entries(MODELS)) {
   option.selected = name === DEFAULT_MODEL;
   select.appendChild(option);
 }
+// Pipelines are picked in the same list; their values cannot be a model's (a model's name
+// holds no ":", the HTTP route's separator).
+const PIPELINE = "pipeline:";
+if (Object.keys(PIPELINES).length) {
+  const group = document.createElement("optgroup");
+  group.label = "Pipelines";
+  for (const [name, pipeline] of Object.entries(PIPELINES)) {
+    const steps = pipeline.steps.map((step) => step.name + " (" + step.model + ")");
+    group.appendChild(new Option(name + ": " + pipeline.detect + ", then " + steps.join(", "),
+                                 PIPELINE + name));
+  }
+  select.appendChild(group);
+}
+// The pipeline picked, or null for a model.
+function pickedPipeline() {
+  return select.value.startsWith(PIPELINE) ? select.value.slice(PIPELINE.length) : null;
+}
+function pickedOptions() {
+  const pipeline = pickedPipeline();
+  return pipeline === null ? OPTIONS[VERBS[MODELS[select.value]]] || []
+                           : PIPELINES[pipeline].options;
+}
 // The chosen model's task options (OPTIONS[verb]: name, kind, description, choices): an
 // input each, empty for the model's default; values typed in are kept by name across models.
 const typed = {};
@@ -17,7 +41,7 @@ function showOptions() {
   const span = $("options");
   for (const input of span.querySelectorAll("[name]")) typed[input.name] = input.value;
   span.textContent = "";
-  for (const option of OPTIONS[VERBS[MODELS[select.value]]] || []) {
+  for (const option of pickedOptions()) {
     let input;
     if (option.kind === "choice") {
       input = document.createElement("select");
@@ -41,7 +65,7 @@ function showOptions() {
 // {name: value} of the options filled in, numbers as numbers.
 function chosenOptions() {
   const values = {};
-  for (const option of OPTIONS[VERBS[MODELS[select.value]]] || []) {
+  for (const option of pickedOptions()) {
     const input = $("option-" + option.name);
     if (!input || input.value === "") continue;
     values[option.name] = option.kind === "text" ? input.value : Number(input.value);
@@ -137,9 +161,74 @@ async function generic(result, view) {
 }
 // Draws `blob` (the image as a viewer shows it: EXIF applied, as the gateway sees it), then
 // `result` over it with the renderer of `verb`.
+async function show(verb, result, blob) {
+  await paint(result, blob, (view) => (RENDERERS[verb] || generic)(result, view));
+}
+// A pipeline's answer: the first step's answer drawn by its task's renderer, then under each
+// instance's label a caption per step that attached a result to it, in the steps' order.
+async function showPipeline(result, blob) {
+  await paint(result, blob, async (view) => {
+    const field = Object.keys(ANSWERS.first).find((name) => result[name]);
+    if (!field) throw new Error("the pipeline's answer holds no first step's answer to draw");
+    const [verb, listed] = ANSWERS.first[field];
+    const first = result[field];
+    await (RENDERERS[verb] || generic)(first, view);
+    const found = listed ? first[listed] || [] : [];
+    const order = (result.steps || []).map((step) => step.name);
+    const line = view.size + 6;
+    for (const instance of result.instances || []) {
+      const id = instance.id || 0;
+      const box = (found[id] || {}).box;
+      const steps = instance.steps || {};
+      const texts = order.filter((name) => steps[name]).map((name) => caption(name, steps[name]));
+      if (!box || !texts.length) continue;
+      // On the lines under the task's own label (above the box, or inside it at the top edge).
+      const top = box.y_min - line >= 0 ? box.y_min - line : box.y_min;
+      texts.forEach((text, k) => {
+        view.drawLabel(text, box.x_min, top + (k + 1) * line + view.size + 4, view.colour(id));
+      });
+      const row = view.row("#" + id + " " + found[id].label + ": " + texts.join(", "));
+      row.style.borderLeft = "0.8em solid " + view.colour(id);
+      row.style.paddingLeft = "4px";
+    }
+    const steps = (result.steps || []).map((step) => {
+      const model = step.model ? " by " + view.served(step) : "";
+      const skipped = (step.skipped || []).map((s) => s.count + " skipped (" + s.reason + ")");
+      return [step.name + ": " + (step.crops || 0) + " crops" + model,
+              ...(step.failed ? [step.failed + " failed"] : []), ...skipped].join(", ");
+    });
+    status("Pipeline " + result.pipeline + ": " + $("status").textContent + "; " +
+           steps.join("; "));
+  });
+}
+// gRPC's status codes by number, as google.rpc.Status carries them.
+const CODES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+               "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+               "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+               "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"];
+// One attached result as a caption (the client's --draw writes the same: gateway/client/
+// pipelines.py): "step: <top label> <score>" for an answer listing labelled items (and +N
+// more found), "step: N values" for a vector, "step: none", or a failed crop's code.
+function caption(name, attached) {
+  if (attached.error) return name + ": " + (CODES[attached.error.code || 0] || "failed");
+  const field = ANSWERS.steps.find((f) => attached[f]);
+  let labelled = null, numbers = null;
+  for (const value of Object.values(field ? attached[field] : {})) {
+    if (!Array.isArray(value) || !value.length) continue;
+    if (!labelled && typeof value[0] === "object" && "label" in value[0]) labelled = value;
+    else if (!numbers && typeof value[0] === "number") numbers = value;
+  }
+  if (labelled) {
+    const top = labelled[0];
+    const more = "box" in top && labelled.length > 1 ? " +" + (labelled.length - 1) : "";
+    return name + ": " + top.label + " " + (top.score ?? 0).toFixed(2) + more;
+  }
+  return name + ": " + (numbers ? numbers.length + " values" : "none");
+}
+// The image, then what `draw(view)` draws over it; the JSON below.
 // A format the gateway reads but this browser cannot show (TIFF in most) gets a blank canvas
 // of the result's size.
-async function show(verb, result, blob) {
+async function paint(result, blob, draw) {
   $("raw").textContent = JSON.stringify(result, null, 2);
   $("rows").textContent = "";
   let image = null;
@@ -159,22 +248,25 @@ async function show(verb, result, blob) {
     ctx.fillStyle = "#e0e0e0";
     ctx.fillRect(0, 0, width, height);
   }
-  await (RENDERERS[verb] || generic)(result, makeView(ctx, width, height));
+  await draw(makeView(ctx, width, height));
   if (!image) {
     status($("status").textContent + " (this browser cannot show the image: drawn on a blank)");
   }
 }
 async function run(blob) {
   document.body.dataset.state = "running";
+  const pipeline = pickedPipeline();
   const model = select.value;
   const verb = VERBS[MODELS[model]];
   const params = new URLSearchParams();
   for (const [name, value] of Object.entries(chosenOptions())) params.set(name, String(value));
-  status("Running " + model + " ...");
+  status("Running " + (pipeline ?? model) + " ...");
   $("rows").textContent = "";
+  const route = pipeline === null ? "/v1/models/" + encodeURIComponent(model) + ":" + verb
+                                  : "/v1/pipelines/" + encodeURIComponent(pipeline) + ":run";
   try {
     const response = await fetch(
-      "/v1/models/" + encodeURIComponent(model) + ":" + verb + "?" + params,
+      route + "?" + params,
       {method: "POST", body: blob, headers: {
         "Content-Type": blob.type || "application/octet-stream", "Accept": "application/json"}});
     const text = await response.text();
@@ -186,7 +278,8 @@ async function run(blob) {
       const error = result.error || {};
       throw new Error((error.code || "HTTP " + response.status) + ": " + error.message);
     }
-    await show(verb, result, blob);
+    if (pipeline === null) await show(verb, result, blob);
+    else await showPipeline(result, blob);
     document.body.dataset.state = "done";
   } catch (error) {
     status(String(error.message || error), true);
@@ -200,7 +293,10 @@ select.addEventListener("change", () => {
 });
 const query = new URLSearchParams(location.search);
 if (query.get("model")) select.value = query.get("model");
-for (const [name, value] of query) if (name !== "model" && name !== "image") typed[name] = value;
+if (query.get("pipeline")) select.value = PIPELINE + query.get("pipeline");
+for (const [name, value] of query) {
+  if (!["model", "pipeline", "image"].includes(name)) typed[name] = value;
+}
 showOptions();
 if (query.get("image")) {
   fetch(query.get("image")).then((r) => r.blob()).then(run).catch((error) => {

@@ -41,19 +41,29 @@ contract of a page.js:
 
 A binding without a page.js gets the generic renderer: the status line names the model and the
 JSON, pretty-printed, is all there is to see.
+
+The gateway's pipelines ([pipelines.NAME], docs/pipelines.md) are in the same picker: the page
+posts the image to `/v1/pipelines/{name}:run` with the run's options, draws the first step's
+answer with its task's renderer, and under each instance's label a caption of each result the
+steps attached to it (`colour: red 0.97`, a failed crop's code). `/?pipeline=<name>&image=...`
+runs one at once.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
 from gateway.api.bindings import Binding
+from gateway.api.pipelines import OPTIONS as RUN_OPTIONS
+from gateway.core.cascade import Cascade
 from gateway.models import ModelRegistry
+from gateway.proto.pipeline.v1.pipeline_pb2 import PipelineResult, RunRequest, StepResult
 
 # Boxes are drawn in this colour (the first colour of the palette); the browser tests look for
 # it in screenshots.
@@ -118,9 +128,55 @@ def options(binding: Binding) -> list[dict[str, object]]:
     """The inputs of a task's request options, for the page: name, kind (number, integer,
     text, choice), description, and an enum's choices as [number, name] (its zero value is the
     input left empty: the model's default)."""
-    fields = binding.request_type.DESCRIPTOR.fields_by_name
+    return _inputs(binding.request_type.DESCRIPTOR, binding.options)
+
+
+def pipelines(
+    cascades: Mapping[str, Cascade], bindings: Iterable[Binding]
+) -> dict[str, dict[str, object]]:
+    """Each pipeline as the page shows it: its first model, the route verb of that model's task
+    (whose renderer draws the first answer), its steps' names and models, and the inputs of a
+    run's options (the first model's, described as its task describes them)."""
+    by_task = {binding.task: binding for binding in bindings}
+    shown: dict[str, dict[str, object]] = {}
+    for name, cascade in sorted(cascades.items()):
+        first = by_task[cascade.first.name]
+        described = {option: first.options.get(option, option) for option in RUN_OPTIONS}
+        shown[name] = {
+            "detect": cascade.config.detect,
+            "verb": first.verb,
+            "steps": [{"name": s.config.name, "model": s.config.model} for s in cascade.steps],
+            "options": _inputs(RunRequest.DESCRIPTOR, described),
+        }
+    return shown
+
+
+def answers(bindings: Iterable[Binding]) -> dict[str, object]:
+    """Where a pipeline's answer (as JSON) holds the tasks' own answers: `first`, each field of
+    PipelineResult's `first` oneof -> [the verb of its task, the field listing its instances
+    (the repeated message with a box)]; `steps`, the fields of StepResult's `result` oneof."""
+    by_type = {binding.result_type.DESCRIPTOR.full_name: binding for binding in bindings}
+    first: dict[str, list[str | None]] = {}
+    for field in PipelineResult.DESCRIPTOR.oneofs_by_name["first"].fields:
+        binding = by_type.get(field.message_type.full_name if field.message_type else "")
+        if binding is not None:
+            listed = [
+                inner.name
+                for inner in binding.result_type.DESCRIPTOR.fields
+                if inner.is_repeated
+                and inner.message_type is not None
+                and "box" in inner.message_type.fields_by_name
+            ]
+            first[field.name] = [binding.verb, listed[0] if listed else None]
+    steps = [field.name for field in StepResult.DESCRIPTOR.oneofs_by_name["result"].fields]
+    return {"first": first, "steps": steps}
+
+
+def _inputs(request: Any, described: Mapping[str, str]) -> list[dict[str, object]]:
+    """`request`: the request message's descriptor."""
+    fields = request.fields_by_name
     inputs: list[dict[str, object]] = []
-    for name, description in binding.options.items():
+    for name, description in described.items():
         field = fields[name]
         entry: dict[str, object] = {
             "name": name,
@@ -152,15 +208,23 @@ def renderers(bindings: Iterable[Binding]) -> str:
     return "\n".join(parts)
 
 
-def render(registry: ModelRegistry, bindings: Iterable[Binding], jobs: bool = False) -> str:
-    """The page, with each model's task, each task's route verb (`detect`, ...) and renderer;
-    `jobs`: with the batch jobs view (jobs_page.html, jobs_page.js)."""
+def render(
+    registry: ModelRegistry,
+    bindings: Iterable[Binding],
+    jobs: bool = False,
+    cascades: Mapping[str, Cascade] | None = None,
+) -> str:
+    """The page, with each model's task, each task's route verb (`detect`, ...) and renderer,
+    and the pipelines (`cascades`, the gateway's checked [pipelines]); `jobs`: with the batch
+    jobs view (jobs_page.html, jobs_page.js)."""
     bindings = tuple(bindings)
     models = {name: registry.task_of(name) for name in {registry.default_model, *registry.models}}
     constants = (
         f"const MODELS = {_script_json(dict(sorted(models.items())))};\n"
         f"const VERBS = {_script_json({b.task: b.verb for b in bindings})};\n"
         f"const OPTIONS = {_script_json({b.verb: options(b) for b in bindings})};\n"
+        f"const PIPELINES = {_script_json(pipelines(cascades or {}, bindings))};\n"
+        f"const ANSWERS = {_script_json(answers(bindings))};\n"
         f"const DEFAULT_MODEL = {_script_json(registry.default_model)};\n"
         f"const BOX = {_script_json(BOX_COLOUR)};\n"
     )

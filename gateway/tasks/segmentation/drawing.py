@@ -18,7 +18,8 @@ from gateway.tasks.detection.drawing import draw_boxes
 def draw(sketch: Sketch, result: Mapping[str, Any]) -> None:
     instances = result.get("instances", [])
     for instance in instances:
-        covered = mask_pixels(instance["mask"], sketch.height, sketch.width)
+        # No mask: a model without masks (the answer then has none, as the HTTP door's).
+        covered = mask_pixels(instance.get("mask", {}), sketch.height, sketch.width)
         if covered is not None:
             sketch.mask(covered)
     draw_boxes(sketch, instances)

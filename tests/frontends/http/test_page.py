@@ -1,7 +1,7 @@
 """The HTTP door's page as assembled in-process (gateway/frontends/http/page.py): each task's
 renderer is its binding's page.js, a script that would end the page's <script> element is
-refused, and the option inputs are typed from the request message. The page in a browser:
-test_page_renderers.py and test_http_browser.py.
+refused, the option inputs are typed from the request message, and the pipelines are offered.
+The page in a browser: test_page_renderers.py, test_http_browser.py, test_page_pipelines.py.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from google.protobuf import type_pb2
 
+from gateway.core.cascade import Cascade, Step
 from gateway.frontends.http import page
 from gateway.models import default_registry
-from gateway.tasks.builtin import BUILT_IN
+from gateway.models.pipelines import PipelineConfig, StepConfig
+from gateway.tasks.builtin import BUILT_IN, built_in_tasks
 
 TASKS = Path(__file__).resolve().parents[3] / "gateway" / "tasks"
 # task: its folder
@@ -70,3 +72,42 @@ def test_the_page_s_option_inputs_are_typed_from_the_request_message() -> None:
         },
         {"name": "name", "kind": "text", "description": "who"},
     ]
+
+
+def test_the_page_offers_each_pipeline_with_its_run_s_options() -> None:
+    """The checked pipelines: first model, the verb whose renderer draws its answer, the steps,
+    and the run's options described as the first model's task describes them; where a
+    pipeline's answer holds each task's own answer, from the messages."""
+    tasks = built_in_tasks()
+    classify = tasks["classification"]
+    step = Step(StepConfig("colour", "classifier_scores"), classify, None)
+    config = PipelineConfig("boxes", "detector", {}, (step.config,))
+    cascade = Cascade(config, tasks["detection"], {}, (step,))
+    html = page.render(default_registry("detector", default_task="detection"), BUILT_IN,
+                       cascades={"boxes": cascade})  # fmt: skip
+    detect = BUILT_IN.for_task("detection")
+    shown = page.pipelines({"boxes": cascade}, BUILT_IN)
+    assert shown == {
+        "boxes": {
+            "detect": "detector",
+            "verb": "detect",
+            "steps": [{"name": "colour", "model": "classifier_scores"}],
+            "options": [
+                {"name": "min_score", "kind": "number", "description": detect.options["min_score"]},
+                {"name": "max_detections", "kind": "integer",
+                 "description": detect.options["max_detections"]},
+            ],
+        }
+    }  # fmt: skip
+    assert f"const PIPELINES = {page._script_json(shown)};" in html
+    assert page.answers(BUILT_IN) == {
+        "first": {
+            "detections": ["detect", "detections"],
+            "segments": ["segment", "instances"],
+            "keypoints": ["keypoints", "instances"],
+        },
+        "steps": ["classes", "embedding", "keypoints", "detections", "segments"],
+    }
+    # Without pipelines the list is empty (the page then shows models only).
+    plain = page.render(default_registry("detector", default_task="detection"), BUILT_IN)
+    assert "const PIPELINES = {};" in plain
