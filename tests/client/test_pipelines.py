@@ -89,9 +89,8 @@ def test_an_unknown_pipeline_or_option_is_refused_naming_what_there_is(
 ) -> None:
     with pytest.raises(ValueError, match=r"top_k is not an option of a pipeline run \(its"):
         pipeline_request(b"x", PIPELINE, top_k=3)
-    with GatewayClient(doors.grpc_target) as client:
-        with pytest.raises(grpc.RpcError) as refused:
-            client.run_pipeline(picture((1, 2, 3)), "nope")
+    with GatewayClient(doors.grpc_target) as client, pytest.raises(grpc.RpcError) as refused:
+        client.run_pipeline(picture((1, 2, 3)), "nope")
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert PIPELINE in refused.value.details()
     with pytest.raises(HttpCallError) as over_http:
