@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from google.protobuf.descriptor import OneofDescriptor
 from google.protobuf.message import Message
 from google.rpc import status_pb2
 
 from gateway import errors
 from gateway.api import strings
-from gateway.api.bindings import Bindings
+from gateway.api.bindings import Binding, Bindings
 from gateway.api.status import code_of
 from gateway.domain import ModelRef, Outcome, Request, StepAnswer, Trace, Tree
 from gateway.errors import GatewayError
@@ -30,6 +31,9 @@ TASK = "pipeline"
 # RunRequest's fields that are the first model's options (0: the pipeline's default).
 OPTIONS = ("min_score", "max_detections")
 SERVICE = pb.DESCRIPTOR.services_by_name["PipelineService"]
+# The oneofs holding a task's own answer: the first step's, and a step's for one crop.
+FIRST = pb.PipelineResult.DESCRIPTOR.oneofs_by_name["first"]
+STEP = pb.StepResult.DESCRIPTOR.oneofs_by_name["result"]
 
 
 def check(message: pb.RunRequest) -> None:
@@ -120,3 +124,24 @@ def _fields(message: type[Message], oneof: str) -> dict[str, str]:
     """Message type's full name -> its field in `message`'s `oneof`."""
     fields = message.DESCRIPTOR.oneofs_by_name[oneof].fields
     return {f.message_type.full_name: f.name for f in fields if f.message_type is not None}
+
+
+def answer_bindings(oneof: OneofDescriptor, bindings: Bindings) -> dict[str, Binding]:
+    """The fields of `oneof` (FIRST or STEP) -> the binding whose result message each holds
+    (fields of a task these bindings lack are left out)."""
+    by_type = {binding.result_type.DESCRIPTOR.full_name: binding for binding in bindings}
+    return {
+        field.name: by_type[field.message_type.full_name]
+        for field in oneof.fields
+        if field.message_type is not None and field.message_type.full_name in by_type
+    }
+
+
+def instances_field(binding: Binding) -> str | None:
+    """The field of the binding's result message that lists the instances it found (the
+    repeated message with a `box`: detections, instances); None when it has none."""
+    for field in binding.result_type.DESCRIPTOR.fields:
+        message = field.message_type
+        if field.is_repeated and message is not None and "box" in message.fields_by_name:
+            return str(field.name)
+    return None

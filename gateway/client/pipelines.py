@@ -10,15 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf.descriptor import OneofDescriptor
-
 from gateway.api.bindings import Binding, Bindings
-from gateway.api.pipelines import OPTIONS
+from gateway.api.pipelines import FIRST, OPTIONS, STEP, answer_bindings, instances_field
 from gateway.proto.pipeline.v1 import pipeline_pb2 as pb
-
-# The oneofs holding a task's own answer: the first step's, and a step's for one crop.
-FIRST = pb.PipelineResult.DESCRIPTOR.oneofs_by_name["first"]
-STEP = pb.StepResult.DESCRIPTOR.oneofs_by_name["result"]
 
 
 def pipeline_request(
@@ -35,27 +29,6 @@ def pipeline_request(
         )
     chosen = {name: value for name, value in options.items() if value}
     return pb.RunRequest(image=image, pipeline=pipeline, request_id=request_id, **chosen)
-
-
-def answer_bindings(oneof: OneofDescriptor, bindings: Bindings) -> dict[str, Binding]:
-    """The fields of `oneof` (FIRST or STEP) -> the binding whose result message each holds
-    (fields of a task these bindings lack are left out)."""
-    by_type = {binding.result_type.DESCRIPTOR.full_name: binding for binding in bindings}
-    return {
-        field.name: by_type[field.message_type.full_name]
-        for field in oneof.fields
-        if field.message_type is not None and field.message_type.full_name in by_type
-    }
-
-
-def instances_field(binding: Binding) -> str | None:
-    """The field of the binding's result message that lists the instances it found (the
-    repeated message with a `box`: detections, instances); None when it has none."""
-    for field in binding.result_type.DESCRIPTOR.fields:
-        message = field.message_type
-        if field.is_repeated and message is not None and "box" in message.fields_by_name:
-            return str(field.name)
-    return None
 
 
 def first_answer(

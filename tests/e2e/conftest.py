@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from tests.support import pipelinesetup
+from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
 
 CLASSIFIER = "colours"
@@ -75,3 +78,29 @@ def tfs_ops(ops_models: Path) -> Iterator[LocalServer]:
     """A real local TF Serving with `detector` and `colours`, version 1 each."""
     with run_local_server([f"--model_config_file={ops_models}"]) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def pipeline_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model config of the pipelines' tests (tests/support/pipelinesetup.py)."""
+    return pipelinesetup.write_config(tmp_path_factory.mktemp("pipelines") / "models.toml")
+
+
+@pytest.fixture(scope="session")
+def pipeline_gateway(
+    reference_serving: LocalServer, pipeline_config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway with the pipelines, both doors and a payload log of every call (its
+    payloads.jsonl beside its log)."""
+    logs = tmp_path_factory.mktemp("pipeline-logs")
+    (logs / "paylog.toml").write_text("[default]\nrate = 1.0\n")
+    args = [f"--model-config={pipeline_config}", f"--payload-log={logs / 'payloads.jsonl'}",
+            f"--payload-log-config={logs / 'paylog.toml'}"]  # fmt: skip
+    with run_gateway(reference_serving.target, args, log_dir=logs, http=True) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="session")
+def pipeline_channel(pipeline_gateway: GatewayProcess) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(pipeline_gateway.target, options=CHANNEL_OPTIONS) as channel:
+        yield channel

@@ -59,11 +59,12 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
-from gateway.api.bindings import Binding
+from gateway.api.bindings import Binding, Bindings
+from gateway.api.pipelines import FIRST, STEP, answer_bindings, instances_field
 from gateway.api.pipelines import OPTIONS as RUN_OPTIONS
 from gateway.core.cascade import Cascade
 from gateway.models import ModelRegistry
-from gateway.proto.pipeline.v1.pipeline_pb2 import PipelineResult, RunRequest, StepResult
+from gateway.proto.pipeline.v1.pipeline_pb2 import RunRequest
 
 # Boxes are drawn in this colour (the first colour of the palette); the browser tests look for
 # it in screenshots.
@@ -155,21 +156,9 @@ def answers(bindings: Iterable[Binding]) -> dict[str, object]:
     """Where a pipeline's answer (as JSON) holds the tasks' own answers: `first`, each field of
     PipelineResult's `first` oneof -> [the verb of its task, the field listing its instances
     (the repeated message with a box)]; `steps`, the fields of StepResult's `result` oneof."""
-    by_type = {binding.result_type.DESCRIPTOR.full_name: binding for binding in bindings}
-    first: dict[str, list[str | None]] = {}
-    for field in PipelineResult.DESCRIPTOR.oneofs_by_name["first"].fields:
-        binding = by_type.get(field.message_type.full_name if field.message_type else "")
-        if binding is not None:
-            listed = [
-                inner.name
-                for inner in binding.result_type.DESCRIPTOR.fields
-                if inner.is_repeated
-                and inner.message_type is not None
-                and "box" in inner.message_type.fields_by_name
-            ]
-            first[field.name] = [binding.verb, listed[0] if listed else None]
-    steps = [field.name for field in StepResult.DESCRIPTOR.oneofs_by_name["result"].fields]
-    return {"first": first, "steps": steps}
+    found = answer_bindings(FIRST, Bindings(bindings))
+    first = {name: [b.verb, instances_field(b)] for name, b in found.items()}
+    return {"first": first, "steps": [field.name for field in STEP.fields]}
 
 
 def _inputs(request: Any, described: Mapping[str, str]) -> list[dict[str, object]]:
