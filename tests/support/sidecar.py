@@ -15,6 +15,11 @@ from typing import Any
 import grpc
 
 XFCC = "x-forwarded-client-cert"
+# A forwarded stream holds one of the server's threads until it ends: a runner opens
+# --concurrency / --stream-window streams (16 by default) and keeps them open for its whole
+# shard, so a pool of 16 left one runner's last stream waiting for a thread, its images
+# unanswered until the runner gave up (test_jobs_cluster failed so under load).
+WORKERS = 256
 _LIMITS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
@@ -68,7 +73,7 @@ def sidecar(target: str, identity: str) -> Iterator[str]:
     """Yields the sidecar's address (127.0.0.1, a port the OS picks) in front of `target`,
     naming `identity` (a SPIFFE URI) as the caller."""
     channel = grpc.insecure_channel(target, options=_LIMITS)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=_LIMITS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS), options=_LIMITS)
     server.add_generic_rpc_handlers((_Forward(channel, identity),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
