@@ -38,6 +38,7 @@ SECTIONS = {
     "suite": "python -m tests.support.suitetime",
     "suite-fast": "python -m tests.support.suitetime --fast",
     "cost": "python -m bench.cost",
+    "pipelines": "python -m bench.pipelines",
 }
 _END = "<!-- end "
 
