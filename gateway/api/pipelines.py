@@ -145,3 +145,11 @@ def instances_field(binding: Binding) -> str | None:
         if field.is_repeated and message is not None and "box" in message.fields_by_name:
             return str(field.name)
     return None
+
+
+def uncarried(binding: Binding, first: bool) -> str:
+    """ "" when a pipeline's answer can carry the binding's result message as its first
+    step's (`first`) or a later step's; else the oneof that lacks it."""
+    oneof = FIRST if first else STEP
+    held = {field.message_type.full_name for field in oneof.fields if field.message_type}
+    return "" if binding.result_type.DESCRIPTOR.full_name in held else str(oneof.full_name)

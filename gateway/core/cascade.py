@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.api.pipelines import OPTIONS, TASK
+from gateway.api.pipelines import OPTIONS, TASK, uncarried
 from gateway.api.task import Task
 from gateway.core.crops import Crop
 from gateway.core.pipeline import Pipeline, new_request_id
@@ -86,11 +86,13 @@ def check_pipelines(
                 f"{where} detect = '{config.detect}' is a {first.name} model, which finds no "
                 "instances to crop; name a detection, instance_segmentation or keypoints model"
             )
+        _answers(first, True, where, f"detect = '{config.detect}'")
         _options(first, config.options, registry.get(config.detect, first.name), pipeline,
                  f"{where} (the first model's options)")  # fmt: skip
         steps = []
         for step in config.steps:
             task = pipeline.tasks[registry.task_of(step.model)]
+            _answers(task, False, where, f"step '{step.name}' (model '{step.model}')")
             options = _options(
                 task, step.options, registry.get(step.model, task.name), pipeline,
                 f"{where} step '{step.name}'",
@@ -98,6 +100,17 @@ def check_pipelines(
             steps.append(Step(step, task, options))
         checked[name] = Cascade(config, first, dict(config.options), tuple(steps))
     return checked
+
+
+def _answers(task: Task, first: bool, where: str, what: str) -> None:
+    """ModelConfigError unless pipeline.v1 can carry the task's result message there."""
+    lacking = uncarried(task.binding, first)
+    if lacking:
+        raise ModelConfigError(
+            f"{where} {what}: a pipeline cannot carry a {task.name} model's answer yet; add "
+            f"its result message to {lacking} in proto/pipeline/v1/pipeline.proto "
+            "(docs/adding-a-task.md)"
+        )
 
 
 def _options(
