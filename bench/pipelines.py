@@ -32,12 +32,10 @@ bench/results.md.
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,7 +62,7 @@ from bench.pipelinecalls import (
     own_cpu,
     scene_image,
 )
-from bench.processes import ROOT, free_port, is_serving, stop_process
+from bench.processes import ROOT, Gateway, gateway
 from bench.results import RESULTS, spread, verdict, write_section
 from tests.support.localserver import LocalServer, run_local_server
 
@@ -73,54 +71,12 @@ CONCURRENCY = (1, 8)
 TARGET_CPU, TARGET_CALLS = 2.0, 0.3
 
 
-@dataclass
-class Gateway:
-    process: subprocess.Popen[bytes]
-    target: str
-    metrics: str
-
-    def batch_counts(self, model: str) -> tuple[float, float]:
-        """(Predict calls, images) sent to `model` so far, from the batch size histogram."""
-        text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
-        found = {
-            kind: sum(float(v) for v in re.findall(
-                rf'^vision_gateway_upstream_batch_size_{kind}\{{model="{model}"\}} (\S+)$',
-                text, re.M,
-            ))
-            for kind in ("count", "sum")
-        }  # fmt: skip
-        return found["count"], found["sum"]
-
-
-def model_config(directory: Path) -> Path:
+def model_config() -> str:
     """make run's model config, its label paths made absolute (it is read from elsewhere)."""
     text = MODEL_CONFIG.read_text()
     for key in ("label_map", "labels"):
         text = text.replace(f'{key} = "', f'{key} = "{MODEL_CONFIG.parent}/')
-    path = directory / "gateway-models.toml"
-    path.write_text(text)
-    return path
-
-
-@contextmanager
-def gateway(upstream: str, directory: Path) -> Iterator[Gateway]:
-    port, metrics_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "--host=127.0.0.1", f"--port={port}",
-         f"--upstream={upstream}", f"--metrics-port={metrics_port}", "--http-port=0",
-         f"--model-config={model_config(directory)}"],
-        cwd=ROOT, stderr=subprocess.DEVNULL,  # INFO request logs (the default) to /dev/null
-    )  # fmt: skip
-    target = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while not is_serving(target):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("gateway did not become SERVING")
-            time.sleep(0.05)
-        yield Gateway(process, target, f"http://127.0.0.1:{metrics_port}/metrics")
-    finally:
-        stop_process(process)
+    return text
 
 
 @contextmanager
@@ -330,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         directory = Path(tmp)
         with (
             model_server(directory) as server,
-            gateway(server.target, directory) as gw,
+            gateway(server.target, model_config=model_config()) as gw,
             grpc.insecure_channel(gw.target, options=CHANNEL_OPTIONS) as channel,
         ):
             caller = Caller(channel, image)

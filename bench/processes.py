@@ -43,6 +43,19 @@ class Gateway:
         found = re.findall(r'^vision_gateway_requests_total\{code="(\w+)".*\} (\S+)$', text, re.M)
         return int(sum(float(n) for code, n in found if code not in ("OK", "CANCELLED")))
 
+    def batch_counts(self, model: str) -> tuple[float, float]:
+        """(Predict calls, images) sent to `model` so far, from the batch size histogram."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        found = {
+            kind: sum(float(v) for v in re.findall(
+                rf'^vision_gateway_upstream_batch_size_{kind}\{{model="{model}"\}} (\S+)$',
+                text, re.M,
+            ))
+            for kind in ("count", "sum")
+        }  # fmt: skip
+        return found["count"], found["sum"]
+
     def pids(self) -> list[int]:
         """The processes serving requests: the workers under a supervisor, else itself."""
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
