@@ -127,5 +127,12 @@ def too_costly(message: str) -> GatewayError:
     return GatewayError(Kind.TOO_COSTLY, message)
 
 
+def internal(request_id: str) -> GatewayError:
+    """A bug's answer to the caller (its traceback goes to the log, never to the caller)."""
+    return GatewayError(
+        Kind.INTERNAL, f"internal error in the gateway; quote request id {request_id}"
+    )
+
+
 def overloaded(message: str, retry_after: float | None = None) -> GatewayError:
     return GatewayError(Kind.OVERLOADED, message, retry_after)

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gateway import errors
 from gateway.api.pipelines import OPTIONS, TASK, uncarried
 from gateway.api.task import Task
 from gateway.core.crops import Crop
@@ -173,9 +174,7 @@ class Cascades:
             raise
         except Exception:  # a bug: logged with its traceback, answered as the pipeline does
             log.exception("unexpected error", extra={"fields": {"request_id": request_id}})
-            failure = GatewayError(
-                Kind.INTERNAL, f"internal error in the gateway; quote request id {request_id}"
-            )
+            failure = errors.internal(request_id)
             raise failure from None
         finally:
             seconds = time.perf_counter() - started

@@ -192,9 +192,7 @@ class Pipeline:
         except Exception:
             code = Kind.INTERNAL.code
             log.exception("unexpected error", extra={"fields": {"request_id": request_id}})
-            failure = GatewayError(
-                Kind.INTERNAL, f"internal error in the gateway; quote request id {request_id}"
-            )
+            failure = errors.internal(request_id)
             raise failure from None
         finally:
             total = time.perf_counter() - started

@@ -22,13 +22,13 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from google.rpc import status_pb2
 
-from gateway import identity, logs, metrics
+from gateway import errors, identity, logs, metrics
 from gateway.api import strings
 from gateway.api.bindings import TRACE_HEADERS, Binding, ToRequest
 from gateway.config import Settings
 from gateway.core.pipeline import Pipeline, new_request_id
 from gateway.domain import Outcome, Request, Trace
-from gateway.errors import GatewayError, Kind
+from gateway.errors import GatewayError
 from gateway.frontends.grpc.status import STATUS, abort
 
 log = logging.getLogger("gateway.pipeline")
@@ -96,9 +96,7 @@ def _converted(to_result: Callable[[Outcome], ResultT], outcome: Outcome) -> Res
         log.exception(
             "cannot convert the result", extra={"fields": {"request_id": outcome.request_id}}
         )
-        raise GatewayError(
-            Kind.INTERNAL, f"internal error in the gateway; quote request id {outcome.request_id}"
-        ) from None
+        raise errors.internal(outcome.request_id) from None
 
 
 def _metadata(context: grpc.aio.ServicerContext, settings: Settings) -> tuple[str, Trace, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from gateway import errors
 from gateway.api.bindings import Binding
 from gateway.api.protojson import to_dict
 from gateway.core.pipeline import Pipeline
@@ -79,8 +80,7 @@ def answer(binding: Binding, outcome: Outcome) -> Answer:
         log.exception(
             "cannot convert the result", extra={"fields": {"request_id": outcome.request_id}}
         )
-        error = f"internal error in the gateway; quote request id {outcome.request_id}"
-        return failed(GatewayError(Kind.INTERNAL, error))
+        return failed(errors.internal(outcome.request_id))
     result = to_dict(message)
     return Answer(result, f"{outcome.model_name}@{outcome.model_version}", None)
 
