@@ -151,7 +151,7 @@ async def start(
         pipeline.observers.append(payload_log)
         payload_log.start()
     cascades = Cascades(pipeline, registry.pipelines)  # ModelConfigError: a bad pipeline
-    jobs = build_jobs(settings, pipeline, bindings)
+    jobs = build_jobs(settings, cascades, bindings)
     grpc = grpc_door.build(settings, pipeline, bindings, jobs, cascades)
     await grpc.statuses.start()
     readiness = Readiness(
@@ -224,8 +224,9 @@ async def serve(settings: Settings, ready: asyncio.Event | None = None) -> None:
     await gateway.stop()
 
 
-def build_jobs(settings: Settings, pipeline: Pipeline, bindings: api.Bindings) -> JobService:
-    """Batch jobs over the API and their executor (the local one runs them on `pipeline`)."""
+def build_jobs(settings: Settings, cascades: Cascades, bindings: api.Bindings) -> JobService:
+    """Batch jobs over the API and their executor (the local one runs them on the gateway's
+    own pipeline: a task's model, or one of the `cascades`)."""
     store = JobStore(settings.job_store, settings.job_store_max_bytes)
 
     def executor(service: JobService) -> Executor:
@@ -234,9 +235,9 @@ def build_jobs(settings: Settings, pipeline: Pipeline, bindings: api.Bindings) -
             from gateway.jobs.executors.kube import KubernetesExecutor
 
             return KubernetesExecutor(service, settings)
-        return LocalExecutor(service, settings, Lane(pipeline, settings.batch_yield_threshold))
+        return LocalExecutor(service, settings, Lane(cascades, settings.batch_yield_threshold))
 
-    return JobService(Admission(settings, store, pipeline, bindings), executor)
+    return JobService(Admission(settings, store, cascades, bindings), executor)
 
 
 def _tls_mode(tls: object, mutual: object) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 
 from gateway import errors
-from gateway.api.bindings import Binding, Bindings
+from gateway.api.bindings import Binding
 from gateway.tls import TLS
 
 
@@ -35,9 +35,10 @@ def tls_from_args(args: argparse.Namespace) -> TLS | None:
                args.server_name or None)  # fmt: skip
 
 
-def add_option_arguments(parser: argparse.ArgumentParser, bindings: Bindings) -> None:
+def add_option_arguments(parser: argparse.ArgumentParser, bindings: Iterable[Binding]) -> None:
     """One flag per task option (--min-score, --max-detections, --top-k, ...); an option
     that only some tasks have says which."""
+    bindings = list(bindings)
     having: dict[str, list[str]] = {}
     for binding in bindings:
         for name in binding.options:

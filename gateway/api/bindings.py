@@ -140,7 +140,7 @@ class Binding:
             options_type=options_type,
             fill_result=fill_result,
             summary=summary,
-            options={name: _help(options_type, name, hint) for name, hint in hints.items()},
+            options={name: option_help(options_type, name, hint) for name, hint in hints.items()},
             page=page.read_text(encoding="utf-8") if page.is_file() else "",
             draw=(
                 importlib.import_module(drawing).draw
@@ -175,6 +175,10 @@ class Binding:
         )
         self.fill_result(result, outcome.result)
         return result
+
+    def served(self, message: Any) -> pb.ServedModel:
+        """The model that answered, from a result message."""
+        return message.model
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """GatewayError INVALID_INPUT naming an option this task does not have (never
@@ -233,7 +237,7 @@ def page_script(binding_module: str) -> str:
     return (Path(binding_module).parent / "page.js").read_text(encoding="utf-8")
 
 
-def _help(options_type: Any, name: str, hint: Any) -> str:
+def option_help(options_type: Any, name: str, hint: Any) -> str:
     """An option's help: the text its field's Annotated type carries."""
     texts = [text for text in getattr(hint, "__metadata__", ()) if isinstance(text, str)]
     if not texts:

@@ -10,8 +10,10 @@ a pipeline what its model answers on its own.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, NamedTuple, get_type_hints
 
 from google.protobuf.descriptor import OneofDescriptor
 from google.protobuf.message import Message
@@ -19,7 +21,7 @@ from google.rpc import status_pb2
 
 from gateway import errors
 from gateway.api import strings
-from gateway.api.bindings import Binding, Bindings
+from gateway.api.bindings import Binding, Bindings, option_help
 from gateway.api.status import code_of
 from gateway.domain import ModelRef, Outcome, Request, StepAnswer, Trace, Tree
 from gateway.errors import GatewayError
@@ -28,12 +30,79 @@ from gateway.proto.pipeline.v1 import pipeline_pb2 as pb
 
 # The task a pipeline's call is recorded under (the payload log's one event per tree).
 TASK = "pipeline"
+
+
+class PipelineOptions(NamedTuple):
+    """A pipeline call's options: the first model's (0: the pipeline's default, then the
+    model's)."""
+
+    min_score: Annotated[float, "minimum score of the first model's instances, 0..1 (0: the "
+                         "pipeline's default)"]  # fmt: skip
+    max_detections: Annotated[int, "most instances the first model keeps (0: the pipeline's "
+                              "default)"]  # fmt: skip
+
+
 # RunRequest's fields that are the first model's options (0: the pipeline's default).
-OPTIONS = ("min_score", "max_detections")
+OPTIONS = PipelineOptions._fields
 SERVICE = pb.DESCRIPTOR.services_by_name["PipelineService"]
 # The oneofs holding a task's own answer: the first step's, and a step's for one crop.
 FIRST = pb.PipelineResult.DESCRIPTOR.oneofs_by_name["first"]
 STEP = pb.StepResult.DESCRIPTOR.oneofs_by_name["result"]
+
+
+@dataclass(frozen=True)
+class PipelineBinding(Binding):
+    """Pipelines seen as one more task by what calls the gateway with images one by one (the
+    batch runner, jobs): its service is PipelineService, a request's model name is the
+    pipeline's, its options the first model's (OPTIONS), its result a PipelineResult."""
+
+    results: Results | None = None
+
+    def to_request(
+        self, message: Any, request_id: str, method: str, timeout: float | None, trace: Trace
+    ) -> Request:
+        return to_request(message, request_id, method, timeout, trace)
+
+    def to_result(self, outcome: Outcome) -> pb.PipelineResult:
+        assert self.results is not None
+        return self.results.to_result(outcome)
+
+    def request(
+        self, image: bytes, model: dpb.ModelSpec, request_id: str, **options: Any
+    ) -> pb.RunRequest:
+        return pb.RunRequest(image=image, pipeline=model.name, request_id=request_id, **options)
+
+    def served(self, message: Any) -> dpb.ServedModel:
+        """The first model's: a pipeline's answer is counted under the model that found its
+        instances."""
+        first = message.WhichOneof("first")
+        return getattr(message, first).model if first else dpb.ServedModel()
+
+
+@functools.cache
+def binding(bindings: Bindings) -> PipelineBinding:
+    """The pipelines' binding, with the tasks' `bindings` for the steps' results."""
+    return PipelineBinding(
+        task=TASK,
+        verb=TASK,
+        service=SERVICE,
+        unary="Run",
+        stream="RunStream",
+        request_type=pb.RunRequest,
+        result_type=pb.PipelineResult,
+        options_type=PipelineOptions,
+        fill_result=_no_fill,
+        summary="Run a pipeline",
+        options={
+            name: option_help(PipelineOptions, name, hint)
+            for name, hint in get_type_hints(PipelineOptions, include_extras=True).items()
+        },
+        results=Results(bindings),
+    )
+
+
+def _no_fill(result: Any, answer: Any) -> None:
+    raise AssertionError("a pipeline's result is made by Results.to_result")
 
 
 def check(message: pb.RunRequest) -> None:

@@ -131,7 +131,7 @@ class Cascades:
     each of their images."""
 
     def __init__(self, pipeline: Pipeline, configs: Mapping[str, PipelineConfig]) -> None:
-        self._pipeline = pipeline
+        self.pipeline = pipeline  # what runs each image
         self.cascades = check_pipelines(configs, pipeline)
         self.settings = pipeline.settings
         self._limits = ImageLimits(pipeline.settings.max_image_bytes, pipeline.settings.max_pixels)
@@ -149,6 +149,34 @@ class Cascades:
                 Kind.NOT_FOUND, f"the gateway has no pipeline named '{name}'; it has: {have}"
             )
         return cascade
+
+    async def call(self, task: str, request: Request) -> Outcome:
+        """A task's call on the pipeline, or a pipeline's (task TASK, its name the request's
+        model's): what calls the gateway with images one by one (batch jobs) runs."""
+        if task == TASK:
+            return await self.run_named(request)
+        return await self.pipeline.run(task, request)
+
+    async def check(self, task: str, request: Request) -> None:
+        """Raises the GatewayError every image like `request` would (batch job admission):
+        for a task, Pipeline.check; for a pipeline, that it exists, and the first model's
+        and every required step's model and options (an optional step's failure is its
+        crops', never the image's)."""
+        if task != TASK:
+            return await self.pipeline.check(task, request)
+        cascade = self.get(request.model.name)
+        await self.pipeline.check(cascade.first.name, self._first(cascade, request))
+        for step in cascade.steps:
+            if step.config.required:
+                model = ModelRef(step.config.model)
+                step_request = Request(b"", model, step.options, trace=request.trace)
+                await self.pipeline.check(step.task.name, step_request)
+        return None
+
+    def _first(self, cascade: Cascade, request: Request) -> Request:
+        """The first model's request: the caller's options over the pipeline's defaults."""
+        options = cascade.first.binding.options_type(**{**cascade.options, **request.options})
+        return request._replace(model=ModelRef(cascade.config.detect), options=options)
 
     async def run_named(self, request: Request) -> Outcome:
         """run() for the pipeline a door's request names (its model.name)."""
@@ -178,28 +206,27 @@ class Cascades:
             raise failure from None
         finally:
             seconds = time.perf_counter() - started
-            for observe in self._pipeline.observers:
+            for observe in self.pipeline.observers:
                 observe(TASK, request, request_id, ModelRef(name), outcome, failure, seconds)
 
     async def _run(self, cascade: Cascade, request: Request, request_id: str) -> Outcome:
         name = cascade.config.name
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
-        account = self._pipeline.admit(request.caller)
+        first_request = self._first(cascade, request)
+        # The options first, as a task's call judges them before its image.
+        self.pipeline.resolve(cascade.first.name, first_request)
+        account = self.pipeline.admit(request.caller)
         try:
             work = Work(deadline)
             info = inspect_image(request.image, self._limits)  # header only: bounded first
             account.charge(Cost(pixels=info.width * info.height), work)
             _, pixels = await in_thread(
-                self._pipeline.executor, work, decode_image, request.image, self._limits
+                self.pipeline.executor, work, decode_image, request.image, self._limits
             )
             height, width = pixels.shape[:2]
-            options = cascade.first.binding.options_type(**{**cascade.options, **request.options})
-            first = await self._pipeline.run(
+            first = await self.pipeline.run(
                 cascade.first.name,
-                request._replace(
-                    model=ModelRef(cascade.config.detect), options=options,
-                    request_id=request_id, timeout=_left(deadline),
-                ),
+                first_request._replace(request_id=request_id, timeout=_left(deadline)),
                 account=account,
                 pixels=Crop(pixels, 0, 0, width, height),
                 observe=False,
@@ -247,7 +274,7 @@ class Cascades:
             crop = Crop(pixels[y_min:y_max, x_min:x_max], x_min, y_min, width, height)
             async with gate:
                 try:
-                    outcome = await self._pipeline.run(
+                    outcome = await self.pipeline.run(
                         step.task.name,
                         Request(
                             b"", ModelRef(step.config.model), step.options,

@@ -87,15 +87,26 @@ def pipeline_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pipeline_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dataset of three scenes (PNG) for the pipelines' batch jobs."""
+    return pipelinesetup.write_dataset(tmp_path_factory.mktemp("pipeline-images"))
+
+
+@pytest.fixture(scope="session")
 def pipeline_gateway(
-    reference_serving: LocalServer, pipeline_config: Path, tmp_path_factory: pytest.TempPathFactory
+    reference_serving: LocalServer,
+    pipeline_config: Path,
+    pipeline_images: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GatewayProcess]:
-    """A gateway with the pipelines, both doors and a payload log of every call (its
-    payloads.jsonl beside its log)."""
+    """A gateway with the pipelines, both doors, a payload log of every call (its
+    payloads.jsonl beside its log) and batch jobs that may read `pipeline_images`."""
     logs = tmp_path_factory.mktemp("pipeline-logs")
     (logs / "paylog.toml").write_text("[default]\nrate = 1.0\n")
     args = [f"--model-config={pipeline_config}", f"--payload-log={logs / 'payloads.jsonl'}",
-            f"--payload-log-config={logs / 'paylog.toml'}"]  # fmt: skip
+            f"--payload-log-config={logs / 'paylog.toml'}", f"--job-store={logs / 'jobs'}",
+            f"--batch-allowed-input-uris={pipeline_images}",
+            "--batch-allow-anonymous=true"]  # fmt: skip
     with run_gateway(reference_serving.target, args, log_dir=logs, http=True) as gateway:
         yield gateway
 

@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
+from gateway.domain import ModelRef
 from gateway.jobs.executors import kube
+from gateway.jobs.runner.__main__ import run_parser
 from gateway.jobs.spec import MAX_SHARDS
 from gateway.tasks.builtin import BUILT_IN
 from tests.support import runnerpolicy
@@ -84,6 +86,20 @@ def test_the_job_kube_py_builds_is_admitted_with_every_option(policy: ApiServer,
     given = {a.split("=")[1] for a in args if a.startswith("--option=")}
     assert set(binding.options) == given  # each as --option=NAME=VALUE, named by no flag
     assert "--owner=uri:spiffe://cluster.local/ns/a/sa/b" in args  # the owner travels too
+    admitted(policy, job)
+
+
+def test_a_pipeline_job_is_admitted_and_its_runner_takes_it(policy: ApiServer) -> None:
+    job = runner_job({"min_score": 0.4, "max_detections": 5}, task="pipeline",
+                     model=ModelRef("detect_then_classify"))  # fmt: skip
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--pipeline=detect_then_classify" in args
+    assert not [a for a in args if a.startswith(("--task=", "--model=", "--version="))], args
+    parsed = run_parser().parse_args(args)
+    assert (parsed.pipeline, parsed.generic_options) == (
+        "detect_then_classify",
+        ["max_detections=5", "min_score=0.4"],
+    )
     admitted(policy, job)
 
 

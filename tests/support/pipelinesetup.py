@@ -50,3 +50,13 @@ def write_config(path: Path) -> Path:
 def scene(seed: int = 3) -> scenes.Scene:
     """Six rectangles on a noisy 640x480 background."""
     return scenes.generate_scene(np.random.default_rng(seed), 640, 480, 6, noise_sigma=4.0)
+
+
+DATASET_SEEDS = (3, 4, 5)
+
+
+def write_dataset(directory: Path) -> Path:
+    """scene-<seed>.png for each of DATASET_SEEDS (in that order by name); returns it."""
+    for seed in DATASET_SEEDS:
+        (directory / f"scene-{seed}.png").write_bytes(scenes.encode(scene(seed).pixels, "PNG"))
+    return directory

@@ -63,6 +63,7 @@ def runner_job(
     upload: bool = True,
     settings: Settings | None = None,
     caller: str = "uri:spiffe://cluster.local/ns/a/sa/b",
+    model: ModelRef | None = None,
 ) -> Obj:
     """The Job gateway/jobs/executors/kube.py creates for a batch job under the prod overlay:
     over an upload (or a dataset below the allowed prefix), into the store (or `output`); the
@@ -77,7 +78,7 @@ def runner_job(
         input=f"{store}/uploads/{UPLOAD_ID}" if upload else "s3://datasets/images/cats/",
         output=output or f"{store}/jobs/{JOB_ID}/output",
         task=task,
-        model=ModelRef("detector", 3),
+        model=model or ModelRef("detector", 3),
         options=options or {},
         format="manifest",
         shards=4,

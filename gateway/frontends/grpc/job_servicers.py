@@ -98,7 +98,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
             async for job, file, index, line, token in self._jobs.read(
                 caller, request.name, request.page_token
             ):
-                result_type = self._jobs.bindings.for_task(job.spec.task).result_type
+                result_type = job.spec.binding(self._jobs.bindings).result_type
                 yield to_line(result_type, file, index, line, token)
         except GatewayError as e:
             await _abort(context, e)

@@ -299,7 +299,7 @@ class JobHandlers:
         try:
             while item is not None:
                 job, file, index, line, after = item
-                result_type = self._jobs.bindings.for_task(job.spec.task).result_type
+                result_type = job.spec.binding(self._jobs.bindings).result_type
                 text = json.dumps(
                     _json(to_line(result_type, file, index, line, after)), separators=(",", ":")
                 )

@@ -10,7 +10,7 @@ from gateway import errors
 from gateway.api import strings
 from gateway.api.bindings import Binding, Bindings
 from gateway.config import Settings
-from gateway.core.pipeline import Pipeline
+from gateway.core.cascade import Cascades
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.control import owners
 from gateway.jobs.control.store import JobStore
@@ -69,13 +69,13 @@ class Admission:
         self,
         settings: Settings,
         store: JobStore,
-        pipeline: Pipeline,
+        cascades: Cascades,
         bindings: Bindings,
     ) -> None:
         self.settings = settings
         self.store = store  # the jobs' store, shared with the service
         self.bindings = bindings
-        self._pipeline = pipeline
+        self._cascades = cascades
         # Startup refuses prefixes that are no place or overlap the job store.
         check_prefixes(
             "GATEWAY_BATCH_ALLOWED_INPUT_URIS",
@@ -138,13 +138,14 @@ class Admission:
             raise store_full(used, self.store.tally.limit)
 
     async def check_model(self, spec: JobSpec, binding: Binding) -> None:
-        """What every image would otherwise fail on, as the pipeline judges it (Pipeline.check:
+        """What every image would otherwise fail on, as the pipeline judges it (Cascades.check:
         the model exists and is configured for the task, the options are valid for it, its
-        outputs are ones the task can read); the names and types of the options first."""
+        outputs are ones the task can read; for a pipeline job, the pipeline exists and its
+        first and required models pass the same); the names and types of the options first."""
         binding.check_options(spec.options)  # names and types; the task judges the values
         message = spec.request(binding)
         request = binding.to_request(message, "", "", None, ())
-        await self._pipeline.check(spec.task, request)
+        await self._cascades.check(spec.task, request)
 
     async def prepare(self, job: Job) -> Job:
         """Claims a named output for the caller, lists the input and writes OUTPUT's

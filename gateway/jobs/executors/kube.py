@@ -76,13 +76,13 @@ def runner_args(job: Job, settings: Settings, binding: Binding) -> list[str]:
         spec.input,
         spec.output,
         f"--target={settings.batch_runner_target}",
-        f"--task={binding.verb}",
+        f"--pipeline={spec.pipeline}" if spec.pipeline else f"--task={binding.verb}",
         f"--concurrency={RUNNER_CONCURRENCY}",
         f"--shard-count={spec.shards}",
     ]
     if spec.format != "auto":
         args.append(f"--format={spec.format}")
-    if model.name:
+    if model.name and not spec.pipeline:  # (a pipeline's config names its models)
         args.append(f"--model={model.name}")
     if model.version is not None:
         args.append(f"--version={model.version}")

@@ -1,6 +1,7 @@
 """`detection-batch` / `python -m gateway.jobs.runner`: the command line of the batch runner.
 
 detection-batch INPUT OUTPUT --target HOST:PORT [options]
+detection-batch INPUT OUTPUT --target HOST:PORT --pipeline NAME [options]
 detection-batch finalize OUTPUT
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway import errors
+from gateway.api import pipelines
 from gateway.api.arguments import (
     add_generic_option,
     add_option_arguments,
@@ -71,7 +73,15 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
     )
     parser.add_argument("output", metavar="OUTPUT", help="output prefix (local or fsspec URL)")
     parser.add_argument("--target", required=True, help="gateway host:port")
-    parser.add_argument("--task", choices=bindings.verbs, default=bindings.verbs[0])
+    parser.add_argument(
+        "--task", choices=bindings.verbs, help=f"the task (default: {bindings.verbs[0]})"
+    )
+    parser.add_argument(
+        "--pipeline",
+        default="",
+        help="run this pipeline of the gateway's model config ([pipelines.NAME]) instead of "
+        "a task's model; its options are the first model's (--min-score, --max-detections)",
+    )
     parser.add_argument(
         "--format",
         choices=FORMATS,
@@ -82,7 +92,7 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--version", type=int, help="model version")
     choice.add_argument("--label", help="model version label, e.g. stable")
-    add_option_arguments(parser, bindings)
+    add_option_arguments(parser, [*bindings, pipelines.binding(bindings)])
     add_generic_option(parser)
     parser.add_argument("--concurrency", type=int, default=64, help="images in flight")
     parser.add_argument(
@@ -169,12 +179,19 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
         parser.error("--concurrency, --stream-window and --connections must be at least 1")
     if bool(a.cert_file) != bool(a.key_file):
         parser.error("--cert-file and --key-file go together")
-    binding = bindings.for_verb(a.task)
+    if a.pipeline and (a.task or a.model or a.version is not None or a.label is not None):
+        parser.error(
+            "--pipeline names what runs on every image: give it without --task, --model, "
+            "--version or --label (the pipeline's config names its models)"
+        )
+    model = ModelRef(a.pipeline) if a.pipeline else ModelRef(a.model, a.version, a.label)
+    verb = a.task or bindings.verbs[0]
+    binding = pipelines.binding(bindings) if a.pipeline else bindings.for_verb(verb)
     try:
         options = _options(parser, a, binding)
         spec = JobSpec(
-            input=a.input, output=a.output, format=a.format, task=binding.task,
-            model=ModelRef(a.model, a.version, a.label), options=options, shards=shard_count,
+            input=a.input, output=a.output, format=a.format, task=binding.task, model=model,
+            options=options, shards=shard_count,
         )  # fmt: skip
         spec.check()
     except GatewayError as e:

@@ -1,5 +1,7 @@
 """One batch job's parameters, as one frozen value: what it reads, where it writes, the task,
-the model, the task's options and the number of shards.
+the model, the task's options and the number of shards. A pipeline job (`[pipelines.NAME]`)
+has task "pipeline" and the pipeline's name as its model's, as a pipeline's own requests do;
+its options are the first model's (gateway.api.pipelines.OPTIONS).
 
 The API request converts to it, the job store's records and `OUTPUT/_batch/job.json` hold it
 (as JSON), and the runner and both executors take it. `task` is the task registry's name
@@ -20,6 +22,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from gateway import errors
+from gateway.api import pipelines
 from gateway.api.bindings import Binding, Bindings, model_spec
 from gateway.domain import ModelRef
 from gateway.proto.detection.v1.detection_pb2 import ModelSpec
@@ -51,8 +54,13 @@ class JobSpec:
         return replace(self, **changes)
 
     def binding(self, bindings: Bindings) -> Binding:
-        """The task's binding; GatewayError INVALID_INPUT when no task of that name is served
-        or an option is not one of its own (Binding.check_options)."""
+        """The task's binding (a pipeline's: gateway.api.pipelines.binding); GatewayError
+        INVALID_INPUT when no task of that name is served or an option is not one of its own
+        (Binding.check_options)."""
+        if self.task == pipelines.TASK:
+            binding: Binding = pipelines.binding(bindings)
+            binding.check_options(self.options)
+            return binding
         try:
             binding = bindings.for_task(self.task)
         except KeyError:
@@ -67,6 +75,13 @@ class JobSpec:
         is made here, on every transport, and admission judges the job's own (no image)."""
         return binding.request(image, self._model_spec, request_id, **self.options)
 
+    @property
+    def pipeline(self) -> str:
+        """The pipeline every image runs through ("" for a task's model): a pipeline job's
+        task is gateway.api.pipelines.TASK and its model's name is the pipeline's, as in
+        the pipeline's own requests."""
+        return self.model.name if self.task == pipelines.TASK else ""
+
     @cached_property
     def _model_spec(self) -> ModelSpec:
         return model_spec(self.model.name, self.model.version, self.model.label)
@@ -74,6 +89,14 @@ class JobSpec:
     def check(self) -> None:
         """GatewayError INVALID_INPUT naming the first field out of range (the task's options
         are the task's to check)."""
+        if self.pipeline:
+            if self.model.version is not None or self.model.label is not None:
+                raise errors.invalid_input(
+                    f"pipeline {self.pipeline!r} has no versions or labels: its steps' models "
+                    "are named in its config"
+                )
+        elif not self.model.name and self.task == pipelines.TASK:
+            raise errors.invalid_input("a pipeline job names its pipeline")
         if self.model.version is not None and self.model.version < 1:
             raise errors.invalid_input(f"model version must be >= 1, got {self.model.version}")
         if self.model.label is not None and not self.model.label:

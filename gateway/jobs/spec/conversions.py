@@ -14,8 +14,10 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, status_pb2
 
 from gateway import errors
+from gateway.api import pipelines
 from gateway.api.bindings import Binding, Bindings, to_model_ref
 from gateway.api.status import CODES
+from gateway.domain import ModelRef
 from gateway.jobs.spec import JobSpec
 from gateway.jobs.spec.views import CreateJob, JobView
 from gateway.proto.detection.v1 import batch_pb2 as bpb
@@ -97,9 +99,17 @@ def to_line(
     return out
 
 
-def binding_of(verb: str, bindings: Bindings) -> Binding:
-    """The binding of a CreateBatchJobRequest's `task` (a verb; empty: the first binding's);
-    GatewayError INVALID_INPUT naming the verbs served for any other."""
+def binding_of(verb: str, bindings: Bindings, pipeline: str = "") -> Binding:
+    """The binding of a CreateBatchJobRequest's `task` (a verb; empty: the first binding's),
+    or the pipelines' when it names a `pipeline`; GatewayError INVALID_INPUT naming the verbs
+    served for any other, or for a task given with a pipeline."""
+    if pipeline:
+        if verb:
+            raise errors.invalid_input(
+                f"task {verb!r} and pipeline {pipeline!r} are both set: a job runs a task's "
+                "model or a pipeline (whose config names its models); set one"
+            )
+        return pipelines.binding(bindings)
     if not verb:
         return next(iter(bindings))
     try:
@@ -143,12 +153,20 @@ def options_of(request: bpb.CreateBatchJobRequest, binding: Binding) -> dict[str
 
 
 def to_request(request: bpb.CreateBatchJobRequest, bindings: Bindings) -> CreateJob:
-    binding = binding_of(request.task, bindings)
+    binding = binding_of(request.task, bindings, request.pipeline)
+    model = to_model_ref(request.model)
+    if request.pipeline:
+        if request.HasField("model"):
+            raise errors.invalid_input(
+                f"model and pipeline {request.pipeline!r} are both set: a pipeline's config "
+                "names its models; set one"
+            )
+        model = ModelRef(request.pipeline)
     spec = JobSpec(
         input=request.input_uri,
         output=request.output_uri,
         task=binding.task,
-        model=to_model_ref(request.model),
+        model=model,
         options=options_of(request, binding),
         shards=request.shards or 1,
     )
@@ -171,7 +189,7 @@ def from_json(body: bytes, bindings: Bindings) -> bpb.CreateBatchJobRequest:
     try:
         json_format.ParseDict(data, message)
         if isinstance(options, dict) and "@type" not in options:
-            binding = binding_of(message.task, bindings)
+            binding = binding_of(message.task, bindings, message.pipeline)
             fields = binding.request_type.DESCRIPTOR.fields
             names = {f.name for f in fields} | {f.json_name for f in fields}
             unknown = sorted(str(k) for k in options if k not in names)

@@ -19,7 +19,7 @@ import logging
 from gateway import errors
 from gateway.api.bindings import Binding
 from gateway.api.protojson import to_dict
-from gateway.core.pipeline import Pipeline
+from gateway.core.cascade import Cascades
 from gateway.domain import Outcome, Request
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.runner.transport import Answer, CallTransport, Deliver, Work, failed
@@ -36,8 +36,9 @@ class Lane:
     """The pipeline as batch work sees it: the same calls, started only when online
     requests leave room."""
 
-    def __init__(self, pipeline: Pipeline, yield_threshold: int) -> None:
-        self._pipeline = pipeline
+    def __init__(self, cascades: Cascades, yield_threshold: int) -> None:
+        self._cascades = cascades  # runs a task's images and a pipeline's (Cascades.call)
+        self._pipeline = cascades.pipeline
         self.yield_threshold = yield_threshold
         self.in_flight = 0
         self.waited = 0  # images that had to wait for online work (for tests and logs)
@@ -55,7 +56,7 @@ class Lane:
                 pause = min(_LAST_LOOK, pause * 2)
         self.in_flight += 1
         try:
-            return await self._pipeline.run(task, request)
+            return await self._cascades.call(task, request)
         finally:
             self.in_flight -= 1
 

@@ -159,13 +159,14 @@ def check_options(spec: JobSpec, binding: Binding, knobs: Knobs) -> None:
                 ) from None
 
 
-def answer(response: Any) -> Answer:
+def answer(response: Any, binding: Binding) -> Answer:
     """A result message as the runner keeps it, or its per-image error."""
     if response.HasField("error") and response.error.code != 0:
         code = _NUMBERS.get(response.error.code, Code.UNKNOWN)
         return failed(GatewayError(kind_of(code), response.error.message))
     result = to_dict(response)
-    return Answer(result, f"{response.model.name}@{response.model.version}", None)
+    served = binding.served(response)
+    return Answer(result, f"{served.name}@{served.version}", None)
 
 
 class GrpcTransport(Queue):
@@ -325,7 +326,7 @@ class GrpcTransport(Queue):
 
     def _handle(self, work: Work, response: Any) -> None:
         self.answered()  # an answer, even a per-image "retry later": the gateway is there
-        found = answer(response)
+        found = answer(response, self.calls.binding)
         if found.error is not None and found.error.kind in RETRY:
             self.failing(found.error)
             self.requeue([work])

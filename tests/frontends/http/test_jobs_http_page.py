@@ -17,6 +17,7 @@ from openapi_spec_validator import validate
 from gateway import policy
 from gateway.app import build_jobs, built_in_tasks
 from gateway.config import Settings
+from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline
 from gateway.frontends.http import openapi, page
 from gateway.frontends.http.server import HttpDoor
@@ -46,7 +47,7 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
                 built_in_tasks(),
                 policy.build(settings, registry),
             )
-            jobs = build_jobs(settings, pipeline, BUILT_IN)
+            jobs = build_jobs(settings, Cascades(pipeline, {}), BUILT_IN)
             readiness = Readiness(client, registry.default_model, 1.0)
             door = HttpDoor(settings, pipeline, BUILT_IN, readiness, jobs)
             routes = {

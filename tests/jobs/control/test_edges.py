@@ -19,6 +19,7 @@ import pytest
 from gateway import policy
 from gateway.app import build_jobs, built_in_tasks
 from gateway.config import Settings
+from gateway.core.cascade import Cascades
 from gateway.core.pipeline import Pipeline
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.control import service as service_module
@@ -55,7 +56,7 @@ async def jobs_service(
         pipeline = Pipeline(
             config, client, models, executor, built_in_tasks(), policy.build(config, models)
         )
-        jobs = build_jobs(config, pipeline, BUILT_IN)
+        jobs = build_jobs(config, Cascades(pipeline, {}), BUILT_IN)
         await jobs.start()
         try:
             yield jobs

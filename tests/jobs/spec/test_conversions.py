@@ -10,12 +10,15 @@ import pytest
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import Message
 
+from gateway.domain import ModelRef
 from gateway.errors import GatewayError, Kind
+from gateway.jobs.spec import JobSpec
 from gateway.jobs.spec.conversions import from_json, to_request
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
+from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 from gateway.tasks.builtin import BUILT_IN
 
 
@@ -104,3 +107,44 @@ def test_http_json_refuses_what_it_cannot_place_by_name() -> None:
     refusal(from_json, nested, BUILT_IN)
     bad_value = body({"options": {"min_score": "high"}})
     assert "min_score" in refusal(from_json, bad_value, BUILT_IN)
+
+
+def test_a_pipeline_job_names_its_pipeline_and_takes_the_first_models_options() -> None:
+    request = bpb.CreateBatchJobRequest(
+        input_uri="/data", pipeline="vehicles", options=packed(ppb.RunRequest(min_score=0.4))
+    )
+    spec = to_request(request, BUILT_IN).spec
+    assert (spec.task, spec.pipeline, spec.model) == ("pipeline", "vehicles", ModelRef("vehicles"))
+    assert dict(spec.options) == {"min_score": pytest.approx(0.4), "max_detections": 0}
+    assert spec.binding(BUILT_IN).request(b"x", pb.ModelSpec(name="vehicles"), "r") == (
+        ppb.RunRequest(image=b"x", pipeline="vehicles", request_id="r")
+    )
+    assert JobSpec.from_json(spec.to_json()) == spec
+    body = b'{"input_uri": "/data", "pipeline": "vehicles", "options": {"maxDetections": 5}}'
+    http = from_json(body, BUILT_IN)
+    assert dict(to_request(http, BUILT_IN).spec.options)["max_detections"] == 5
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"task": "detect"}, "task 'detect' and pipeline 'vehicles' are both set"),
+        ({"model": pb.ModelSpec(name="detector")}, "model and pipeline 'vehicles' are both set"),
+        ({"options": packed(pb.DetectRequest(min_score=0.4))},
+         "options must be a pipeline.v1.RunRequest for task pipeline"),
+        ({"options": packed(ppb.RunRequest(pipeline="other"))}, "options sets pipeline"),
+    ],
+)  # fmt: skip
+def test_a_pipeline_job_refuses_a_task_a_model_and_other_options(
+    fields: dict[str, object], message: str
+) -> None:
+    request = bpb.CreateBatchJobRequest(input_uri="/data", pipeline="vehicles", **fields)
+    assert message in refusal(to_request, request, BUILT_IN)
+
+
+def test_a_pipeline_spec_has_no_version_or_label() -> None:
+    spec = JobSpec(input="/d", output="", task="pipeline", model=ModelRef("vehicles", 2))
+    with pytest.raises(GatewayError, match="pipeline 'vehicles' has no versions or labels"):
+        spec.check()
+    with pytest.raises(GatewayError, match="a pipeline job names its pipeline"):
+        spec.replace(model=ModelRef("")).check()

@@ -30,7 +30,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x65tection/v1/batch.proto\x12\x0c\x64\x65tection.v1\x1a\x1c\x64\x65tection/v1/detection.proto\x1a#google/longrunning/operations.proto\x1a\x19google/protobuf/any.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\x99\x02\n\x15\x43reateBatchJobRequest\x12\x13\n\tinput_uri\x18\x01 \x01(\tH\x00\x12\x13\n\tupload_id\x18\x02 \x01(\tH\x00\x12\x12\n\noutput_uri\x18\x03 \x01(\t\x12&\n\x05model\x18\x05 \x01(\x0b\x32\x17.detection.v1.ModelSpec\x12\x0e\n\x06shards\x18\t \x01(\x05\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x0c\n\x04task\x18\x0b \x01(\t\x12%\n\x07options\x18\x0c \x01(\x0b\x32\x14.google.protobuf.AnyB\x07\n\x05inputJ\x04\x08\x04\x10\x05J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\tmin_scoreR\x0emax_detectionsR\x05top_k\"\x80\x04\n\x10\x42\x61tchJobMetadata\x12\x33\n\x05state\x18\x01 \x01(\x0e\x32$.detection.v1.BatchJobMetadata.State\x12\r\n\x05total\x18\x02 \x01(\x03\x12\x11\n\tprocessed\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\x12+\n\x06shards\x18\x05 \x03(\x0b\x32\x1b.detection.v1.ShardProgress\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\noutput_uri\x18\n \x01(\t\x12\x11\n\tinput_uri\x18\x0b \x01(\t\"q\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\r\n\tSUCCEEDED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0e\n\nCANCELLING\x10\x05\x12\r\n\tCANCELLED\x10\x06\"O\n\rShardProgress\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tprocessed\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\"\xbf\x01\n\x0e\x42\x61tchJobResult\x12\x12\n\noutput_uri\x18\x01 \x01(\t\x12\x14\n\x0cresult_files\x18\x02 \x03(\t\x12\x41\n\x0b\x63ode_counts\x18\x03 \x03(\x0b\x32,.detection.v1.BatchJobResult.CodeCountsEntry\x12\r\n\x05total\x18\x04 \x01(\x03\x1a\x31\n\x0f\x43odeCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"E\n\x13UploadImagesRequest\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\x0c\"S\n\x14UploadImagesResponse\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x13\n\x0bimage_count\x18\x02 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\";\n\x17ReadBatchResultsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npage_token\x18\x02 \x01(\t\"\xd1\x01\n\x0f\x42\x61tchResultLine\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\x0c\n\x04line\x18\x02 \x01(\x03\x12\n\n\x02id\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12$\n\x06result\x18\x06 \x01(\x0b\x32\x14.google.protobuf.Any\x12!\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x12.google.rpc.Status\x12\x12\n\npage_token\x18\x08 \x01(\t2\xdb\x02\n\x0c\x42\x61tchService\x12\x95\x01\n\x0e\x43reateBatchJob\x12#.detection.v1.CreateBatchJobRequest\x1a\x1d.google.longrunning.Operation\"?\xca\x41<\n\x1b\x64\x65tection.v1.BatchJobResult\x12\x1d\x64\x65tection.v1.BatchJobMetadata\x12W\n\x0cUploadImages\x12!.detection.v1.UploadImagesRequest\x1a\".detection.v1.UploadImagesResponse(\x01\x12Z\n\x10ReadBatchResults\x12%.detection.v1.ReadBatchResultsRequest\x1a\x1d.detection.v1.BatchResultLine0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x65tection/v1/batch.proto\x12\x0c\x64\x65tection.v1\x1a\x1c\x64\x65tection/v1/detection.proto\x1a#google/longrunning/operations.proto\x1a\x19google/protobuf/any.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xab\x02\n\x15\x43reateBatchJobRequest\x12\x13\n\tinput_uri\x18\x01 \x01(\tH\x00\x12\x13\n\tupload_id\x18\x02 \x01(\tH\x00\x12\x12\n\noutput_uri\x18\x03 \x01(\t\x12&\n\x05model\x18\x05 \x01(\x0b\x32\x17.detection.v1.ModelSpec\x12\x0e\n\x06shards\x18\t \x01(\x05\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x0c\n\x04task\x18\x0b \x01(\t\x12%\n\x07options\x18\x0c \x01(\x0b\x32\x14.google.protobuf.Any\x12\x10\n\x08pipeline\x18\r \x01(\tB\x07\n\x05inputJ\x04\x08\x04\x10\x05J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\tmin_scoreR\x0emax_detectionsR\x05top_k\"\x80\x04\n\x10\x42\x61tchJobMetadata\x12\x33\n\x05state\x18\x01 \x01(\x0e\x32$.detection.v1.BatchJobMetadata.State\x12\r\n\x05total\x18\x02 \x01(\x03\x12\x11\n\tprocessed\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\x12+\n\x06shards\x18\x05 \x03(\x0b\x32\x1b.detection.v1.ShardProgress\x12/\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\noutput_uri\x18\n \x01(\t\x12\x11\n\tinput_uri\x18\x0b \x01(\t\"q\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\r\n\tSUCCEEDED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0e\n\nCANCELLING\x10\x05\x12\r\n\tCANCELLED\x10\x06\"O\n\rShardProgress\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\tprocessed\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\"\xbf\x01\n\x0e\x42\x61tchJobResult\x12\x12\n\noutput_uri\x18\x01 \x01(\t\x12\x14\n\x0cresult_files\x18\x02 \x03(\t\x12\x41\n\x0b\x63ode_counts\x18\x03 \x03(\x0b\x32,.detection.v1.BatchJobResult.CodeCountsEntry\x12\r\n\x05total\x18\x04 \x01(\x03\x1a\x31\n\x0f\x43odeCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"E\n\x13UploadImagesRequest\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\x0c\"S\n\x14UploadImagesResponse\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x13\n\x0bimage_count\x18\x02 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\";\n\x17ReadBatchResultsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npage_token\x18\x02 \x01(\t\"\xd1\x01\n\x0f\x42\x61tchResultLine\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\x0c\n\x04line\x18\x02 \x01(\x03\x12\n\n\x02id\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12)\n\x08metadata\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12$\n\x06result\x18\x06 \x01(\x0b\x32\x14.google.protobuf.Any\x12!\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x12.google.rpc.Status\x12\x12\n\npage_token\x18\x08 \x01(\t2\xdb\x02\n\x0c\x42\x61tchService\x12\x95\x01\n\x0e\x43reateBatchJob\x12#.detection.v1.CreateBatchJobRequest\x1a\x1d.google.longrunning.Operation\"?\xca\x41<\n\x1b\x64\x65tection.v1.BatchJobResult\x12\x1d\x64\x65tection.v1.BatchJobMetadata\x12W\n\x0cUploadImages\x12!.detection.v1.UploadImagesRequest\x1a\".detection.v1.UploadImagesResponse(\x01\x12Z\n\x10ReadBatchResults\x12%.detection.v1.ReadBatchResultsRequest\x1a\x1d.detection.v1.BatchResultLine0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,25 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCHSERVICE'].methods_by_name['CreateBatchJob']._loaded_options = None
   _globals['_BATCHSERVICE'].methods_by_name['CreateBatchJob']._serialized_options = b'\312A<\n\033detection.v1.BatchJobResult\022\035detection.v1.BatchJobMetadata'
   _globals['_CREATEBATCHJOBREQUEST']._serialized_start=225
-  _globals['_CREATEBATCHJOBREQUEST']._serialized_end=506
-  _globals['_BATCHJOBMETADATA']._serialized_start=509
-  _globals['_BATCHJOBMETADATA']._serialized_end=1021
-  _globals['_BATCHJOBMETADATA_STATE']._serialized_start=908
-  _globals['_BATCHJOBMETADATA_STATE']._serialized_end=1021
-  _globals['_SHARDPROGRESS']._serialized_start=1023
-  _globals['_SHARDPROGRESS']._serialized_end=1102
-  _globals['_BATCHJOBRESULT']._serialized_start=1105
-  _globals['_BATCHJOBRESULT']._serialized_end=1296
-  _globals['_BATCHJOBRESULT_CODECOUNTSENTRY']._serialized_start=1247
-  _globals['_BATCHJOBRESULT_CODECOUNTSENTRY']._serialized_end=1296
-  _globals['_UPLOADIMAGESREQUEST']._serialized_start=1298
-  _globals['_UPLOADIMAGESREQUEST']._serialized_end=1367
-  _globals['_UPLOADIMAGESRESPONSE']._serialized_start=1369
-  _globals['_UPLOADIMAGESRESPONSE']._serialized_end=1452
-  _globals['_READBATCHRESULTSREQUEST']._serialized_start=1454
-  _globals['_READBATCHRESULTSREQUEST']._serialized_end=1513
-  _globals['_BATCHRESULTLINE']._serialized_start=1516
-  _globals['_BATCHRESULTLINE']._serialized_end=1725
-  _globals['_BATCHSERVICE']._serialized_start=1728
-  _globals['_BATCHSERVICE']._serialized_end=2075
+  _globals['_CREATEBATCHJOBREQUEST']._serialized_end=524
+  _globals['_BATCHJOBMETADATA']._serialized_start=527
+  _globals['_BATCHJOBMETADATA']._serialized_end=1039
+  _globals['_BATCHJOBMETADATA_STATE']._serialized_start=926
+  _globals['_BATCHJOBMETADATA_STATE']._serialized_end=1039
+  _globals['_SHARDPROGRESS']._serialized_start=1041
+  _globals['_SHARDPROGRESS']._serialized_end=1120
+  _globals['_BATCHJOBRESULT']._serialized_start=1123
+  _globals['_BATCHJOBRESULT']._serialized_end=1314
+  _globals['_BATCHJOBRESULT_CODECOUNTSENTRY']._serialized_start=1265
+  _globals['_BATCHJOBRESULT_CODECOUNTSENTRY']._serialized_end=1314
+  _globals['_UPLOADIMAGESREQUEST']._serialized_start=1316
+  _globals['_UPLOADIMAGESREQUEST']._serialized_end=1385
+  _globals['_UPLOADIMAGESRESPONSE']._serialized_start=1387
+  _globals['_UPLOADIMAGESRESPONSE']._serialized_end=1470
+  _globals['_READBATCHRESULTSREQUEST']._serialized_start=1472
+  _globals['_READBATCHRESULTSREQUEST']._serialized_end=1531
+  _globals['_BATCHRESULTLINE']._serialized_start=1534
+  _globals['_BATCHRESULTLINE']._serialized_end=1743
+  _globals['_BATCHSERVICE']._serialized_start=1746
+  _globals['_BATCHSERVICE']._serialized_end=2093
 # @@protoc_insertion_point(module_scope)

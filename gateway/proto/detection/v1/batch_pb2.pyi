@@ -40,6 +40,7 @@ class CreateBatchJobRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
+    PIPELINE_FIELD_NUMBER: _builtins.int
     input_uri: _builtins.str
     """A directory, prefix, glob, JSON Lines manifest or TFRecord file the gateway can read:
     a local path or an fsspec URL (s3://, gs://, ...).
@@ -60,9 +61,17 @@ class CreateBatchJobRequest(_message.Message):
     """What runs on every image: a task's verb as in its HTTP route ("detect", "classify",
     "embed", ...). Empty: the gateway's first task (detection).
     """
+    pipeline: _builtins.str
+    """Runs this pipeline of the gateway's model config ([pipelines.NAME], see
+    pipeline.v1.PipelineService) on every image instead of a task's model: `task` and
+    `model` are then unset, `options` is a pipeline.v1.RunRequest with only its options set
+    (min_score, max_detections), and each result line holds a pipeline.v1.PipelineResult.
+    """
     @_builtins.property
     def model(self) -> _detection_pb2.ModelSpec:
-        """The model; unset fields mean the task's default model and its latest version."""
+        """The model; unset fields mean the task's default model and its latest version. Unset
+        when `pipeline` is set.
+        """
 
     @_builtins.property
     def options(self) -> _any_pb2.Any:
@@ -84,10 +93,11 @@ class CreateBatchJobRequest(_message.Message):
         request_id: _builtins.str = ...,
         task: _builtins.str = ...,
         options: _any_pb2.Any | None = ...,
+        pipeline: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_uri", b"input_uri", "model", b"model", "options", b"options", "upload_id", b"upload_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_uri", b"input_uri", "model", b"model", "options", b"options", "output_uri", b"output_uri", "request_id", b"request_id", "shards", b"shards", "task", b"task", "upload_id", b"upload_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "input_uri", b"input_uri", "model", b"model", "options", b"options", "output_uri", b"output_uri", "pipeline", b"pipeline", "request_id", b"request_id", "shards", b"shards", "task", b"task", "upload_id", b"upload_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["input_uri", "upload_id"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
