@@ -214,7 +214,8 @@ class Cascades:
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
         first_request = self._first(cascade, request)
         # The options first, as a task's call judges them before its image.
-        self.pipeline.resolve(cascade.first.name, first_request)
+        detect = self.pipeline.registry.get(cascade.config.detect, cascade.first.name)
+        cascade.first.resolve(first_request.options, detect, self.settings)
         account = self.pipeline.admit(request.caller)
         try:
             work = Work(deadline)

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import lru_cache, partial
-from typing import Any
 
 from gateway import errors, metrics, tracing
 from gateway.api.task import Task, TaskRegistry
@@ -252,14 +251,6 @@ class Pipeline:
         task.resolve(request.options, config, self.settings)
         signature = await self._client.signature(model, self._timeout(None), request.trace)
         self._plan(task, signature, config)
-
-    def resolve(self, task_name: str, request: Request) -> Any:
-        """The task's options for `request` resolved against its model's config, with no
-        call upstream; the GatewayError its call would raise for them (or for its model's
-        name and config) before its image is looked at."""
-        task = self._tasks[task_name]
-        model = self.model_ref(task.name, request.model)
-        return task.resolve(request.options, self._config(task, model), self.settings)
 
     def _config(self, task: Task, model: ModelRef) -> ModelConfig:
         config = self.registry.get(model.name, task.name)

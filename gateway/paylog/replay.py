@@ -59,7 +59,7 @@ class ReplayError(Exception):
 @dataclass
 class Group:
     directory: str
-    task: str  # the binding's verb, as detection-batch's --task takes it
+    task: str  # the binding's verb, as detection-batch's --task takes it ("pipeline": --pipeline)
     model: str
     version: int | None
     label: str | None
@@ -75,8 +75,11 @@ class Group:
     def command(self, out: str) -> list[str]:
         args = ["detection-batch", posixpath.join(out, self.directory, "requests.jsonl"),
                 posixpath.join(out, "results", self.directory.split("/")[-1]),
-                "--target", "HOST:PORT",
-                "--task", self.task, "--model", self.model]  # fmt: skip
+                "--target", "HOST:PORT"]  # fmt: skip
+        if self.task == pipelines.TASK:  # a pipeline: its name, its config names its models
+            args += ["--pipeline", self.model]
+        else:
+            args += ["--task", self.task, "--model", self.model]
         if self.version is not None:
             args += ["--version", str(self.version)]
         elif self.label:
@@ -222,10 +225,8 @@ def _add(
         digest = str(image["sha256"])
     except (KeyError, TypeError):
         return "the event lacks data.request, data.response or their fields"
-    if task == pipelines.TASK:
-        return "a pipeline's event: batch jobs do not run pipelines yet"
     try:
-        binding = bindings.for_task(task)
+        binding = pipelines.binding(bindings) if task == pipelines.TASK else bindings.for_task(task)
     except KeyError:
         return f"task {task!r} is not one of {', '.join(b.task for b in bindings)}"
     line: dict[str, Any]
@@ -250,6 +251,8 @@ def _add(
     version = served.get("version") or asked.get("version")
     label = None if version else asked.get("label")
     model = served.get("name") or asked.get("name") or ""
+    if task == pipelines.TASK:  # asked by name; the models that answered are its config's
+        model, version, label = asked.get("name") or "", None, None
     options = {k: v for k, v in (request.get("options") or {}).items() if k in binding.options}
     key = (binding.verb, model, version, label, tuple(sorted(options.items())))
     group = groups.get(key)

@@ -4,7 +4,9 @@ across requests; on the reference models (tests/support/pipelinesetup.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 from gateway.proto.pipeline.v1 import pipeline_pb2_grpc as ppb_grpc
 from serving import scenes
+from tests.support.answers import same
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.pipelinesetup import PIPELINE, ROOT, scene
 
@@ -90,6 +93,62 @@ def test_the_payload_log_holds_one_event_with_the_whole_tree(pipeline_channel, p
     data = event["data"]
     assert data["request"]["options"] == {"min_score": pytest.approx(0.6)}
     assert data["response"]["result"] == protojson.to_dict(answer)
+
+
+def _events(pipeline_gateway: GatewayProcess, prefix: str, count: int) -> list[dict]:
+    """The payload log's events of the calls whose request id starts with `prefix`, once
+    there are `count` (the log is written by a thread of its own, after the answer)."""
+    log = pipeline_gateway.log_path.parent / "payloads.jsonl"
+    deadline = time.monotonic() + 60
+    while True:
+        events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        mine = [e for e in events if e["requestid"].startswith(prefix)]
+        if len(mine) >= count or time.monotonic() > deadline:
+            return mine
+        time.sleep(0.05)
+
+
+def test_logged_pipeline_calls_replay_through_detection_batch_to_the_same_trees(
+    pipeline_channel, pipeline_gateway, tmp_path
+):
+    images = tmp_path / "images"  # the log holds hashes: replay finds each image by its own
+    images.mkdir()
+    stub = ppb_grpc.PipelineServiceStub(pipeline_channel)
+    for seed in (3, 4):
+        image = scenes.encode(scene(seed).pixels, "PNG")
+        (images / f"{hashlib.sha256(image).hexdigest()}.png").write_bytes(image)
+        request = ppb.RunRequest(image=image, pipeline=PIPELINE, min_score=0.6,
+                                 request_id=f"replayed-tree-{seed}")  # fmt: skip
+        stub.Run(request, timeout=120)
+    log = tmp_path / "payloads.jsonl"
+    events = _events(pipeline_gateway, "replayed-tree-", 2)
+    log.write_text("".join(json.dumps(event) + "\n" for event in events))
+    out = tmp_path / "replay"
+    replay = subprocess.run(
+        [sys.executable, "-m", "gateway.paylog", "replay", str(log), str(out),
+         f"--images={images}"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    summary = json.loads((out / "replay.json").read_text())
+    assert summary["skipped"] == []
+    (group,) = summary["groups"]
+    assert (group["task"], group["model"], group["records"]) == ("pipeline", PIPELINE, 2)
+    command = [pipeline_gateway.target if a == "HOST:PORT" else a
+               for a in shlex.split(group["command"])[1:]]  # fmt: skip
+    assert command[command.index("--pipeline") + 1] == PIPELINE
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway.jobs.runner", *command],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    name = Path(group["directory"]).name
+    got = (out / "results" / name / "requests.jsonl.jsonl").read_text().splitlines()
+    expected = (out / group["directory"] / "expected.jsonl").read_text().splitlines()
+    for line, logged in zip(map(json.loads, got), map(json.loads, expected), strict=True):
+        assert line["id"] == logged["id"] and logged["code"] == "OK"
+        same(line["result"], logged["result"], line["id"])
+        assert line["result"]["instances"], "a tree without instances proves little"
 
 
 def test_each_step_is_counted_under_its_own_method(pipeline_channel, pipeline_gateway):

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
+from gateway.api import pipelines
 from gateway.domain import ModelRef
 from gateway.jobs.executors import kube
 from gateway.jobs.runner.__main__ import run_parser
@@ -74,32 +75,22 @@ def admitted(server: ApiServer, job: Obj) -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("task", [b.task for b in BUILT_IN])
+@pytest.mark.parametrize("task", [*(b.task for b in BUILT_IN), pipelines.TASK])
 def test_the_job_kube_py_builds_is_admitted_with_every_option(policy: ApiServer, task: str) -> None:
-    binding = BUILT_IN.for_task(task)
+    pipeline = task == pipelines.TASK  # a pipeline's job: --pipeline=NAME, no task or model
+    binding = pipelines.binding(BUILT_IN) if pipeline else BUILT_IN.for_task(task)
     # Every option of the task set, so every flag the executor can pass is on the command line.
     fields = binding.request_type.DESCRIPTOR.fields_by_name
     kinds = {FieldDescriptor.TYPE_STRING: "polygon", FieldDescriptor.TYPE_FLOAT: 0.35}
     values = {name: kinds.get(fields[name].type, 7) for name in binding.options}
-    job = runner_job(values, task=task)
+    job = runner_job(values, task=task, model=ModelRef("vehicles") if pipeline else None)
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     given = {a.split("=")[1] for a in args if a.startswith("--option=")}
     assert set(binding.options) == given  # each as --option=NAME=VALUE, named by no flag
+    parsed = run_parser().parse_args(args)  # ... and the runner takes them
+    want = ("vehicles", None, "") if pipeline else ("", binding.verb, "detector")
+    assert (parsed.pipeline, parsed.task, parsed.model) == want
     assert "--owner=uri:spiffe://cluster.local/ns/a/sa/b" in args  # the owner travels too
-    admitted(policy, job)
-
-
-def test_a_pipeline_job_is_admitted_and_its_runner_takes_it(policy: ApiServer) -> None:
-    job = runner_job({"min_score": 0.4, "max_detections": 5}, task="pipeline",
-                     model=ModelRef("detect_then_classify"))  # fmt: skip
-    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--pipeline=detect_then_classify" in args
-    assert not [a for a in args if a.startswith(("--task=", "--model=", "--version="))], args
-    parsed = run_parser().parse_args(args)
-    assert (parsed.pipeline, parsed.generic_options) == (
-        "detect_then_classify",
-        ["max_detections=5", "min_score=0.4"],
-    )
     admitted(policy, job)
 
 
