@@ -30,24 +30,22 @@ same image over its gRPC `ModelInfer` at concurrency 16 and 64, in the same roun
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
 
-from bench import load
+from bench import load, processes
 from bench.host import cpu_seconds, load_average, machine
 from bench.peers import venvs
 from bench.peers.processes import Process, process
-from bench.processes import ROOT, free_port, is_serving, stop_process
+from bench.processes import ROOT, free_port
 from bench.processes import upstream as canned_upstream
 from bench.realmodel import model_server
 from bench.results import RESULTS, spread, verdict, write_section
@@ -93,48 +91,14 @@ def export_mobilenet(repo: Path) -> None:
     archive.write_out(str(repo / MOBILENET / "1"))
 
 
-@dataclass
-class Gateway:
-    process: subprocess.Popen[bytes]
-    target: str
-    metrics: str
-
-    def batch_counts(self) -> tuple[float, float]:
-        """(Predict calls, images) so far, from the batch size histogram."""
-        text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
-        found = {
-            kind: sum(float(v) for v in re.findall(
-                rf"^vision_gateway_upstream_batch_size_{kind}\{{[^}}]*\}} (\S+)$", text, re.M
-            ))
-            for kind in ("count", "sum")
-        }  # fmt: skip
-        return found["count"], found["sum"]
-
-
 @contextmanager
-def gateway(upstream: str, model: str, batching: bool, workdir: Path) -> Iterator[Gateway]:
-    config = workdir / f"models-{model}-{'on' if batching else 'off'}.toml"
+def gateway(upstream: str, model: str, batching: bool) -> Iterator[processes.Gateway]:
+    """The gateway serving `model` as a classifier, its batching on or off."""
     text = f'[models.{model}]\ntask = "classification"\n'
     if not batching:
         text += f"[models.{model}.batching]\nenabled = false\n"
-    config.write_text(text)
-    port, metrics_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "--host=127.0.0.1", f"--port={port}",
-         f"--upstream={upstream}", f"--model={model}", f"--metrics-port={metrics_port}",
-         f"--model-config={config}", "--http-port=0"],
-        cwd=ROOT, stderr=subprocess.DEVNULL,  # INFO request logs (the default) to /dev/null
-    )  # fmt: skip
-    target = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while not is_serving(target):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("gateway did not become SERVING")
-            time.sleep(0.01)
-        yield Gateway(process, target, f"http://127.0.0.1:{metrics_port}/metrics")
-    finally:
-        stop_process(process)
+    with processes.gateway(upstream, model_config=text, model=model) as gw:
+        yield gw
 
 
 def body(model: str) -> bytes:
@@ -170,11 +134,14 @@ def _measure(
     )
 
 
-def measure(gw: Gateway, payload: bytes, concurrency: int, seconds: float) -> Run:
+def measure(
+    gw: processes.Gateway, model: str, payload: bytes, concurrency: int, seconds: float
+) -> Run:
     def cpu() -> float:
         return cpu_seconds([gw.process.pid])
 
-    return _measure(gw.target, CLASSIFY, payload, concurrency, seconds, cpu, gw.batch_counts)
+    counts = partial(gw.batch_counts, model)
+    return _measure(gw.target, CLASSIFY, payload, concurrency, seconds, cpu, counts)
 
 
 @dataclass
@@ -233,8 +200,8 @@ def scenario(
     payload = body(model)
     runs: dict[int, dict[str, list[Run]]] = {c: {m: [] for m in MODES} for c in CONCURRENCY}
     with ExitStack() as stack:
-        on = stack.enter_context(gateway(upstream, model, True, workdir))
-        off = stack.enter_context(gateway(upstream, model, False, workdir))
+        on = stack.enter_context(gateway(upstream, model, True))
+        off = stack.enter_context(gateway(upstream, model, False))
         peer_server = stack.enter_context(mlserver(upstream, workdir)) if peer else None
         gateways = {"on": on, "off": off}
         for gw in gateways.values():  # first calls: signature fetch, warm caches
@@ -243,7 +210,7 @@ def scenario(
             for round_ in range(args.rounds):
                 order = MODES if round_ % 2 == 0 else MODES[::-1]
                 for mode in order:
-                    run = measure(gateways[mode], payload, concurrency, args.seconds)
+                    run = measure(gateways[mode], model, payload, concurrency, args.seconds)
                     runs[concurrency][mode].append(run)
                     print(f"{model} c{concurrency} {mode}: {run}", flush=True)
                 if peer_server is not None and concurrency in MLSERVER_CONCURRENCY:

@@ -140,7 +140,10 @@ def proxy(upstream_target: str, send: bytes | None = None, typed: bool = False) 
 
 @contextmanager
 def gateway(
-    upstream_target: str, workers: int = 1, model_config: str | None = None
+    upstream_target: str,
+    workers: int = 1,
+    model_config: str | None = None,
+    model: str = "pixels",
 ) -> Iterator[Gateway]:
     port, metrics_port = free_port(), free_port()
     tmp = tempfile.TemporaryDirectory()
@@ -151,7 +154,7 @@ def gateway(
     started = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "--host=127.0.0.1", f"--port={port}",
-         f"--upstream={upstream_target}", "--model=pixels", f"--metrics-port={metrics_port}",
+         f"--upstream={upstream_target}", f"--model={model}", f"--metrics-port={metrics_port}",
          f"--workers={workers}", "--http-port=0", *extra],
         cwd=ROOT, stderr=subprocess.DEVNULL,  # INFO request logs (the default) to /dev/null
     )  # fmt: skip

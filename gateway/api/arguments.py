@@ -12,7 +12,8 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 
 from gateway import errors
-from gateway.api.bindings import Binding
+from gateway.api import pipelines
+from gateway.api.bindings import Binding, Bindings
 from gateway.tls import TLS
 
 
@@ -56,6 +57,45 @@ def add_option_arguments(parser: argparse.ArgumentParser, bindings: Iterable[Bin
         parser.add_argument(
             "--" + name.replace("_", "-"), dest=name, type=kind, default=kind(), help=text
         )
+
+
+def add_task_arguments(parser: argparse.ArgumentParser, bindings: Bindings) -> None:
+    """--task VERB (default: the first binding's) and --pipeline NAME, which runs a pipeline
+    of the gateway's model config instead (check_pipeline_flags refuses what cannot go with
+    it)."""
+    parser.add_argument(
+        "--task", choices=bindings.verbs, help=f"the task to run (default: {bindings.verbs[0]})"
+    )
+    parser.add_argument(
+        "--pipeline",
+        metavar="NAME",
+        default="",
+        help="run the gateway's pipeline NAME ([pipelines.NAME] of its model config) instead of "
+        "a task: the first model's instances, each with what the steps found in its crop; "
+        f"options: {', '.join(map(_flag, pipelines.OPTIONS))}",
+    )
+
+
+def check_pipeline_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, bindings: Bindings
+) -> None:
+    """With --pipeline, parser.error naming a task, a model or a task option it does not take
+    (never dropped): the pipeline's config names its models and its steps' options."""
+    named = [flag for flag, value in (("--task", args.task), ("--model", args.model),
+             ("--version", args.version), ("--label", args.label))
+             if value not in (None, "")]  # fmt: skip
+    options = {name for binding in bindings for name in binding.options}
+    named += [_flag(n) for n in sorted(options - set(pipelines.OPTIONS)) if getattr(args, n)]
+    if args.pipeline and named:
+        parser.error(
+            f"{', '.join(named)} cannot go with --pipeline: the pipeline's config names its "
+            f"models and its steps' options; a run takes "
+            f"{' and '.join(map(_flag, pipelines.OPTIONS))}"
+        )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 OPTION = "--option"

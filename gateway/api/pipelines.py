@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, NamedTuple, get_type_hints
 
 from google.protobuf.descriptor import OneofDescriptor
-from google.protobuf.message import Message
 from google.rpc import status_pb2
 
 from gateway import errors
@@ -145,8 +144,8 @@ class Results:
         self._bindings = bindings
         # Each task's result message -> its field in PipelineResult's `first` and in
         # StepResult's `result` oneof.
-        self._first = _fields(pb.PipelineResult, "first")
-        self._step = _fields(pb.StepResult, "result")
+        self._first = _by_result(FIRST, bindings)
+        self._step = _by_result(STEP, bindings)
 
     def to_result(self, outcome: Outcome) -> pb.PipelineResult:
         tree: Tree = outcome.result
@@ -189,10 +188,10 @@ class Results:
             )
 
 
-def _fields(message: type[Message], oneof: str) -> dict[str, str]:
-    """Message type's full name -> its field in `message`'s `oneof`."""
-    fields = message.DESCRIPTOR.oneofs_by_name[oneof].fields
-    return {f.message_type.full_name: f.name for f in fields if f.message_type is not None}
+def _by_result(oneof: OneofDescriptor, bindings: Bindings) -> dict[str, str]:
+    """A result message's full name -> its field in `oneof` (answer_bindings, inverted)."""
+    found = answer_bindings(oneof, bindings)
+    return {binding.result_type.DESCRIPTOR.full_name: name for name, binding in found.items()}
 
 
 def answer_bindings(oneof: OneofDescriptor, bindings: Bindings) -> dict[str, Binding]:

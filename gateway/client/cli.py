@@ -24,7 +24,13 @@ from typing import Any
 
 import grpc
 
-from gateway.api.arguments import add_option_arguments, add_tls_arguments, tls_from_args
+from gateway.api.arguments import (
+    add_option_arguments,
+    add_task_arguments,
+    add_tls_arguments,
+    check_pipeline_flags,
+    tls_from_args,
+)
 from gateway.api.bindings import Bindings
 from gateway.api.pipelines import OPTIONS as PIPELINE_OPTIONS
 from gateway.client.drawing import draw, draw_path, draw_pipeline
@@ -45,7 +51,8 @@ def main(argv: Sequence[str] | None = None, bindings: Bindings = BUILT_IN) -> in
     verb = args.task or bindings.verbs[0]
     painter: Callable[[bytes, dict[str, Any], Path], None]
     if args.pipeline:
-        fields = _pipeline_fields(parser, args, bindings)
+        check_pipeline_flags(parser, args, bindings)
+        fields = {name: getattr(args, name, 0) for name in PIPELINE_OPTIONS}
         painter = partial(draw_pipeline, bindings=bindings)
     else:
         binding = bindings.for_verb(verb)
@@ -96,16 +103,7 @@ def _parser(bindings: Bindings) -> argparse.ArgumentParser:
         metavar="URL",
         help="call the HTTP door at URL (e.g. http://localhost:8080) instead of gRPC",
     )
-    parser.add_argument(
-        "--task", choices=bindings.verbs, help=f"the task to run (default: {bindings.verbs[0]})"
-    )
-    parser.add_argument(
-        "--pipeline",
-        metavar="NAME",
-        help="run the gateway's pipeline NAME ([pipelines.NAME] of its model config) instead of "
-        "a task: the first model's instances, each with what the steps found in its crop; "
-        f"options: {', '.join('--' + o.replace('_', '-') for o in PIPELINE_OPTIONS)}",
-    )
+    add_task_arguments(parser, bindings)
     parser.add_argument("--model", default="", help="model name (default: the gateway's)")
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--version", type=int, help="model version")
@@ -123,28 +121,6 @@ def _parser(bindings: Bindings) -> argparse.ArgumentParser:
     )
     add_tls_arguments(parser)
     return parser
-
-
-def _pipeline_fields(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, bindings: Bindings
-) -> dict[str, Any]:
-    """A pipeline run's fields: the first model's options; a task, a model or another task
-    option is refused (the pipeline's config names its models and the steps' options)."""
-    named = [flag for flag, value in (("--task", args.task), ("--model", args.model),
-             ("--version", args.version), ("--label", args.label)) if value]  # fmt: skip
-    options = {name for binding in bindings for name in binding.options}
-    named += [
-        "--" + name.replace("_", "-")
-        for name in sorted(options - set(PIPELINE_OPTIONS))
-        if getattr(args, name)
-    ]
-    if named:
-        parser.error(
-            f"{', '.join(named)} cannot go with --pipeline: the pipeline's config names its "
-            "models and its steps' options; a run takes "
-            f"{' and '.join('--' + o.replace('_', '-') for o in PIPELINE_OPTIONS)}"
-        )
-    return {name: getattr(args, name, 0) for name in PIPELINE_OPTIONS}
 
 
 def _main_grpc(

@@ -71,7 +71,7 @@ def test_detection_batch_refuses_a_pipeline_with_a_model_and_stops_at_an_unknown
     both = _batch(pipeline_gateway, str(pipeline_images), str(tmp_path / "a"),
                   f"--pipeline={PIPELINE}", "--model=detector")  # fmt: skip
     assert both.returncode == 2
-    assert "--pipeline names what runs on every image: give it without --task, --model" in (
+    assert "--model cannot go with --pipeline: the pipeline's config names its models" in (
         both.stderr
     )
     options = _batch(pipeline_gateway, str(pipeline_images), str(tmp_path / "b"),

@@ -20,7 +20,9 @@ from gateway.api import pipelines
 from gateway.api.arguments import (
     add_generic_option,
     add_option_arguments,
+    add_task_arguments,
     add_tls_arguments,
+    check_pipeline_flags,
     parse_options,
     tls_from_args,
 )
@@ -73,15 +75,7 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
     )
     parser.add_argument("output", metavar="OUTPUT", help="output prefix (local or fsspec URL)")
     parser.add_argument("--target", required=True, help="gateway host:port")
-    parser.add_argument(
-        "--task", choices=bindings.verbs, help=f"the task (default: {bindings.verbs[0]})"
-    )
-    parser.add_argument(
-        "--pipeline",
-        default="",
-        help="run this pipeline of the gateway's model config ([pipelines.NAME]) instead of "
-        "a task's model; its options are the first model's (--min-score, --max-detections)",
-    )
+    add_task_arguments(parser, bindings)
     parser.add_argument(
         "--format",
         choices=FORMATS,
@@ -179,11 +173,7 @@ def _run(argv: Sequence[str], bindings: Bindings) -> int:
         parser.error("--concurrency, --stream-window and --connections must be at least 1")
     if bool(a.cert_file) != bool(a.key_file):
         parser.error("--cert-file and --key-file go together")
-    if a.pipeline and (a.task or a.model or a.version is not None or a.label is not None):
-        parser.error(
-            "--pipeline names what runs on every image: give it without --task, --model, "
-            "--version or --label (the pipeline's config names its models)"
-        )
+    check_pipeline_flags(parser, a, bindings)
     model = ModelRef(a.pipeline) if a.pipeline else ModelRef(a.model, a.version, a.label)
     verb = a.task or bindings.verbs[0]
     binding = pipelines.binding(bindings) if a.pipeline else bindings.for_verb(verb)
