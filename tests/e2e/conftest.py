@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from tests.support import pipelinesetup
+from tests.support.browser import browser  # noqa: F401 (a fixture: headless chromium)
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
 

@@ -5,6 +5,7 @@ the pipeline's own answer for that image, in input order. On the reference model
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 from gateway.proto.pipeline.v1 import pipeline_pb2_grpc as ppb_grpc
 from tests.support import jobs, jobshttp
 from tests.support.answers import same
+from tests.support.browser import job_view, with_page
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.pipelinesetup import DATASET_SEEDS, PIPELINE, ROOT
 
@@ -166,3 +168,19 @@ def test_an_optional_step_that_cannot_serve_fails_its_crops_not_the_job(
         assert result.instances, line.source
         for instance in result.instances:
             assert instance.steps["colour"].error.code != 0, instance
+
+
+def test_the_pages_jobs_view_runs_a_pipeline_job(
+    pipeline_gateway, pipeline_channel, pipeline_images, browser
+):
+    url = f"{pipeline_gateway.http_url}/?pipeline={PIPELINE}&min_score={MIN_SCORE}"
+    found = asyncio.run(
+        with_page(browser, lambda page: job_view(page, url, [], str(pipeline_images)))
+    )
+    assert found["state"] == "done", found["status"]
+    assert "SUCCEEDED" in found["status"] and "3 of 3 images" in found["status"]
+    lines = jobshttp.ndjson(found["results"].encode())
+    for line, want in zip(lines, _answers(pipeline_channel, pipeline_images), strict=True):
+        result = line["result"]
+        assert result.pop("@type") == "type.googleapis.com/pipeline.v1.PipelineResult"
+        same(result, want, line["source"])

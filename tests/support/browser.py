@@ -3,7 +3,8 @@ page: the `browser` fixture (module scope; skipped, saying why, when chromium is
 installed: `make pytest` installs it as root), one tab per `with_page` call, the `Page`
 calls the tests need, and `show_result`: the page drawing a given result over a given image,
 its canvas read back; `run_page`: the gateway's page run on an image, read back the same way
-(`read`: what the page shows now, e.g. after `Page.pick_file`).
+(`read`: what the page shows now, e.g. after `Page.pick_file`); `job_view`: a batch job run
+from the page's jobs view.
 """
 
 from __future__ import annotations
@@ -215,3 +216,47 @@ async def with_page(address: str, work: Any) -> Any:
         finally:
             async with session.get(f"http://{address}/json/close/{target['id']}"):
                 pass
+
+
+async def job_view(page: Page, url: str, files: list[Path], uri: str) -> dict[str, Any]:
+    """Opens the page at `url`, picks `files` or types `uri` in its jobs view, presses Start
+    and waits for the view to settle; returns what it shows (and the results link's
+    download)."""
+    await page.send("Page.navigate", url=url)
+    deadline = time.monotonic() + 30
+    while await page.evaluate("document.body ? document.body.dataset.state : ''") != "idle":
+        assert time.monotonic() < deadline, "the page did not load"
+        await asyncio.sleep(0.05)
+    if files:
+        document = await page.send("DOM.getDocument")
+        node = await page.send(
+            "DOM.querySelector", nodeId=document["root"]["nodeId"], selector="#job-files"
+        )
+        await page.send(
+            "DOM.setFileInputFiles", files=[str(p) for p in files], nodeId=node["nodeId"]
+        )
+    else:
+        await page.evaluate(f"document.getElementById('job-uri').value = {json.dumps(uri)}")
+    await page.evaluate("document.getElementById('job-start').click()")
+    deadline = time.monotonic() + 120
+    while (state := await page.evaluate("document.body.dataset.job || ''")) not in (
+        "done",
+        "error",
+    ):
+        assert time.monotonic() < deadline, f"the job view stayed {state!r}"
+        await asyncio.sleep(0.1)
+    answer = await page.send(
+        "Runtime.evaluate",
+        returnByValue=True,
+        awaitPromise=True,
+        expression=(
+            "(async () => { const link = document.getElementById('job-results');"
+            " const progress = document.getElementById('job-progress');"
+            " return {state: document.body.dataset.job,"
+            " status: document.getElementById('job-status').textContent,"
+            " value: progress.value, max: progress.max, hidden: link.hidden,"
+            " download: link.download, href: link.getAttribute('href'),"
+            " results: link.hidden ? '' : await (await fetch(link.href)).text()}; })()"
+        ),
+    )
+    return dict(answer["result"]["value"])

@@ -2,12 +2,12 @@
 // its results to download, through the HTTP door's jobs routes.
 //
 // Pick images (they go to `POST /v1/uploads` as one multipart body) or type a dataset URI the
-// gateway may read, then Start: `POST /v1/batchJobs` with the page's model, then
+// gateway may read, then Start: `POST /v1/batchJobs` with the page's model or pipeline, then
 // `POST /v1/operations/{id}:wait` in a loop that redraws the progress until the operation is
 // done; the results link is `GET /v1/operations/{id}/results` (JSON Lines). Cancel calls
 // `:cancel`. `document.body.dataset.job` ends as `done` or `error`: how the browser test
-// drives it. The model list, the task verbs, the options filled in (`chosenOptions()`) and `$`
-// come from the page's own script.
+// drives it. The model list, the task verbs, the pipeline picked (`pickedPipeline()`), the
+// options filled in (`chosenOptions()`) and `$` come from the page's own script.
 const jobs = {name: "", cancelled: false};
 function jobStatus(text, error) {
   $("job-status").textContent = text;
@@ -62,12 +62,12 @@ async function startJob(event) {
   $("job-results").hidden = true;
   jobs.cancelled = false;
   try {
-    const model = select.value;
-    const request = {
-      task: VERBS[MODELS[model]],
-      model: {name: model},
-    };
-    // The job's options: the chosen task's own, as a plain object (its request message).
+    // The model picked and its task, or the pipeline picked (its config names its models).
+    const model = select.value, pipeline = pickedPipeline();
+    const request = pipeline === null ? {task: VERBS[MODELS[model]], model: {name: model}}
+                                      : {pipeline: pipeline};
+    // The job's options: the chosen task's (or the pipeline's first model's) own, as a plain
+    // object (its request message).
     const options = chosenOptions();
     if (Object.keys(options).length) request.options = options;
     if (files.length) {

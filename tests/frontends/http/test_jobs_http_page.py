@@ -5,8 +5,6 @@ real browser (headless chromium) against `jobs_gateway` (conftest.py)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from gateway.models import default_registry
 from gateway.readiness import Readiness
 from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
-from tests.support.browser import Page, with_page
+from tests.support.browser import job_view, with_page
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import make_images
 from tests.support.jobshttp import ndjson
@@ -99,49 +97,6 @@ def test_openapi_describes_exactly_the_jobs_routes(tmp_path: Path) -> None:
 # --- the page's jobs view in a real browser -------------------------------------------------
 
 
-async def _job_view(page: Page, url: str, files: list[Path], uri: str) -> dict[str, Any]:
-    """Opens the page, picks `files` or types `uri` in the jobs view, presses Start and waits
-    for the view to settle; returns what it shows (and the results link's download)."""
-    await page.send("Page.navigate", url=url)
-    deadline = time.monotonic() + 30
-    while await page.evaluate("document.body ? document.body.dataset.state : ''") != "idle":
-        assert time.monotonic() < deadline, "the page did not load"
-        await asyncio.sleep(0.05)
-    if files:
-        document = await page.send("DOM.getDocument")
-        node = await page.send(
-            "DOM.querySelector", nodeId=document["root"]["nodeId"], selector="#job-files"
-        )
-        await page.send(
-            "DOM.setFileInputFiles", files=[str(p) for p in files], nodeId=node["nodeId"]
-        )
-    else:
-        await page.evaluate(f"document.getElementById('job-uri').value = {json.dumps(uri)}")
-    await page.evaluate("document.getElementById('job-start').click()")
-    deadline = time.monotonic() + 120
-    while (state := await page.evaluate("document.body.dataset.job || ''")) not in (
-        "done",
-        "error",
-    ):
-        assert time.monotonic() < deadline, f"the job view stayed {state!r}"
-        await asyncio.sleep(0.1)
-    answer = await page.send(
-        "Runtime.evaluate",
-        returnByValue=True,
-        awaitPromise=True,
-        expression=(
-            "(async () => { const link = document.getElementById('job-results');"
-            " const progress = document.getElementById('job-progress');"
-            " return {state: document.body.dataset.job,"
-            " status: document.getElementById('job-status').textContent,"
-            " value: progress.value, max: progress.max, hidden: link.hidden,"
-            " download: link.download, href: link.getAttribute('href'),"
-            " results: link.hidden ? '' : await (await fetch(link.href)).text()}; })()"
-        ),
-    )
-    return dict(answer["result"]["value"])
-
-
 @pytest.mark.parametrize("source", ["picked images", "dataset URI"])
 def test_page_runs_a_job_and_offers_its_results(
     jobs_gateway: GatewayProcess, browser: str, jobs_dataset: Path, tmp_path: Path, source: str
@@ -149,7 +104,7 @@ def test_page_runs_a_job_and_offers_its_results(
     picked = make_images(tmp_path, 3) if source == "picked images" else []
     uri = str(jobs_dataset / "allowed")
     url = f"{jobs_gateway.http_url}/?model=detector"
-    found = asyncio.run(with_page(browser, lambda page: _job_view(page, url, picked, uri)))
+    found = asyncio.run(with_page(browser, lambda page: job_view(page, url, picked, uri)))
     assert found["state"] == "done", found["status"]
     assert "SUCCEEDED" in found["status"] and "3 of 3 images" in found["status"]
     assert (found["value"], found["max"]) == (3, 3)
@@ -162,6 +117,6 @@ def test_page_runs_a_job_and_offers_its_results(
 
 def test_page_shows_why_a_job_was_refused(jobs_gateway: GatewayProcess, browser: str) -> None:
     url = f"{jobs_gateway.http_url}/?model=detector"
-    found = asyncio.run(with_page(browser, lambda page: _job_view(page, url, [], "/etc")))
+    found = asyncio.run(with_page(browser, lambda page: job_view(page, url, [], "/etc")))
     assert found["state"] == "error" and found["hidden"]
     assert found["status"].startswith("PERMISSION_DENIED: ") and "/etc" in found["status"]
