@@ -163,7 +163,8 @@ class Cascades:
         and every required step's model and options (an optional step's failure is its
         crops', never the image's)."""
         if task != TASK:
-            return await self.pipeline.check(task, request)
+            await self.pipeline.check(task, request)
+            return
         cascade = self.get(request.model.name)
         await self.pipeline.check(cascade.first.name, self._first(cascade, request))
         for step in cascade.steps:
@@ -171,7 +172,6 @@ class Cascades:
                 model = ModelRef(step.config.model)
                 step_request = Request(b"", model, step.options, trace=request.trace)
                 await self.pipeline.check(step.task.name, step_request)
-        return None
 
     def _first(self, cascade: Cascade, request: Request) -> Request:
         """The first model's request: the caller's options over the pipeline's defaults."""
