@@ -54,9 +54,7 @@ def add_option_arguments(parser: argparse.ArgumentParser, bindings: Iterable[Bin
         text = binding.options[name]
         if len(verbs) < len(bindings):
             text += f"; {', '.join(verbs)} only"
-        parser.add_argument(
-            "--" + name.replace("_", "-"), dest=name, type=kind, default=kind(), help=text
-        )
+        parser.add_argument(option_flag(name), dest=name, type=kind, default=kind(), help=text)
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, bindings: Bindings) -> None:
@@ -72,7 +70,7 @@ def add_task_arguments(parser: argparse.ArgumentParser, bindings: Bindings) -> N
         default="",
         help="run the gateway's pipeline NAME ([pipelines.NAME] of its model config) instead of "
         "a task: the first model's instances, each with what the steps found in its crop; "
-        f"options: {', '.join(map(_flag, pipelines.OPTIONS))}",
+        f"options: {', '.join(map(option_flag, pipelines.OPTIONS))}",
     )
 
 
@@ -81,20 +79,23 @@ def check_pipeline_flags(
 ) -> None:
     """With --pipeline, parser.error naming a task, a model or a task option it does not take
     (never dropped): the pipeline's config names its models and its steps' options."""
+    if not args.pipeline:
+        return
     named = [flag for flag, value in (("--task", args.task), ("--model", args.model),
              ("--version", args.version), ("--label", args.label))
              if value not in (None, "")]  # fmt: skip
     options = {name for binding in bindings for name in binding.options}
-    named += [_flag(n) for n in sorted(options - set(pipelines.OPTIONS)) if getattr(args, n)]
-    if args.pipeline and named:
+    named += [option_flag(n) for n in sorted(options - set(pipelines.OPTIONS)) if getattr(args, n)]
+    if named:
         parser.error(
             f"{', '.join(named)} cannot go with --pipeline: the pipeline's config names its "
             f"models and its steps' options; a run takes "
-            f"{' and '.join(map(_flag, pipelines.OPTIONS))}"
+            f"{' and '.join(map(option_flag, pipelines.OPTIONS))}"
         )
 
 
-def _flag(name: str) -> str:
+def option_flag(name: str) -> str:
+    """An option's own flag (max_detections: --max-detections)."""
     return "--" + name.replace("_", "-")
 
 

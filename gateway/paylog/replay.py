@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.api import pipelines
+from gateway.api.arguments import option_flag
 from gateway.api.bindings import Bindings
 from gateway.jobs.runner import storage
 from gateway.paylog.events import SPECVERSION, TYPE
@@ -85,7 +86,7 @@ class Group:
         elif self.label:
             args += ["--label", self.label]
         for name, value in sorted(self.options.items()):
-            args += ["--" + name.replace("_", "-"), str(value)]  # as the flag takes it
+            args += [option_flag(name), str(value)]  # as the flag takes it
         return args
 
 

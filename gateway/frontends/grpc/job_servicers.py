@@ -95,10 +95,9 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
     ) -> AsyncIterator[bpb.BatchResultLine]:
         try:
             caller = caller_of(context, self._settings)
-            async for job, file, index, line, token in self._jobs.read(
+            async for result_type, file, index, line, token in self._jobs.read(
                 caller, request.name, request.page_token
             ):
-                result_type = job.spec.binding(self._jobs.bindings).result_type
                 yield to_line(result_type, file, index, line, token)
         except GatewayError as e:
             await _abort(context, e)

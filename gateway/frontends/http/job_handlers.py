@@ -298,8 +298,7 @@ class JobHandlers:
         item = first
         try:
             while item is not None:
-                job, file, index, line, after = item
-                result_type = job.spec.binding(self._jobs.bindings).result_type
+                result_type, file, index, line, after = item
                 text = json.dumps(
                     _json(to_line(result_type, file, index, line, after)), separators=(",", ":")
                 )

@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from google.protobuf.message import Message
+
 from gateway import errors, identity
 from gateway.errors import GatewayError, Kind
 from gateway.jobs.control import results
@@ -340,11 +342,13 @@ class JobService:
 
     async def read(
         self, caller: str, name: str, token: str
-    ) -> AsyncIterator[tuple[Job, str, int, dict[str, Any], str]]:
-        """(job, result file, line index, line, token after it) in input order."""
+    ) -> AsyncIterator[tuple[type[Message], str, int, dict[str, Any], str]]:
+        """(the job's result message type, result file, line index, line, token after it) in
+        input order."""
         job = await self.load(caller, name)
+        result_type = job.spec.binding(self.bindings).result_type
         async for file, index, line, after in results.read(job, token):
-            yield job, file, index, line, after
+            yield result_type, file, index, line, after
 
     # --- expiry ----------------------------------------------------------------------------
 

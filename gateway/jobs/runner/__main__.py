@@ -23,6 +23,7 @@ from gateway.api.arguments import (
     add_task_arguments,
     add_tls_arguments,
     check_pipeline_flags,
+    option_flag,
     parse_options,
     tls_from_args,
 )
@@ -137,7 +138,7 @@ def run_parser(bindings: Bindings = BUILT_IN) -> argparse.ArgumentParser:
     )
     defaults = Limits()
     for name, text in _LIMIT_FLAGS:
-        flag = "--" + name.replace("_", "-")
+        flag = option_flag(name)
         parser.add_argument(flag, type=int, default=getattr(defaults, name), help=text)
     parser.add_argument(
         "--allowed-input-uris",
@@ -225,7 +226,7 @@ def _options(
     generic = parse_options(binding, a.generic_options)
     for name, value in generic.items():
         if options[name] != parser.get_default(name):
-            flag = "--" + name.replace("_", "-")
+            flag = option_flag(name)
             raise errors.invalid_input(f"{flag} and --option {name}=... both set {name}: give one")
         options[name] = value
     return options

@@ -59,13 +59,14 @@ class JobSpec:
         (Binding.check_options)."""
         if self.task == pipelines.TASK:
             binding: Binding = pipelines.binding(bindings)
-            binding.check_options(self.options)
-            return binding
-        try:
-            binding = bindings.for_task(self.task)
-        except KeyError:
-            names = ", ".join(b.task for b in bindings)
-            raise errors.invalid_input(f"task must be one of {names}, got {self.task!r}") from None
+        else:
+            try:
+                binding = bindings.for_task(self.task)
+            except KeyError:
+                names = ", ".join(b.task for b in bindings)
+                raise errors.invalid_input(
+                    f"task must be one of {names}, got {self.task!r}"
+                ) from None
         binding.check_options(self.options)
         return binding
 
@@ -89,14 +90,13 @@ class JobSpec:
     def check(self) -> None:
         """GatewayError INVALID_INPUT naming the first field out of range (the task's options
         are the task's to check)."""
-        if self.pipeline:
-            if self.model.version is not None or self.model.label is not None:
-                raise errors.invalid_input(
-                    f"pipeline {self.pipeline!r} has no versions or labels: its steps' models "
-                    "are named in its config"
-                )
-        elif not self.model.name and self.task == pipelines.TASK:
+        if self.task == pipelines.TASK and not self.model.name:
             raise errors.invalid_input("a pipeline job names its pipeline")
+        if self.pipeline and (self.model.version is not None or self.model.label is not None):
+            raise errors.invalid_input(
+                f"pipeline {self.pipeline!r} has no versions or labels: its steps' models are "
+                "named in its config"
+            )
         if self.model.version is not None and self.model.version < 1:
             raise errors.invalid_input(f"model version must be >= 1, got {self.model.version}")
         if self.model.label is not None and not self.model.label:

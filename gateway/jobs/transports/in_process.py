@@ -38,13 +38,12 @@ class Lane:
 
     def __init__(self, cascades: Cascades, yield_threshold: int) -> None:
         self._cascades = cascades  # runs a task's images and a pipeline's (Cascades.call)
-        self._pipeline = cascades.pipeline
         self.yield_threshold = yield_threshold
         self.in_flight = 0
         self.waited = 0  # images that had to wait for online work (for tests and logs)
 
     def _online(self) -> int:
-        return self._pipeline.in_flight - self.in_flight
+        return self._cascades.pipeline.in_flight - self.in_flight
 
     async def run(self, task: str, request: Request) -> Outcome:
         await self._share(request.caller)
@@ -67,7 +66,7 @@ class Lane:
         for the share after this is OVERLOADED and sent again by the transport.)"""
         while True:
             try:
-                return self._pipeline.admits(owner)
+                return self._cascades.pipeline.admits(owner)
             except GatewayError as e:
                 if e.kind is not Kind.OVERLOADED:
                     raise
