@@ -138,6 +138,8 @@ def test_a_job_runs_a_pipeline_over_http(pipeline_gateway, pipeline_channel, pip
         ({"options": {"pipeline": "x"}}, "INVALID_ARGUMENT",
          "options sets pipeline: a job's options are the task's options only"),
         ({"options": {"min_score": 2}}, "INVALID_ARGUMENT", "min_score"),
+        ({"pipeline": "p" * 200}, "INVALID_ARGUMENT",
+         "pipeline is 200 characters; the limit is 128"),
         ({"pipeline": "no_such_pipeline"}, "NOT_FOUND",
          "the gateway has no pipeline named 'no_such_pipeline'; it has: detect_then_classify"),
         # A required step's model that cannot serve fails every image: refused at once.

@@ -110,6 +110,10 @@ class Admission:
                 raise errors.invalid_input(
                     f"{name} holds the control character {bad!r}: names and URIs are printable text"
                 )
+        # The doors' rule for a model's (or pipeline's) name and label: errors quote them.
+        name_field = "pipeline" if spec.pipeline else "model.name"
+        strings.check(name_field, spec.model.name, strings.MAX_MODEL_NAME)
+        strings.check("model.label", spec.model.label or "", strings.MAX_MODEL_NAME)
         binding = request.spec.binding(self.bindings)
         request.spec.check()
         return binding
