@@ -29,6 +29,7 @@ import grpc
 
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.upstream.client import GET_MODEL_METADATA, GET_MODEL_STATUS, PREDICT
+from tests.support.deadline import forwarded_timeout
 
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 # Enough threads for every Predict a test holds at once plus health checks.
@@ -233,7 +234,7 @@ class FaultyUpstream:
         forward: grpc.UnaryUnaryMultiCallable, request: bytes, context: grpc.ServicerContext
     ) -> bytes:
         try:
-            return forward(request, timeout=context.time_remaining())  # type: ignore[no-any-return]
+            return forward(request, timeout=forwarded_timeout(context))  # type: ignore[no-any-return]
         except grpc.RpcError as e:
             context.abort(e.code(), e.details() or "")
             raise  # unreachable: abort raises

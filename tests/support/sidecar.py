@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 
+from tests.support.deadline import forwarded_timeout
+
 XFCC = "x-forwarded-client-cert"
 # A forwarded stream holds one of the server's threads until it ends: a runner opens
 # --concurrency / --stream-window streams (16 by default) and keeps them open for its whole
@@ -47,7 +49,9 @@ class _Forward(grpc.GenericRpcHandler):
             def stream(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
                 try:
                     yield from call(
-                        requests, metadata=self._metadata(context), timeout=context.time_remaining()
+                        requests,
+                        metadata=self._metadata(context),
+                        timeout=forwarded_timeout(context),
                     )
                 except grpc.RpcError as e:
                     context.abort(e.code(), e.details() or "")
@@ -59,7 +63,9 @@ class _Forward(grpc.GenericRpcHandler):
             try:
                 return bytes(
                     unary(
-                        request, metadata=self._metadata(context), timeout=context.time_remaining()
+                        request,
+                        metadata=self._metadata(context),
+                        timeout=forwarded_timeout(context),
                     )
                 )
             except grpc.RpcError as e:
