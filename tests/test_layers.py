@@ -29,8 +29,11 @@ FORBIDDEN = {
     "gateway.upstream": ["gateway.tasks", "gateway.core", "gateway.imaging", "gateway.frontends"],
     "gateway.models": ["gateway.tasks", "gateway.core", "gateway.frontends"],
     # A task works on the shared nouns (gateway.domain) and implements the contract
-    # (gateway.api.task); it knows nothing of the core that runs it or of the policy.
+    # (gateway.api.task); it knows nothing of the core that runs it or of the policy, nor of
+    # the gateway's settings: what the operator sets for a request is handed to its resolve
+    # (gateway.models.limits.Rules).
     "gateway.tasks": [
+        "gateway.config",
         "gateway.core",
         "gateway.policy",
         "gateway.frontends",

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.api.bindings import Binding, Bindings
-from gateway.config import Settings
 from gateway.domain import Comparison, Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
+from gateway.models.limits import Rules
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
 
@@ -57,9 +57,10 @@ class Task(Protocol):
         ...
 
     def resolve(
-        self, options: Any, config: ModelConfig, settings: Settings
+        self, options: Any, config: ModelConfig, rules: Rules
     ) -> Any:  # the task's resolved options
-        """Checks the caller's options (GatewayError INVALID_INPUT) and fills in defaults."""
+        """Checks the caller's options (GatewayError INVALID_INPUT) and fills in defaults: the
+        model's config's, else the gateway's (`rules`, with the model's ceilings)."""
         ...
 
     def output_plan(self, signature: Signature, config: ModelConfig) -> OutputPlan:

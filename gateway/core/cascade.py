@@ -120,7 +120,7 @@ def _options(
     try:
         task.binding.check_options(options)
         made = task.binding.options_type(**options)
-        task.resolve(made, config, pipeline.settings)
+        task.resolve(made, config, config.rules(pipeline.settings))
     except GatewayError as exc:
         raise ModelConfigError(f"{where}: {exc.message}") from None
     return made
@@ -215,7 +215,7 @@ class Cascades:
         first_request = self._first(cascade, request)
         # The options first, as a task's call judges them before its image.
         detect = self.pipeline.registry.get(cascade.config.detect, cascade.first.name)
-        cascade.first.resolve(first_request.options, detect, self.settings)
+        cascade.first.resolve(first_request.options, detect, detect.rules(self.settings))
         account = self.pipeline.admit(request.caller)
         try:
             work = Work(deadline)

@@ -248,7 +248,7 @@ class Pipeline:
         task = self._tasks[task_name]
         model = self.model_ref(task.name, request.model)
         config = self._config(task, model)
-        task.resolve(request.options, config, self.settings)
+        task.resolve(request.options, config, config.rules(self.settings))
         signature = await self._client.signature(model, self._timeout(None), request.trace)
         self._plan(task, signature, config)
 
@@ -316,7 +316,7 @@ class Pipeline:
         pixels: Crop | None = None,
     ) -> Outcome:
         config = self._config(task, model)
-        options = task.resolve(request.options, config, self.settings)
+        options = task.resolve(request.options, config, config.rules(self.settings))
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
         work.deadline = deadline
         for attempt in (1, 2):

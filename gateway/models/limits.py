@@ -8,6 +8,9 @@ raise (gateway.domain.Cost prices the work against them before it runs).
 
 A key left out is the gateway's (--max-detections-limit, --max-mask-pixels,
 --max-answer-bytes: gateway.config.Settings), which the Limits of a model resolve to.
+
+A task reads no more of the gateway's configuration than `Rules`: a model's Limits and the
+gateway's request defaults (--min-score, --max-detections).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gateway.config import Settings
 from gateway.models.values import read_integer, refuse_unknown
 
 KEYS = ("max_detections", "max_mask_pixels", "max_answer_bytes")
@@ -73,3 +77,22 @@ def resolve(
         model,
         own,
     )
+
+
+class Rules(NamedTuple):
+    """What the operator sets for one model's requests, all a task's `resolve` reads of the
+    gateway's configuration: the model's ceilings, and the gateway's defaults for what
+    neither the request nor the model's config sets."""
+
+    limits: Limits
+    min_score: float  # --min-score
+    max_detections: int  # --max-detections, within limits.max_detections
+
+
+def rules(config: LimitsConfig, model: str, settings: Settings) -> Rules:
+    """The rules for requests to `model` (its [models.NAME.limits] is `config`)."""
+    limits = resolve(
+        config, model, settings.max_detections_limit, settings.max_mask_pixels,
+        settings.max_answer_bytes,
+    )  # fmt: skip
+    return Rules(limits, settings.min_score, settings.max_detections)

@@ -11,7 +11,8 @@ from typing import Any
 from gateway.labels import Labels
 from gateway.models.batching import BatchingConfig
 from gateway.models.input_prep import InputPrep
-from gateway.models.limits import LimitsConfig
+from gateway.config import Settings
+from gateway.models.limits import LimitsConfig, Rules, rules
 from gateway.models.pipelines import PipelineConfig
 from gateway.models.rollout import RolloutConfig
 
@@ -32,6 +33,11 @@ class ModelConfig:
     # The task's own config (its request defaults, its [outputs]), as the task's read_config
     # made it; None: the task's defaults (a model the config file does not list).
     task_config: Any = None
+
+    def rules(self, settings: Settings) -> Rules:
+        """What the operator sets for this model's requests (its ceilings, the gateway's
+        request defaults): what a task's resolve reads."""
+        return rules(self.limits, self.name, settings)
 
 
 _MAX_UNLISTED = 1024

@@ -1,10 +1,9 @@
 """What the task folders share: `FolderTask`, the members every task has alike (its name,
 binding and config module from its folder, its own config of a model, its output plan from
-its plans function), a model's ceilings on one request's work (`limits_of`), the readers of a
-model table's own keys and of `[models.NAME.outputs]` output names, how a refusal names a
-model version (`described`) and the reader of one output's numbers. The contract a task
-implements (Task, TaskRegistry) is gateway.api.task; the nouns it works on (Frame,
-OutputPlan, OutputError) are gateway.domain."""
+its plans function), the readers of a model table's own keys and of `[models.NAME.outputs]`
+output names, how a refusal names a model version (`described`) and the reader of one
+output's numbers. The contract a task implements (Task, TaskRegistry) is gateway.api.task;
+the nouns it works on (Frame, OutputPlan, OutputError) are gateway.domain."""
 
 from __future__ import annotations
 
@@ -16,11 +15,8 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import numpy as np
 
 from gateway.api.bindings import Binding
-from gateway.config import Settings
 from gateway.domain import Located, OutputError, OutputPlan
 from gateway.models import ModelConfig
-from gateway.models.limits import Limits
-from gateway.models.limits import resolve as resolve_limits
 from gateway.models.values import COMMON_KEYS, ModelConfigError, as_table, refuse_unknown
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor, as_array
@@ -87,15 +83,6 @@ def task_config(config: ModelConfig, default: _Config) -> _Config:
     it), or `default` for a model no config file lists (task_config None)."""
     own = config.task_config
     return own if isinstance(own, type(default)) else default
-
-
-def limits_of(config: ModelConfig, settings: Settings) -> Limits:
-    """The ceilings on one request's work for a model: its [models.NAME.limits], else the
-    gateway's (--max-detections-limit, --max-mask-pixels, --max-answer-bytes)."""
-    return resolve_limits(
-        config.limits, config.name, settings.max_detections_limit, settings.max_mask_pixels,
-        settings.max_answer_bytes,
-    )  # fmt: skip
 
 
 def read_own_keys(table: Mapping[str, Any], own: Collection[str], path: Path, where: str) -> None:

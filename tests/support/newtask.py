@@ -177,9 +177,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from gateway import errors
-from gateway.config import Settings
 from gateway.domain import Comparison, Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
+from gateway.models.limits import Rules
 from gateway.tasks.base import FolderTask
 from gateway.tasks.palette.nouns import PaletteOptions, Share, Shares
 from gateway.upstream.signatures import Signature
@@ -188,7 +188,7 @@ from gateway.upstream.tensors import Tensor, as_array
 
 class PaletteTask(FolderTask[float]):
 
-    def resolve(self, options: PaletteOptions, config: ModelConfig, settings: Settings) -> float:
+    def resolve(self, options: PaletteOptions, config: ModelConfig, rules: Rules) -> float:
         if not 0.0 <= options.min_share <= 1.0:
             raise errors.invalid_input(f"min_share must be in [0, 1], got {options.min_share}")
         return options.min_share or self.own(config)

@@ -113,13 +113,13 @@ def test_a_signature_without_classifier_outputs_is_a_bad_model_naming_the_keys()
 def test_options_take_the_model_default_and_refuse_out_of_range_values():
     own = ClassificationConfig(top_k=2, min_score=0.1)
     config = ModelConfig("m", "classification", LABELS, task_config=own)
-    resolved = TASK.resolve(ClassifyOptions(), config, Settings())
+    rules = config.rules(Settings())
+    resolved = TASK.resolve(ClassifyOptions(), config, rules)
     assert (resolved.top_k, resolved.min_score) == (2, 0.1)
-    assert TASK.resolve(ClassifyOptions(top_k=7), config, Settings()).top_k == 7
-    assert (
-        TASK.resolve(ClassifyOptions(), ModelConfig("m", "classification"), Settings()).top_k == 5
-    )
+    assert TASK.resolve(ClassifyOptions(top_k=7), config, rules).top_k == 7
+    unlisted = ModelConfig("m", "classification")
+    assert TASK.resolve(ClassifyOptions(), unlisted, unlisted.rules(Settings())).top_k == 5
     with pytest.raises(GatewayError, match="top_k must be in"):
-        TASK.resolve(ClassifyOptions(top_k=5000), config, Settings())
+        TASK.resolve(ClassifyOptions(top_k=5000), config, rules)
     with pytest.raises(GatewayError, match="min_score must be in"):
-        TASK.resolve(ClassifyOptions(min_score=-0.5), config, Settings())
+        TASK.resolve(ClassifyOptions(min_score=-0.5), config, rules)

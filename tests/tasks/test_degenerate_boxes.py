@@ -46,7 +46,8 @@ def run(task: Any, table: dict[str, Any], found: dict[str, np.ndarray], **asked:
     specs = {k: TensorSpec(tfs.DT_FLOAT, tuple(v.shape)) for k, v in found.items()}
     signature = Signature("m", 1, {"images": TensorSpec(tfs.DT_UINT8, (1, -1, -1, 3))}, specs)
     plan = task.output_plan(signature, config)
-    options = task.resolve(task.binding.options_type(min_score=0.5, **asked), config, Settings())
+    asking = task.binding.options_type(min_score=0.5, **asked)
+    options = task.resolve(asking, config, config.rules(Settings()))
     return task.map(found, plan, Frame(WIDTH, HEIGHT, None, (WIDTH, HEIGHT)), options, config)
 
 

@@ -120,7 +120,7 @@ def test_declared_pixel_xyxy_boxes_with_a_class_offset_map_to_pixels() -> None:
         },
         plan,
         Frame(320, 240, None, (160, 120)),  # the model got the image at half size
-        DETECT.resolve(DetectOptions(min_score=0.5), config, Settings()),
+        DETECT.resolve(DetectOptions(min_score=0.5), config, config.rules(Settings())),
         config,
     )
     [found] = result.detections
@@ -144,7 +144,7 @@ def test_classification_reads_a_single_output_as_probabilities_and_declared_logi
         {"output_0": np.array([[2.0, 0.0, -2.0]], np.float32)},
         plan,
         Frame(8, 8),
-        CLASSIFY.resolve(ClassifyOptions(top_k=3), sigmoid, Settings()),
+        CLASSIFY.resolve(ClassifyOptions(top_k=3), sigmoid, sigmoid.rules(Settings())),
         sigmoid,
     )
     assert [round(c.score, 4) for c in result.classes] == [0.8808, 0.5, 0.1192]

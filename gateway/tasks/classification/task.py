@@ -23,9 +23,9 @@ from typing import NamedTuple
 import numpy as np
 
 from gateway import errors
-from gateway.config import Settings
 from gateway.domain import Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
+from gateway.models.limits import Rules
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import FolderTask, described
 from gateway.tasks.classification.compare import compare_classes
@@ -206,7 +206,7 @@ class ClassificationTask(FolderTask[ClassificationConfig]):
     plan_outputs = staticmethod(plan_outputs)
 
     def resolve(
-        self, options: ClassifyOptions, config: ModelConfig, settings: Settings
+        self, options: ClassifyOptions, config: ModelConfig, rules: Rules
     ) -> ClassificationSettings:
         own = self.own(config)
         top_k, min_score = own.top_k, own.min_score

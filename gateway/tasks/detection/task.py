@@ -8,11 +8,10 @@ import math
 from collections.abc import Mapping, Sequence
 
 from gateway import errors
-from gateway.config import Settings
 from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
-from gateway.models.limits import Limits
-from gateway.tasks.base import FolderTask, limits_of
+from gateway.models.limits import Rules
+from gateway.tasks.base import FolderTask
 from gateway.tasks.detection.compare import compare_detections
 from gateway.tasks.detection.config import DetectionConfig
 from gateway.tasks.detection.forms import map_decoded
@@ -26,16 +25,15 @@ from gateway.upstream.tensors import Tensor
 DETECTION_BYTES = 200
 
 
-def resolve_options(
-    options: Kept, own: DetectionConfig, settings: Settings, limits: Limits
-) -> DetectionSettings:
+def resolve_options(options: Kept, own: DetectionConfig, rules: Rules) -> DetectionSettings:
     """A request's min_score and max_detections checked and completed with the model's
     defaults, else the gateway's (--min-score, --max-detections); max_detections within the
     model's ceiling (limits), which a caller cannot raise and a default does not pass; for
     tasks built on detection too."""
-    min_score = own.min_score if own.min_score is not None else settings.min_score
+    limits = rules.limits
+    min_score = own.min_score if own.min_score is not None else rules.min_score
     ceiling = limits.max_detections
-    max_detections = min(own.max_detections or settings.max_detections, ceiling)
+    max_detections = min(own.max_detections or rules.max_detections, ceiling)
     if options.max_detections > ceiling:
         raise errors.too_costly(
             f"max_detections is {options.max_detections}, over model '{limits.model}''s limit "
@@ -68,9 +66,9 @@ class DetectionTask(FolderTask[DetectionConfig]):
     compare = staticmethod(compare_detections)
 
     def resolve(
-        self, options: DetectOptions, config: ModelConfig, settings: Settings
+        self, options: DetectOptions, config: ModelConfig, rules: Rules
     ) -> DetectionSettings:
-        return resolve_options(options, self.own(config), settings, limits_of(config, settings))
+        return resolve_options(options, self.own(config), rules)
 
     plan_outputs = staticmethod(plan_outputs)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway import errors
-from gateway.config import Settings
 from gateway.domain import Cost, Frame, OutputError, OutputPlan
 from gateway.models import ModelConfig
+from gateway.models.limits import Rules
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
 from gateway.tasks.base import FolderTask, described
 from gateway.tasks.embedding.compare import compare_embeddings
@@ -106,7 +106,7 @@ def plan_outputs(signature: Signature, own: EmbeddingConfig) -> EmbeddingPlan:
 class EmbeddingTask(FolderTask[EmbeddingConfig]):
     compare = staticmethod(compare_embeddings)
 
-    def resolve(self, options: EmbedOptions, config: ModelConfig, settings: Settings) -> int:
+    def resolve(self, options: EmbedOptions, config: ModelConfig, rules: Rules) -> int:
         """The caller's `dimensions` (0: all of them)."""
         if not 0 <= options.dimensions <= MAX_DIMENSIONS:
             raise errors.invalid_input(

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.config import Settings
 from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
-from gateway.tasks.base import FolderTask, limits_of
+from gateway.models.limits import Rules
+from gateway.tasks.base import FolderTask
 from gateway.tasks.detection.nouns import DetectionSettings
 from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
 from gateway.tasks.keypoints.compare import compare_keypoints
@@ -25,10 +25,9 @@ class KeypointTask(FolderTask[KeypointConfig]):
     compare = staticmethod(compare_keypoints)
 
     def resolve(
-        self, options: KeypointOptions, config: ModelConfig, settings: Settings
+        self, options: KeypointOptions, config: ModelConfig, rules: Rules
     ) -> DetectionSettings:
-        own = self.own(config).detection
-        return resolve_options(options, own, settings, limits_of(config, settings))
+        return resolve_options(options, self.own(config).detection, rules)
 
     plan_outputs = staticmethod(plan_keypoints)
 

@@ -9,11 +9,10 @@ import math
 from collections.abc import Sequence
 
 from gateway import errors
-from gateway.config import Settings
 from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
-from gateway.models.limits import Limits
-from gateway.tasks.base import FolderTask, limits_of
+from gateway.models.limits import Rules
+from gateway.tasks.base import FolderTask
 from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
 from gateway.tasks.segmentation.compare import compare_segments
 from gateway.tasks.segmentation.config import SegmentationConfig
@@ -29,9 +28,9 @@ from gateway.tasks.segmentation.plans import plan_segmentation
 
 
 def resolve_segment(
-    options: SegmentOptions, own: SegmentationConfig, settings: Settings, limits: Limits
+    options: SegmentOptions, own: SegmentationConfig, rules: Rules
 ) -> SegmentSettings:
-    detection = resolve_options(options, own.detection, settings, limits)
+    detection = resolve_options(options, own.detection, rules)
     threshold = options.mask_threshold
     if math.isnan(threshold) or not 0.0 <= threshold < 1.0:
         raise errors.invalid_input(
@@ -49,7 +48,7 @@ def resolve_segment(
         detection.max_detections,
         threshold or own.mask_threshold,
         mask_format,
-        limits,
+        rules.limits,
     )
 
 
@@ -70,9 +69,9 @@ class SegmentationTask(FolderTask[SegmentationConfig]):
     map_in_thread = True  # a mask per instance: milliseconds each
 
     def resolve(
-        self, options: SegmentOptions, config: ModelConfig, settings: Settings
+        self, options: SegmentOptions, config: ModelConfig, rules: Rules
     ) -> SegmentSettings:
-        return resolve_segment(options, self.own(config), settings, limits_of(config, settings))
+        return resolve_segment(options, self.own(config), rules)
 
     plan_outputs = staticmethod(plan_segmentation)
 

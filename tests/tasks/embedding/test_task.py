@@ -120,7 +120,8 @@ def test_other_signatures_are_refused_naming_the_key(
 
 def embed(row: list[float], dimensions: int = 0, normalize: bool = True) -> tuple[list, bool]:
     plan = EmbeddingPlan(("v",), "embedding", len(row), normalize)
-    options = TASK.resolve(EmbedOptions(dimensions), config(), Settings())
+    model = config()
+    options = TASK.resolve(EmbedOptions(dimensions), model, model.rules(Settings()))
     outputs = {"v": np.array([row], np.float32)}
     result = TASK.map(outputs, plan, FRAME, options, config())
     return result.vector, result.normalized

@@ -53,7 +53,7 @@ def run(
 ) -> Keypoints:
     specs = specs or {k: TensorSpec(F, tuple(v.shape)) for k, v in outputs.items()}
     plan = TASK.output_plan(signature(specs), config)
-    resolved = TASK.resolve(options, config, SETTINGS)
+    resolved = TASK.resolve(options, config, config.rules(SETTINGS))
     return TASK.map(outputs, plan, frame, resolved, config)
 
 

@@ -129,7 +129,7 @@ def outputs() -> tuple[np.ndarray, np.ndarray]:
 def gateway_masks(frame: Frame, resolution: str) -> list[np.ndarray]:
     head, protos = outputs()
     config = model(resolution)
-    resolved = TASK.resolve(SegmentOptions(min_score=0.5), config, Settings())
+    resolved = TASK.resolve(SegmentOptions(min_score=0.5), config, config.rules(Settings()))
     found = {"output0": head[None], "output1": protos[None]}
     result = TASK.map(found, plan_of(config), frame, resolved, config)
     return [masks.rle_decode([i.mask.height, i.mask.width], i.mask.counts or "")

@@ -96,12 +96,12 @@ def test_plans_name_what_to_set() -> None:
 
 
 def test_options_are_checked_and_completed() -> None:
-    settings = Settings()
     config = model(read({"outputs": {"mask_threshold": 0.3}}))
-    resolved = TASK.resolve(SegmentOptions(), config, settings)
+    rules = config.rules(Settings())
+    resolved = TASK.resolve(SegmentOptions(), config, rules)
     assert resolved.mask_threshold == 0.3 and resolved.mask_format == "rle"
     assert TASK.resolve(SegmentOptions(mask_threshold=0.7, mask_format="PNG"), config,
-                        settings)[2:4] == (0.7, "png")  # fmt: skip
+                        rules)[2:4] == (0.7, "png")  # fmt: skip
     for options, message in (
         (SegmentOptions(mask_threshold=1.0), "mask_threshold must be in [0, 1)"),
         (SegmentOptions(mask_threshold=float("nan")), "mask_threshold must be in [0, 1)"),
@@ -109,7 +109,7 @@ def test_options_are_checked_and_completed() -> None:
         (SegmentOptions(min_score=-1), "min_score must be in [0, 1]"),
     ):
         with pytest.raises(GatewayError) as info:
-            TASK.resolve(options, config, settings)
+            TASK.resolve(options, config, rules)
         assert info.value.kind is Kind.INVALID_INPUT and message in str(info.value)
 
 
@@ -128,7 +128,7 @@ def outputs(grids: np.ndarray, scores: list[float]) -> dict[str, np.ndarray]:
 def run(found: dict[str, np.ndarray], options: SegmentOptions | None = None) -> Segments:
     config = model()
     plan = TASK.output_plan(signature({**OD, "detection_masks": TensorSpec(F, None)}), config)
-    resolved = TASK.resolve(options or SegmentOptions(), config, Settings())
+    resolved = TASK.resolve(options or SegmentOptions(), config, config.rules(Settings()))
     result: Segments = TASK.map(found, plan, Frame(100, 50), resolved, config)
     return result
 

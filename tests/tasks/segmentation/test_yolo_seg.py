@@ -114,7 +114,10 @@ def outputs(layout: str = "NCHW") -> dict[str, np.ndarray]:
 
 def run(found: dict[str, np.ndarray], frame: Frame, **options: Any) -> Segments:
     plan = TASK.output_plan(signature({"output0": HEAD, "output1": PROTOS}), model())
-    resolved = TASK.resolve(SegmentOptions(min_score=0.5, **options), model(), Settings())
+    config = model()
+    resolved = TASK.resolve(
+        SegmentOptions(min_score=0.5, **options), config, config.rules(Settings())
+    )
     result: Segments = TASK.map(found, plan, frame, resolved, model())
     return result
 
