@@ -15,7 +15,8 @@ def forwarded_timeout(context: grpc.ServicerContext) -> float | None:
     Passing the huge remaining time on as a timeout is not "no deadline": the client adds it
     to the clock and, as the sum rounds past 2**63, gRPC takes the deadline as already passed.
     The forwarded call then fails at once with DEADLINE_EXCEEDED, some of the time, depending
-    on the clock (how test_jobs_cluster's runner lost whole streams behind tests/support/sidecar).
+    on the clock: how test_jobs_cluster's runner lost whole streams behind
+    tests/support/sidecar.py.
     """
     remaining = context.time_remaining()
     if remaining is None or remaining >= _NO_DEADLINE:
