@@ -113,7 +113,7 @@ pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv ultralytics-venv peers tes
 test: lint typecheck k8s-check pytest
 
 # The quick loop while changing code (docs/testing.md): ruff, then the tests not marked `slow`
-# (tests/conftest.py SLOW: the process-heavy files, from measured durations), under 5 minutes
+# (tests/conftest.py SLOW: the process-heavy files, from measured durations), under 3 minutes
 # on 2 cores from a built venv. `make test` stays the full gate.
 .PHONY: test-fast
 test-fast: $(STAMP) test-models
