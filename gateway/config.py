@@ -125,13 +125,14 @@ class Settings:
     # says otherwise), by readiness, and by the HTTP door's /invocations and /ping.
     model: str = "detector"
     # Per-model config (TOML, gateway/models/): task, labels, input preparation, request
-    # defaults. Empty: every model is a detection model with the defaults below.
+    # defaults. Empty: every model is a detection model with the task's defaults.
     model_config: str = ""
     # Per-model OD API label maps: model name -> label_map.pbtxt.
     label_maps: Mapping[str, Path] = field(default_factory=dict)
-    # Defaults for detection requests that leave min_score / max_detections at 0.
-    min_score: float = 0.5
-    max_detections: int = 100
+    # The operator's values of the request defaults the tasks declare (gateway.api.task's
+    # Task.request_defaults: --min-score, --max-detections), by name; not a flag itself
+    # (gateway.flags makes one of each). A default missing here is the task's own.
+    request_defaults: Mapping[str, float | int] = field(default_factory=dict)
 
     # === jobs: batch jobs over the API (gateway/jobs) ===
     # Where jobs run: local (inside this process, yielding to online requests) or
@@ -317,11 +318,9 @@ class Settings:
             raise ValueError(
                 f"upstream-lb must be pick_first or round_robin, got {self.upstream_lb!r}"
             )
-        if not 0.0 <= self.min_score <= 1.0:
-            raise ValueError(f"min-score must be in [0, 1], got {self.min_score}")
         # Settings that must be at least 1.
         whole = (
-            "max_detections max_image_bytes max_pixels max_concurrent_requests max_callers "
+            "max_image_bytes max_pixels max_concurrent_requests max_callers "
             "grpc_max_concurrent_streams http_max_metadata_bytes http_max_metadata_keys "
             "stream_window decode_threads workers batch_max_jobs batch_max_jobs_per_caller "
             "batch_max_finished_per_caller batch_max_upload_bytes "

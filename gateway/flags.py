@@ -2,7 +2,10 @@
 setting (gateway.config), shown in `--help` by group.
 
 Every flag `--some-name` has the environment variable `GATEWAY_SOME_NAME`; a flag given on
-the command line wins over the variable, and the variable over the default.
+the command line wins over the variable, and the variable over the default. Besides the
+settings, each request default a served task declares (Task.request_defaults: --min-score,
+--max-detections) is a flag of the "models" group; its value lands in
+Settings.request_defaults.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from gateway.api.task import TaskRegistry
 from gateway.config import Settings
+from gateway.models.limits import RequestDefault
+from gateway.tasks.builtin import built_in_tasks
 
 # Each setting's group in `--help` (title, settings), in the order Settings declares them.
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -75,8 +81,6 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
             "model",
             "model_config",
             "label_maps",
-            "min_score",
-            "max_detections",
         ),
     ),
     "jobs": (
@@ -179,8 +183,6 @@ _HELP = {
     "model": "model used when a request names none",
     "model_config": "TOML file with per-model task, labels, input preparation and defaults",
     "label_maps": "MODEL=PATH[,MODEL=PATH...] OD API label_map.pbtxt per model",
-    "min_score": "default minimum score",
-    "max_detections": "default maximum detections per image",
     "upstream_timeout": "seconds a TF Serving call may take",
     "max_image_bytes": "largest encoded image accepted",
     "max_pixels": "largest image accepted, in pixels (width x height)",
@@ -281,10 +283,48 @@ def _converter(name: str, default: Any) -> Callable[[str], Any]:
     return type(default)
 
 
+# Settings fields that are no flag of their own.
+NOT_FLAGS = ("request_defaults",)
+
+
+def request_defaults(tasks: TaskRegistry | None = None) -> tuple[RequestDefault, ...]:
+    """The request defaults the tasks declare (the built-in tasks when None), each once:
+    tasks may share one (detection's --min-score is keypoints' and segmentation's), but not
+    declare one name twice differently."""
+    if tasks is None:
+        tasks = built_in_tasks()
+    found: dict[str, RequestDefault] = {}
+    settings = {setting.name for setting in fields(Settings)}
+    for name, task in tasks.items():
+        for declared in task.request_defaults:
+            if declared.name in settings:
+                raise ValueError(
+                    f"task {name!r} declares the request default {declared.name!r}, which is "
+                    "a setting of the gateway: name it otherwise"
+                )
+            seen = found.setdefault(declared.name, declared)
+            if seen != declared:
+                raise ValueError(
+                    f"task {name!r} declares the request default {declared.name!r} unlike "
+                    f"another task: {declared} and {seen}"
+                )
+    return tuple(found.values())
+
+
+def flag_names(tasks: TaskRegistry | None = None) -> tuple[str, ...]:
+    """Every flag's name ("min_score"; its variable is env_name's): the settings', then the
+    request defaults `tasks` declare (the built-in tasks' when None)."""
+    settings = tuple(s.name for s in fields(Settings) if s.name not in NOT_FLAGS)
+    return settings + tuple(d.name for d in request_defaults(tasks))
+
+
 def parse_settings(
-    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    tasks: TaskRegistry | None = None,
 ) -> Settings:
-    """Settings from flags, then GATEWAY_* variables, then defaults. Exits on bad input."""
+    """Settings from flags, then GATEWAY_* variables, then defaults; the request defaults
+    `tasks` declare (the built-in tasks' when None) among them. Exits on bad input."""
     environ = os.environ if environ is None else environ
     defaults = Settings()
     parser = argparse.ArgumentParser(
@@ -293,36 +333,54 @@ def parse_settings(
         "front of TensorFlow Serving. Each flag can also be set with the environment variable "
         "shown.",
     )
-    group_of = {}
-    for group, (title, names) in GROUPS.items():
-        section = parser.add_argument_group(f"{group}: {title}")
-        group_of.update(dict.fromkeys(names, section))
-    for setting in fields(Settings):
-        default = getattr(defaults, setting.name)
-        convert = _converter(setting.name, default)
-        env = env_name(setting.name)
+    sections = {
+        group: parser.add_argument_group(f"{group}: {title}")
+        for group, (title, _) in GROUPS.items()
+    }
+    group_of = {name: group for group, (_, names) in GROUPS.items() for name in names}
+
+    def add(name: str, default: Any, convert: Callable[[str], Any], shown: Any, text: str,
+            group: str) -> None:  # fmt: skip
+        env = env_name(name)
         value = default
         if env in environ:
             try:
                 value = convert(environ[env])
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 parser.error(f"{env}={environ[env]!r}: {exc}")
+        sections[group].add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=convert,
+            default=value,
+            help=f"{text} [{env}; default {shown}]",
+        )
+
+    for setting in fields(Settings):
+        if setting.name in NOT_FLAGS:
+            continue
+        default = getattr(defaults, setting.name)
         shown = (
             ",".join(f"{name}={path}" for name, path in default.items())
             if setting.name == "label_maps"
             else default
         )
-        group_of[setting.name].add_argument(
-            "--" + setting.name.replace("_", "-"),
-            dest=setting.name,
-            type=convert,
-            default=value,
-            help=f"{_HELP[setting.name]} [{env}; default {shown}]",
-        )
-    args = parser.parse_args(argv)
-    settings = Settings(**vars(args))
+        convert = _converter(setting.name, default)
+        add(setting.name, default, convert, shown, _HELP[setting.name], group_of[setting.name])
+    try:
+        declared = request_defaults(tasks)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for task_default in declared:
+        default = task_default.default
+        add(task_default.name, default, type(default), default, task_default.help, "models")
+    args = vars(parser.parse_args(argv))
+    chosen = {d.name: args.pop(d.name) for d in declared}
+    settings = Settings(**args, request_defaults=chosen)
     try:
         settings.validate()
+        for task_default in declared:
+            task_default.check(chosen[task_default.name])
     except ValueError as exc:
         parser.error(str(exc))
     return settings

@@ -7,17 +7,22 @@ from pathlib import Path
 
 import pytest
 
+from gateway.api.task import TaskRegistry
 from gateway.config import MIB, Settings
-from gateway.flags import GROUPS, env_name, parse_settings
+from gateway.flags import GROUPS, NOT_FLAGS, env_name, parse_settings
+from gateway.models import ModelConfig
+from gateway.models.limits import RequestDefault
+from gateway.tasks.builtin import built_in_tasks
+from gateway.tasks.detection.task import DEFAULTS, MIN_SCORE, DetectionTask
 
 
 def test_flags_win_over_environment_which_wins_over_defaults() -> None:
     env = {"GATEWAY_PORT": "6000", "GATEWAY_MIN_SCORE": "0.25", "GATEWAY_MODEL": "from-env"}
     settings = parse_settings(["--port", "7000"], env)
     assert settings.port == 7000
-    assert settings.min_score == 0.25
     assert settings.model == "from-env"
-    assert settings.max_detections == 100
+    # The request defaults the tasks declare (detection's), as flags and variables too.
+    assert settings.request_defaults == {"min_score": 0.25, "max_detections": 100}
 
 
 def test_label_maps_are_model_path_pairs() -> None:
@@ -38,7 +43,9 @@ def test_message_limits_derive_from_the_image_limits() -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["--min-score=2"], {}, "min-score must be in [0, 1]"),
+        (["--min-score=2"], {}, "min-score must be in [0.0, 1.0], got 2.0"),
+        (["--max-detections=0"], {}, "max-detections must be at least 1, got 0"),
+        ([], {"GATEWAY_MAX_DETECTIONS": "0.5"}, "GATEWAY_MAX_DETECTIONS='0.5'"),
         (["--upstream-lb=random"], {}, "pick_first or round_robin"),
         (["--stream-window=0"], {}, "stream-window must be at least 1"),
         ([], {"GATEWAY_PORT": "http"}, "GATEWAY_PORT='http'"),
@@ -53,7 +60,7 @@ def test_bad_settings_exit_with_a_message_naming_them(argv, env, message, capsys
 
 
 def test_every_setting_has_one_group_and_a_help_line(capsys) -> None:
-    names = [setting.name for setting in fields(Settings)]
+    names = [setting.name for setting in fields(Settings) if setting.name not in NOT_FLAGS]
     grouped = [name for _, members in GROUPS.values() for name in members]
     assert sorted(grouped) == sorted(names)  # each setting in exactly one group
     assert set(GROUPS) == {"server", "limits", "upstream", "models", "jobs", "security", "policy"}
@@ -65,3 +72,57 @@ def test_every_setting_has_one_group_and_a_help_line(capsys) -> None:
         for name in members:  # each flag under its group's heading, with its variable
             assert f"--{name.replace('_', '-')} " in section.split("\n\n", 1)[0]
             assert env_name(name) in shown
+
+
+TILE_OVERLAP = RequestDefault("tile_overlap", 0.25, "default overlap of tiles", 0.0, 0.5)
+
+
+class _TiledDetection(DetectionTask):
+    """A task built on detection that declares a request default of its own."""
+
+    name = "tiled_detection"
+    request_defaults = (*DEFAULTS, TILE_OVERLAP)
+
+
+def _with(task: DetectionTask) -> TaskRegistry:
+    return TaskRegistry([*built_in_tasks().values(), task])
+
+
+def test_a_task_s_request_default_is_a_flag_and_reaches_its_rules(capsys) -> None:
+    tasks = _with(_TiledDetection())
+    settings = parse_settings(["--tile-overlap=0.4"], {"GATEWAY_MIN_SCORE": "0.3"}, tasks)
+    assert settings.request_defaults == {
+        "min_score": 0.3, "max_detections": 100, "tile_overlap": 0.4
+    }  # fmt: skip
+    rules = ModelConfig("m", "tiled_detection").rules(settings)
+    assert (rules.default(TILE_OVERLAP), rules.default(MIN_SCORE)) == (0.4, 0.3)
+    # A Settings made without flags: each task's own defaults.
+    assert ModelConfig("m", "tiled_detection").rules(Settings()).default(TILE_OVERLAP) == 0.25
+    with pytest.raises(SystemExit):
+        parse_settings(["--help"], {}, tasks)
+    models = capsys.readouterr().out.split("models: models and request defaults:", 1)[1]
+    for flag in ("--min-score", "--max-detections", "--tile-overlap"):
+        assert flag in models.split("\n\n", 1)[0]
+    assert "GATEWAY_TILE_OVERLAP; default 0.25" in " ".join(models.split())
+    with pytest.raises(SystemExit):
+        parse_settings(["--tile-overlap=0.9"], {}, tasks)
+    assert "tile-overlap must be in [0.0, 0.5], got 0.9" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        (RequestDefault("min_score", 0.3, "default minimum score", 0.0, 1.0),
+         "declares the request default 'min_score' unlike another task"),
+        (RequestDefault("port", 1, "a port", 1), "'port', which is a setting of the gateway"),
+    ],
+)  # fmt: skip
+def test_a_request_default_declared_twice_differently_is_refused(declared, message, capsys):
+    class Clashing(DetectionTask):
+        name = "clashing"
+        request_defaults = (declared,)
+
+    with pytest.raises(SystemExit) as info:
+        parse_settings([], {}, _with(Clashing()))
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -9,7 +9,9 @@ one line in gateway.tasks.builtin); it says:
   refusing unknown ones by name; the result is the model's `ModelConfig.task_config`;
 - which outputs it needs from a signature and which it asks TF Serving for (`output_plan`),
   refusing signatures it cannot use with a message that shows the signature;
-- how request options are checked and completed with the model's defaults (`resolve`);
+- how request options are checked and completed with the model's defaults, else the
+  gateway's (`resolve`), and which gateway-wide defaults it has (`request_defaults`: each an
+  operator flag, --min-score for detection);
 - how the outputs of one image become its result (`map`), refusing outputs that do not have
   the shapes, types or ranges it needs (OutputError);
 - what a request's work costs before it runs (`cost`: pixels decoded, mask pixels, answer
@@ -33,7 +35,7 @@ from typing import Any, Protocol
 from gateway.api.bindings import Binding, Bindings
 from gateway.domain import Comparison, Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
-from gateway.models.limits import Rules
+from gateway.models.limits import RequestDefault, Rules
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor
 
@@ -48,6 +50,9 @@ class Task(Protocol):
     map_in_thread: bool
     # True when its results hold instances (`instances`): it may start a pipeline.
     finds_instances: bool
+    # The gateway-wide defaults its `resolve` reads (rules.default(...)), each a flag and a
+    # GATEWAY_* variable of the gateway (gateway.flags); tasks may share one (the same value).
+    request_defaults: Sequence[RequestDefault]
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> Any:
         """[models.NAME] of the model config file at `path` (`where` is "models.NAME"): the

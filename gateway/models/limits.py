@@ -10,7 +10,8 @@ A key left out is the gateway's (--max-detections-limit, --max-mask-pixels,
 --max-answer-bytes: gateway.config.Settings), which the Limits of a model resolve to.
 
 A task reads no more of the gateway's configuration than `Rules`: a model's Limits and the
-gateway's request defaults (--min-score, --max-detections).
+operator's values of the request defaults tasks declare (`RequestDefault`: --min-score,
+--max-detections).
 """
 
 from __future__ import annotations
@@ -79,14 +80,37 @@ def resolve(
     )
 
 
+class RequestDefault(NamedTuple):
+    """A gateway-wide default a task declares (gateway.api.task.Task.request_defaults), for
+    what neither a request nor the model's config sets: the operator sets it with
+    --NAME-IN-DASHES or GATEWAY_NAME (gateway.flags), within [minimum, maximum]."""
+
+    name: str  # "min_score": --min-score, GATEWAY_MIN_SCORE
+    default: float | int  # its type is the flag's
+    help: str
+    minimum: float | int
+    maximum: float | int | None = None
+
+    def check(self, value: float | int) -> None:
+        """ValueError naming the flag when `value` is out of its range."""
+        flag = self.name.replace("_", "-")
+        if self.maximum is not None and not self.minimum <= value <= self.maximum:
+            raise ValueError(f"{flag} must be in [{self.minimum}, {self.maximum}], got {value}")
+        if value < self.minimum:
+            raise ValueError(f"{flag} must be at least {self.minimum}, got {value}")
+
+
 class Rules(NamedTuple):
     """What the operator sets for one model's requests, all a task's `resolve` reads of the
-    gateway's configuration: the model's ceilings, and the gateway's defaults for what
-    neither the request nor the model's config sets."""
+    gateway's configuration: the model's ceilings, and the values the operator gave the
+    tasks' request defaults (Settings.request_defaults)."""
 
     limits: Limits
-    min_score: float  # --min-score
-    max_detections: int  # --max-detections, within limits.max_detections
+    defaults: Mapping[str, float | int]
+
+    def default(self, declared: RequestDefault) -> float | int:
+        """The operator's value of a task's request default, else its declared default."""
+        return self.defaults.get(declared.name, declared.default)
 
 
 def rules(config: LimitsConfig, model: str, settings: Settings) -> Rules:
@@ -95,4 +119,4 @@ def rules(config: LimitsConfig, model: str, settings: Settings) -> Rules:
         config, model, settings.max_detections_limit, settings.max_mask_pixels,
         settings.max_answer_bytes,
     )  # fmt: skip
-    return Rules(limits, settings.min_score, settings.max_detections)
+    return Rules(limits, settings.request_defaults)

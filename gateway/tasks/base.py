@@ -17,6 +17,7 @@ import numpy as np
 from gateway.api.bindings import Binding
 from gateway.domain import Located, OutputError, OutputPlan
 from gateway.models import ModelConfig
+from gateway.models.limits import RequestDefault
 from gateway.models.values import COMMON_KEYS, ModelConfigError, as_table, refuse_unknown
 from gateway.upstream.signatures import Signature
 from gateway.upstream.tensors import Tensor, as_array
@@ -47,6 +48,7 @@ class FolderTask(Generic[_Config]):
     config: ConfigKeys[_Config]
     map_in_thread: ClassVar[bool] = False
     finds_instances: ClassVar[bool] = False
+    request_defaults: ClassVar[Sequence[RequestDefault]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from gateway import errors
 from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
-from gateway.models.limits import Rules
+from gateway.models.limits import RequestDefault, Rules
 from gateway.tasks.base import FolderTask
 from gateway.tasks.detection.compare import compare_detections
 from gateway.tasks.detection.config import DetectionConfig
@@ -25,15 +25,22 @@ from gateway.upstream.tensors import Tensor
 DETECTION_BYTES = 200
 
 
+# The gateway-wide defaults of every task built on detection (keypoints, instance
+# segmentation declare them too): --min-score, --max-detections.
+MIN_SCORE = RequestDefault("min_score", 0.5, "default minimum score", 0.0, 1.0)
+MAX_DETECTIONS = RequestDefault("max_detections", 100, "default maximum detections per image", 1)
+DEFAULTS = (MIN_SCORE, MAX_DETECTIONS)
+
+
 def resolve_options(options: Kept, own: DetectionConfig, rules: Rules) -> DetectionSettings:
     """A request's min_score and max_detections checked and completed with the model's
     defaults, else the gateway's (--min-score, --max-detections); max_detections within the
     model's ceiling (limits), which a caller cannot raise and a default does not pass; for
     tasks built on detection too."""
     limits = rules.limits
-    min_score = own.min_score if own.min_score is not None else rules.min_score
+    min_score = own.min_score if own.min_score is not None else float(rules.default(MIN_SCORE))
     ceiling = limits.max_detections
-    max_detections = min(own.max_detections or rules.max_detections, ceiling)
+    max_detections = min(own.max_detections or int(rules.default(MAX_DETECTIONS)), ceiling)
     if options.max_detections > ceiling:
         raise errors.too_costly(
             f"max_detections is {options.max_detections}, over model '{limits.model}''s limit "
@@ -64,6 +71,7 @@ def detection_cost(max_detections: int, frame: Frame) -> Cost:
 
 class DetectionTask(FolderTask[DetectionConfig]):
     compare = staticmethod(compare_detections)
+    request_defaults = DEFAULTS
 
     def resolve(
         self, options: DetectOptions, config: ModelConfig, rules: Rules
