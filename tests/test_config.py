@@ -13,7 +13,8 @@ from gateway.flags import GROUPS, NOT_FLAGS, env_name, parse_settings
 from gateway.models import ModelConfig
 from gateway.models.limits import RequestDefault
 from gateway.tasks.builtin import built_in_tasks
-from gateway.tasks.detection.task import DEFAULTS, MIN_SCORE, DetectionTask
+from gateway.tasks.detection.config import MIN_SCORE, REQUEST_DEFAULTS
+from gateway.tasks.detection.task import DetectionTask
 
 
 def test_flags_win_over_environment_which_wins_over_defaults() -> None:
@@ -81,7 +82,7 @@ class _TiledDetection(DetectionTask):
     """A task built on detection that declares a request default of its own."""
 
     name = "tiled_detection"
-    request_defaults = (*DEFAULTS, TILE_OVERLAP)
+    request_defaults = (*REQUEST_DEFAULTS, TILE_OVERLAP)
 
 
 def _with(task: DetectionTask) -> TaskRegistry:

@@ -28,7 +28,8 @@ _Own = TypeVar("_Own", covariant=True)
 
 class ConfigKeys(Protocol[_Own]):
     """A task's config module (gateway/tasks/<task>/config.py): its reader of [models.NAME]
-    and its config of a model no config file lists."""
+    and its config of a model no config file lists; REQUEST_DEFAULTS, when it has
+    gateway-wide defaults (the task's `request_defaults`)."""
 
     @property
     def DEFAULT(self) -> _Own: ...  # the module's constant
@@ -48,7 +49,7 @@ class FolderTask(Generic[_Config]):
     config: ConfigKeys[_Config]
     map_in_thread: ClassVar[bool] = False
     finds_instances: ClassVar[bool] = False
-    request_defaults: ClassVar[Sequence[RequestDefault]] = ()
+    request_defaults: ClassVar[Sequence[RequestDefault]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -57,6 +58,7 @@ class FolderTask(Generic[_Config]):
         folder = cls.__module__.rpartition(".")[0]
         cls.binding = importlib.import_module(f"{folder}.binding").BINDING
         cls.config = importlib.import_module(f"{folder}.config")
+        cls.request_defaults = tuple(getattr(cls.config, "REQUEST_DEFAULTS", ()))
         cls.name = cls.binding.task
 
     def read_config(self, table: Mapping[str, Any], path: Path, where: str) -> _Config:

@@ -1,5 +1,6 @@
 """Detection's model-config keys: `min_score` and `max_detections` (request defaults) in
-[models.NAME], and in [models.NAME.outputs] which signature output is what where the names do
+[models.NAME], whose gateway-wide defaults are REQUEST_DEFAULTS (--min-score,
+--max-detections), and in [models.NAME.outputs] which signature output is what where the names do
 not say (DetectionOutputs). Tasks built on detection (instance segmentation, keypoints) read
 the same keys with `read_detection_config(..., extra_outputs=...)` and take their own from
 what it hands back."""
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.models.limits import RequestDefault
 from gateway.models.values import (
     ModelConfigError,
     read_choice,
@@ -63,6 +65,11 @@ class DetectionConfig:
 
 
 DEFAULT = DetectionConfig()
+# The gateway-wide defaults of the two keys (gateway.flags makes each a flag), for every task
+# built on detection: keypoints and instance segmentation take them too.
+MIN_SCORE = RequestDefault("min_score", 0.5, "default minimum score", 0.0, 1.0)
+MAX_DETECTIONS = RequestDefault("max_detections", 100, "default maximum detections per image", 1)
+REQUEST_DEFAULTS = (MIN_SCORE, MAX_DETECTIONS)
 
 
 def read_detection_config(

@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from gateway import errors
 from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
-from gateway.models.limits import RequestDefault, Rules
+from gateway.models.limits import Rules
 from gateway.tasks.base import FolderTask
 from gateway.tasks.detection.compare import compare_detections
-from gateway.tasks.detection.config import DetectionConfig
+from gateway.tasks.detection.config import MAX_DETECTIONS, MIN_SCORE, DetectionConfig
 from gateway.tasks.detection.forms import map_decoded
 from gateway.tasks.detection.nouns import Detections, DetectionSettings, DetectOptions, Kept
 from gateway.tasks.detection.od_api import map_detections
@@ -23,13 +23,6 @@ from gateway.upstream.tensors import Tensor
 # Bytes of one detection in an answer at most (box, normalized box, label, score: ~150 in
 # proto JSON with a long label), for Cost.answer_bytes.
 DETECTION_BYTES = 200
-
-
-# The gateway-wide defaults of every task built on detection (keypoints, instance
-# segmentation declare them too): --min-score, --max-detections.
-MIN_SCORE = RequestDefault("min_score", 0.5, "default minimum score", 0.0, 1.0)
-MAX_DETECTIONS = RequestDefault("max_detections", 100, "default maximum detections per image", 1)
-DEFAULTS = (MIN_SCORE, MAX_DETECTIONS)
 
 
 def resolve_options(options: Kept, own: DetectionConfig, rules: Rules) -> DetectionSettings:
@@ -71,7 +64,6 @@ def detection_cost(max_detections: int, frame: Frame) -> Cost:
 
 class DetectionTask(FolderTask[DetectionConfig]):
     compare = staticmethod(compare_detections)
-    request_defaults = DEFAULTS
 
     def resolve(
         self, options: DetectOptions, config: ModelConfig, rules: Rules

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.models.values import ModelConfigError
+from gateway.tasks.detection.config import REQUEST_DEFAULTS as DETECTION_DEFAULTS
 from gateway.tasks.detection.config import OnDetection, read_on_detection
 from gateway.tasks.keypoints.names import COCO17, COCO17_NAMES, COCO17_SKELETON
 
@@ -44,6 +45,7 @@ class KeypointConfig(OnDetection):
 
 
 DEFAULT = KeypointConfig()
+REQUEST_DEFAULTS = DETECTION_DEFAULTS  # detection's: --min-score, --max-detections
 
 
 def read_config(table: Mapping[str, Any], path: Path, where: str) -> KeypointConfig:

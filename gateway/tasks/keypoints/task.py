@@ -11,7 +11,7 @@ from gateway.models import ModelConfig
 from gateway.models.limits import Rules
 from gateway.tasks.base import FolderTask
 from gateway.tasks.detection.nouns import DetectionSettings
-from gateway.tasks.detection.task import DEFAULTS, DETECTION_BYTES, resolve_options
+from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
 from gateway.tasks.keypoints.compare import compare_keypoints
 from gateway.tasks.keypoints.config import KeypointConfig
 from gateway.tasks.keypoints.mapping import map_keypoints
@@ -23,7 +23,6 @@ KEYPOINT_BYTES = 60  # a named keypoint in proto JSON: name, x, y, score
 
 class KeypointTask(FolderTask[KeypointConfig]):
     compare = staticmethod(compare_keypoints)
-    request_defaults = DEFAULTS
 
     def resolve(
         self, options: KeypointOptions, config: ModelConfig, rules: Rules

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.models.values import ModelConfigError
+from gateway.tasks.detection.config import REQUEST_DEFAULTS as DETECTION_DEFAULTS
 from gateway.tasks.detection.config import OnDetection, read_on_detection
 
 DEFAULT_MASK_THRESHOLD = 0.5
@@ -45,6 +46,7 @@ class SegmentationConfig(OnDetection):
 
 
 DEFAULT = SegmentationConfig()
+REQUEST_DEFAULTS = DETECTION_DEFAULTS  # detection's: --min-score, --max-detections
 
 
 def read_config(table: Mapping[str, Any], path: Path, where: str) -> SegmentationConfig:

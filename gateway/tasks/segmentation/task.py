@@ -13,7 +13,7 @@ from gateway.domain import Cost, Frame, Located, OutputPlan
 from gateway.models import ModelConfig
 from gateway.models.limits import Rules
 from gateway.tasks.base import FolderTask
-from gateway.tasks.detection.task import DEFAULTS, DETECTION_BYTES, resolve_options
+from gateway.tasks.detection.task import DETECTION_BYTES, resolve_options
 from gateway.tasks.segmentation.compare import compare_segments
 from gateway.tasks.segmentation.config import SegmentationConfig
 from gateway.tasks.segmentation.mapping import map_segments
@@ -67,7 +67,6 @@ def segmentation_cost(options: SegmentSettings, frame: Frame) -> Cost:
 class SegmentationTask(FolderTask[SegmentationConfig]):
     compare = staticmethod(compare_segments)
     map_in_thread = True  # a mask per instance: milliseconds each
-    request_defaults = DEFAULTS
 
     def resolve(
         self, options: SegmentOptions, config: ModelConfig, rules: Rules
