@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config import Settings
 from gateway.labels import Labels
 from gateway.models.batching import BatchingConfig
 from gateway.models.input_prep import InputPrep
-from gateway.config import Settings
 from gateway.models.limits import LimitsConfig, Rules, rules
 from gateway.models.pipelines import PipelineConfig
 from gateway.models.rollout import RolloutConfig

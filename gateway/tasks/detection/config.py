@@ -1,9 +1,9 @@
 """Detection's model-config keys: `min_score` and `max_detections` (request defaults) in
 [models.NAME], whose gateway-wide defaults are REQUEST_DEFAULTS (--min-score,
---max-detections), and in [models.NAME.outputs] which signature output is what where the names do
-not say (DetectionOutputs). Tasks built on detection (instance segmentation, keypoints) read
-the same keys with `read_detection_config(..., extra_outputs=...)` and take their own from
-what it hands back."""
+--max-detections), and in [models.NAME.outputs] which signature output is what where the
+names do not say (DetectionOutputs). Tasks built on detection (instance segmentation,
+keypoints) read the same keys with `read_detection_config(..., extra_outputs=...)` and take
+their own from what it hands back."""
 
 from __future__ import annotations
 
