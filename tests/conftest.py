@@ -86,7 +86,7 @@ SLOW = {
     "security/test_hostile_datasets.py": 57,
     "jobs/executors/test_lease_fence.py": 41,
     "jobs/control/test_store_budget.py": 38,
-    # The quick loop's JUnit XML (2026-11-29 16:20 UTC, load 3-4): the three files that kept
+    # The quick loop's JUnit XML (2026-11-29 16:10 UTC, load 3-4): the three files that kept
     # it over 3 minutes (issue 43), each starting gateways against the API server or chromium.
     "k8s/test_jobs_cluster.py": 43,  # a gateway, its sidecar, moto and two runner pods
     "frontends/http/test_page_pipelines.py": 31,  # chromium and make run's pipeline
