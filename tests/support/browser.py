@@ -101,14 +101,25 @@ class Page:
             assert time.monotonic() < deadline, "the page did not load"
             await asyncio.sleep(0.05)
 
+    async def set_files(self, selector: str, paths: list[Path]) -> None:
+        """Picks `paths` in the file input at `selector`, as a person would. The input is
+        named by a JavaScript object, not a DOM node id: node ids from DOM.getDocument lapse
+        when the document updates after it loaded, which failed the page's pipeline test
+        once in CI ("Could not find node with given id")."""
+        found = await self.send(
+            "Runtime.evaluate", expression=f"document.querySelector({selector!r})"
+        )
+        assert "exceptionDetails" not in found, found["exceptionDetails"]
+        element = found["result"]
+        assert element.get("subtype") == "node", f"no {selector} on the page: {element}"
+        await self.send(
+            "DOM.setFileInputFiles", files=[str(p) for p in paths], objectId=element["objectId"]
+        )
+
     async def pick_file(self, url: str, path: Path) -> str:
         """Opens the page and picks `path` in its file input, as a person would."""
         await self.open(url)
-        document = await self.send("DOM.getDocument")
-        node = await self.send(
-            "DOM.querySelector", nodeId=document["root"]["nodeId"], selector="#file"
-        )
-        await self.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+        await self.set_files("#file", [path])
         return await self.wait()
 
     async def run(self, url: str) -> str:
@@ -222,19 +233,9 @@ async def job_view(page: Page, url: str, files: list[Path], uri: str) -> dict[st
     """Opens the page at `url`, picks `files` or types `uri` in its jobs view, presses Start
     and waits for the view to settle; returns what it shows (and the results link's
     download)."""
-    await page.send("Page.navigate", url=url)
-    deadline = time.monotonic() + 30
-    while await page.evaluate("document.body ? document.body.dataset.state : ''") != "idle":
-        assert time.monotonic() < deadline, "the page did not load"
-        await asyncio.sleep(0.05)
+    await page.open(url)
     if files:
-        document = await page.send("DOM.getDocument")
-        node = await page.send(
-            "DOM.querySelector", nodeId=document["root"]["nodeId"], selector="#job-files"
-        )
-        await page.send(
-            "DOM.setFileInputFiles", files=[str(p) for p in files], nodeId=node["nodeId"]
-        )
+        await page.set_files("#job-files", files)
     else:
         await page.evaluate(f"document.getElementById('job-uri').value = {json.dumps(uri)}")
     await page.evaluate("document.getElementById('job-start').click()")
