@@ -17,6 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from gateway.api.arguments import option_flag
 from gateway.api.task import TaskRegistry
 from gateway.config import Settings
 from gateway.models.limits import RequestDefault
@@ -349,7 +350,7 @@ def parse_settings(
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 parser.error(f"{env}={environ[env]!r}: {exc}")
         sections[group].add_argument(
-            "--" + name.replace("_", "-"),
+            option_flag(name),
             dest=name,
             type=convert,
             default=value,
