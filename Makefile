@@ -41,10 +41,10 @@ $(ZOO_STAMP): constraints-zoo.txt
 	$(PYTHON) -m tests.support.machinecache zoo-venv $(ZOO_VENV) $(ZOO_PACKAGES)
 	touch $(ZOO_STAMP)
 
-# The zoo (tests/zoo/cache.py), built once per machine and content of its builder and pins,
-# before pytest starts so the build counts against no test's timeout.
+# The zoo and the segmentation zoo (tests/zoo/cache.py), built once per machine and content of
+# their builders and pins, before pytest starts so a build counts against no test's timeout.
 .PHONY: zoo
-zoo: $(STAMP) zoo-venv
+zoo: $(STAMP) zoo-venv ultralytics-venv
 	$(PY) -m tests.zoo.cache
 
 # Ultralytics itself on the CPU build of torch (which lies on this machine's disk), apart from

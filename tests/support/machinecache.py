@@ -1,5 +1,5 @@
 """What the tests build once per machine, shared by every checkout and CI run on it: the
-reference SavedModels (tests/support/models.py), the model zoo (tests/zoo/cache.py) and the
+reference SavedModels (tests/support/models.py), the model zoos (tests/zoo/cache.py) and the
 zoo exporters' venv (`make zoo-venv`), like the peers' venvs (bench/peers/venvs.py).
 
 Each lives in `~/.cache/tfs-detection-gateway/<kind>/<key>/`, the key being a hash of what

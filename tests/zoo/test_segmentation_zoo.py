@@ -11,15 +11,13 @@ several sizes and aspect ratios, two EXIF-rotated: the same instances (class, sc
 comparison has teeth: the references follow the image, the two modes' references differ,
 and a gateway that swaps the channels fails it.
 
-Built apart from the shared zoo (its own cache, .cache/zoo-segmentation/<key>), in a minute
-or two."""
+Built apart from the shared zoo, once per machine and content (tests/zoo/cache.py:
+~/.cache/tfs-detection-gateway/zoo-segmentation/<key>, by `make zoo` before pytest starts), in
+a minute or two."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,16 +29,14 @@ import pytest
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.segmentation.v1 import segmentation_pb2 as spb
 from gateway.proto.segmentation.v1 import segmentation_pb2_grpc as spb_grpc
-from tests.support import masks, tools
+from tests.support import masks
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
+from tests.zoo.cache import ZooBuildError, build_segmentation_zoo
 from tests.zoo.compare import BOX_TOLERANCE_PX, DETECTION_SCORE_TOLERANCE, TIMEOUT
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(3600)]
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).parent
-SOURCES = [HERE / f"{m}.py" for m in ("segmenters", "build", "keypointers", "ultralytics_masks")]
 MODELS = ("mg_maskrcnn_image_tensor", "yolo_v8_seg_layout")
 YOLO = "yolo_v8_seg_layout"
 # The cases compared: (model, mask_resolution), the Mask R-CNN's masks being box-relative.
@@ -66,21 +62,10 @@ mask_resolution = "{resolution}"
 
 @pytest.fixture(scope="module")
 def zoo() -> Path:
-    digest = hashlib.sha256()
-    for path in (*SOURCES, ROOT / "constraints-zoo.txt", ROOT / "constraints-ultralytics.txt"):
-        digest.update(path.read_bytes())
-    target = ROOT / ".cache" / "zoo-segmentation" / digest.hexdigest()[:16]
-    if not (target / "expected.json").exists():
-        python = ROOT / ".venv-zoo" / "bin" / "python"
-        if not python.exists():
-            tools.missing(str(python), "run `make zoo-venv` (make test does)")
-        done = subprocess.run([str(python), str(HERE / "segmenters.py"), str(target)],
-                              capture_output=True, timeout=1800, check=False)  # fmt: skip
-        assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
-        for old in target.parent.iterdir():  # older builds go: each is tens of MB
-            if old != target:
-                shutil.rmtree(old, ignore_errors=True)
-    return target
+    try:
+        return build_segmentation_zoo()
+    except ZooBuildError as error:
+        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +81,6 @@ def expected(zoo: Path) -> dict[str, Any]:
             "masks": [masks.rle_decode(shape, rle) for rle in want["masks"]],
         }
     library = zoo / "ultralytics"
-    if not (library / "done.json").exists():
-        python = ROOT / ".venv-ultralytics" / "bin" / "python"
-        if not python.exists():
-            tools.missing(str(python), "run `make ultralytics-venv` (make test does)")
-        done = subprocess.run([str(python), str(HERE / "ultralytics_masks.py"), str(zoo)],
-                              capture_output=True, timeout=900, check=False)  # fmt: skip
-        assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
     versions = json.loads((library / "done.json").read_text())
     assert versions["empty_masks"] == 0, versions
     for photo in document["expected"][YOLO]:
