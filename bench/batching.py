@@ -9,7 +9,8 @@ dimension is free) and one with `batching.enabled = false`:
   per call, which batching can share), so the gateway's own costs show;
 - `mobilenet`: the local TF Serving stand-in (`serving.local`) running Keras' MobileNetV3Small
   (random weights, the real architecture and cost) exported with a fixed [-1,224,224,3] uint8
-  input, so the model server runs each batch as one call.
+  input, so the model server runs each batch as one call (exported once per machine and
+  content of the export, `mobilenet`).
 
 Callers send Classify with the 640x480 JPEG (decoded and resized to 224x224 by the gateway),
 closed loop with h2load at concurrency 1, 16 and 64. Each concurrency runs `--rounds` rounds
@@ -30,6 +31,9 @@ same image over its gRPC `ModelInfer` at concurrency 16 and 64, in the same roun
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
+import shutil
 import subprocess
 import tempfile
 import time
@@ -51,6 +55,7 @@ from bench.realmodel import model_server
 from bench.results import RESULTS, spread, verdict, write_section
 from bench.upstream import CLASSIFIER, classified
 from gateway.proto.classification.v1 import classification_pb2 as cpb
+from tests.support import machinecache
 
 PHOTO = ROOT / "bench" / "images" / "photo_640x480.jpg"
 CLASSIFY = "/classification.v1.ClassificationService/Classify"
@@ -70,6 +75,23 @@ class Run:
     cpu_us: float  # gateway CPU per image
     calls: float  # upstream calls per image
     errors: int
+
+
+def mobilenet_key() -> str:
+    """What makes the export: its code and the TensorFlow and Keras that run it."""
+    from importlib.metadata import version
+
+    digest = hashlib.sha256(inspect.getsource(export_mobilenet).encode())
+    digest.update(f"{SIDE} {version('tensorflow')} {version('keras')}".encode())
+    return digest.hexdigest()[:16]
+
+
+def mobilenet(repo: Path) -> None:
+    """The export in `repo`, copied from the one built once per machine and content
+    (tests/support/machinecache.py: ~/.cache/tfs-detection-gateway/bench-mobilenet/<key>),
+    so a run does not import TensorFlow and export again (about 20 s)."""
+    built = machinecache.build_once("bench-mobilenet", mobilenet_key(), export_mobilenet)
+    shutil.copytree(built / MOBILENET, repo / MOBILENET)
 
 
 def export_mobilenet(repo: Path) -> None:
@@ -267,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         peer = (venvs.directory() / "mlserver" / venvs.COMPLETE).exists() and not args.no_peer
         with canned_upstream(args.delay_ms) as up:
             canned = scenario(up, CLASSIFIER, args, work, peer=peer)
-        export_mobilenet(work / "repo")
+        mobilenet(work / "repo")
         with model_server(work / "repo", [MOBILENET]) as server:
             real = scenario(server, MOBILENET, args, work)
     command = (
