@@ -29,6 +29,7 @@ from bench.host import load_average, machine
 from bench.processes import ROOT, gateway, upstream
 from bench.results import RESULTS
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 
 TITLE = "## Batch runner (`python -m bench.batch`, {mode} mode)"
 PHOTO = ROOT / "bench" / "images" / "photo_640x480.jpg"
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     model = MODELS[args.mode]
     jpeg = PHOTO.read_bytes()
-    body = pb.DetectRequest(image=jpeg, model=pb.ModelSpec(name=model)).SerializeToString()
+    body = pb.DetectRequest(image=jpeg, model=model_pb2.ModelSpec(name=model)).SerializeToString()
     began = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,6 +14,7 @@ from gateway.core.inputs import InputMode, InputPlan, build_input
 from gateway.domain import ModelRef
 from gateway.imaging.header import ImageLimits
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import request_envelope
 
@@ -44,7 +45,7 @@ def sent_upstream(up: str, target: str, body: bytes, calls: int = 3) -> float:
 
 
 def detect_body(image: bytes, model: str) -> bytes:
-    return pb.DetectRequest(image=image, model=pb.ModelSpec(name=model)).SerializeToString()
+    return pb.DetectRequest(image=image, model=model_pb2.ModelSpec(name=model)).SerializeToString()
 
 
 def predict_body(image: bytes, mode: str) -> bytes:

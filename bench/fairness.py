@@ -36,6 +36,7 @@ from bench.processes import ROOT, free_port, stop_process
 from bench.processes import upstream as canned_upstream
 from bench.results import RESULTS, spread, verdict, write_section
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.certs import Certificates, make_certificates
 
 PHOTO = ROOT / "bench" / "images" / "photo_640x480.jpg"
@@ -84,7 +85,9 @@ def _answers(target: str, certs: Certificates) -> bool:
 
 def _body() -> bytes:
     image = PHOTO.read_bytes()
-    return pb.DetectRequest(image=image, model=pb.ModelSpec(name="encoded")).SerializeToString()
+    return pb.DetectRequest(
+        image=image, model=model_pb2.ModelSpec(name="encoded")
+    ).SerializeToString()
 
 
 async def open_loop(

@@ -42,6 +42,7 @@ from bench.results import RESULTS
 from gateway.core.inputs import InputMode, InputPlan, build_input
 from gateway.domain import ModelRef
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from gateway.tasks.detection import REQUIRED_OUTPUTS
 from gateway.upstream.client import PREDICT, request_envelope
 
@@ -125,7 +126,9 @@ def latency(up: str, gw: Gateway, jpeg: bytes, rounds: int) -> tuple[list[str], 
     direct_body = build_input(
         jpeg, InputPlan("input_tensor", InputMode.ENCODED), envelope, LIMITS
     ).request
-    grpc_body = pb.DetectRequest(image=jpeg, model=pb.ModelSpec(name=MODEL)).SerializeToString()
+    grpc_body = pb.DetectRequest(
+        image=jpeg, model=model_pb2.ModelSpec(name=MODEL)
+    ).SerializeToString()
     http_bodies = bodies(jpeg)
     path = f"/v1/models/{MODEL}:detect"
     options = load.CHANNEL_OPTIONS
@@ -191,7 +194,9 @@ def latency(up: str, gw: Gateway, jpeg: bytes, rounds: int) -> tuple[list[str], 
 
 
 def throughput(gw: Gateway, jpeg: bytes, seconds: float) -> tuple[list[str], dict[str, float]]:
-    grpc_body = pb.DetectRequest(image=jpeg, model=pb.ModelSpec(name=MODEL)).SerializeToString()
+    grpc_body = pb.DetectRequest(
+        image=jpeg, model=model_pb2.ModelSpec(name=MODEL)
+    ).SerializeToString()
     url = f"http://127.0.0.1:{gw.http_port}/v1/models/{MODEL}:detect"
     runs: dict[str, Callable[[], load.Latencies]] = {
         "gRPC": lambda: load._python(gw.target, load.DETECT, grpc_body, 32, seconds, 1.0, None),

@@ -30,9 +30,10 @@ from bench.host import load_average, machine
 from bench.processes import ROOT, free_port, is_serving, stop_process
 from bench.processes import upstream as canned_upstream
 from bench.results import RESULTS
-from gateway.proto.detection.v1 import batch_pb2 as bpb
-from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2_grpc as bpb_grpc
+from gateway.proto.vision.v1 import model_pb2
 
 TITLE = "## Batch jobs over the API (`python -m bench.jobs`)"
 PHOTO = ROOT / "bench" / "images" / "photo_640x480.jpg"
@@ -80,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     jpeg = PHOTO.read_bytes()
-    body = pb.DetectRequest(image=jpeg, model=pb.ModelSpec(name="pixels")).SerializeToString()
+    body = pb.DetectRequest(
+        image=jpeg, model=model_pb2.ModelSpec(name="pixels")
+    ).SerializeToString()
     began = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             before = online()
             names = [
                 batch.CreateBatchJob(
-                    bpb.CreateBatchJobRequest(input_uri=str(s), model=pb.ModelSpec(name="pixels")),
+                    bpb.CreateBatchJobRequest(
+                        input_uri=str(s), model=model_pb2.ModelSpec(name="pixels")
+                    ),
                     timeout=60,
                 ).name
                 for s in sources

@@ -42,6 +42,7 @@ from gateway.flags import parse_settings
 from gateway.frontends.grpc.servicers import Drain, TaskServicer
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.proto.vision.v1 import model_pb2
 from gateway.tasks.builtin import BUILT_IN
 from gateway.upstream.client import TFServingClient
 
@@ -95,7 +96,7 @@ async def measure(requests: int, batches: int = 5, cold_mib: float = 0.0) -> flo
         )
         servicer = TaskServicer(BUILT_IN.for_verb("detect"), pipeline, Drain())
         body = pb.DetectRequest(
-            image=photos.load()["JPEG 640x480"], model=pb.ModelSpec(name="encoded")
+            image=photos.load()["JPEG 640x480"], model=model_pb2.ModelSpec(name="encoded")
         ).SerializeToString()
         context: Any = _Context()
 

@@ -26,6 +26,7 @@ from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 from gateway.proto.pipeline.v1 import pipeline_pb2_grpc as ppb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 
 PIPELINE = "detect_then_classify"
@@ -58,7 +59,7 @@ class Caller:
         self.classify = cpb_grpc.ClassificationServiceStub(channel).Classify
         self.pipeline_request = ppb.RunRequest(image=image, pipeline=PIPELINE)
         self.detect_request = pb.DetectRequest(
-            image=image, model=pb.ModelSpec(name=DETECTOR), min_score=MIN_SCORE
+            image=image, model=model_pb2.ModelSpec(name=DETECTOR), min_score=MIN_SCORE
         )
 
     def pipeline(self) -> None:

@@ -37,6 +37,7 @@ from google.protobuf import json_format
 from bench.load import CHANNEL_OPTIONS
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
+from gateway.proto.vision.v1 import model_pb2
 from gateway.tasks.detection.binding import BINDING as DETECT
 from gateway.upstream.client import PREDICT
 
@@ -104,7 +105,7 @@ def _fixed_result() -> pb.DetectionResult:
         ],
         image_width=640,
         image_height=480,
-        model=pb.ServedModel(name="encoded", version=1),
+        model=model_pb2.ServedModel(name="encoded", version=1),
         request_id="0123456789abcdef0123456789abcdef",
     )
 

@@ -54,7 +54,7 @@ from gateway.core.inputs import InputMode, InputPlan, build_input
 from gateway.domain import ModelRef
 from gateway.imaging.header import ImageLimits
 from gateway.proto.classification.v1 import classification_pb2 as cpb
-from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from gateway.upstream.client import PREDICT, request_envelope
 
 MODELS = {"pixel": "mobilenet_pixels", "string": "mobilenet_encoded"}
@@ -167,7 +167,7 @@ def measure(
     """Milliseconds per call of A, B, C, D (module docstring), alternating call by call."""
     channels = {t: grpc.insecure_channel(t, options=load.CHANNEL_OPTIONS)
                 for t in (upstream, *gateways.values())}  # fmt: skip
-    body = cpb.ClassifyRequest(image=data, model=pb.ModelSpec(name=MODELS[mode]))
+    body = cpb.ClassifyRequest(image=data, model=model_pb2.ModelSpec(name=MODELS[mode]))
     gateway_body = body.SerializeToString()
     cases: dict[str, Callable[[], object]] = {}
     for letter, max_side in (("A", None), ("C", MAX_SIDE)):

@@ -73,6 +73,7 @@ def _e2e(upstream: str, gateway: str, name: str, calls: int) -> dict[str, Any]:
 
     from bench import building, load, photos
     from gateway.proto.detection.v1 import detection_pb2 as pb
+    from gateway.proto.vision.v1 import model_pb2
     from gateway.upstream.client import PREDICT
 
     data = photos.load()[name]
@@ -80,7 +81,9 @@ def _e2e(upstream: str, gateway: str, name: str, calls: int) -> dict[str, Any]:
     through = grpc.insecure_channel(gateway, options=load.CHANNEL_OPTIONS)
     predict = direct.unary_unary(PREDICT)
     detect = through.unary_unary(load.DETECT)
-    body = pb.DetectRequest(image=data, model=pb.ModelSpec(name="pixels")).SerializeToString()
+    body = pb.DetectRequest(
+        image=data, model=model_pb2.ModelSpec(name="pixels")
+    ).SerializeToString()
 
     def recipe() -> None:
         predict(building.recipe_request(data, tf, predict_pb2), timeout=120)

@@ -40,7 +40,7 @@ from gateway.domain import ModelRef
 from gateway.models import ModelConfigError, ModelRegistry
 from gateway.models.rollout import RolloutConfig
 from gateway.policy.rollout import ModelRollout
-from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2 as pb
 from gateway.upstream.client import TFServingClient
 from gateway.upstream.signatures import Signature
 

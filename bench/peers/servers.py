@@ -34,6 +34,7 @@ from bench.peers.answers import (
 from bench.peers.processes import Process, process
 from bench.processes import ROOT, free_port
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from gateway.upstream.client import PREDICT
 
 MLSERVER_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -134,7 +135,9 @@ def gateway(stack: ExitStack, up: str, images: Images, tmp: Path) -> Server:
     )  # fmt: skip
     target = f"127.0.0.1:{port}"
     grpc_bodies = {
-        n: pb.DetectRequest(image=d, model=pb.ModelSpec(name=odapi.MODEL)).SerializeToString()
+        n: pb.DetectRequest(
+            image=d, model=model_pb2.ModelSpec(name=odapi.MODEL)
+        ).SerializeToString()
         for n, d in images.data.items()
     }
     http_bodies = {
@@ -245,7 +248,9 @@ def proxies(up: str, image: str, data: bytes, tmp: Path) -> Iterator[list[Server
     send = tmp / "send.bin"
     send.write_bytes(predict_body(data, "pixel"))
     grpc_port, http_port = free_port(), free_port()
-    detect = pb.DetectRequest(image=data, model=pb.ModelSpec(name=odapi.MODEL)).SerializeToString()
+    detect = pb.DetectRequest(
+        image=data, model=model_pb2.ModelSpec(name=odapi.MODEL)
+    ).SerializeToString()
     http_body = json.dumps({"image": base64.b64encode(data).decode()}).encode()
     common = [sys.executable, "-m", "bench.proxy", f"--upstream={up}", f"--send={send}"]
     with (

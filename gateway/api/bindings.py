@@ -15,8 +15,8 @@ each option's help, and the task gives what is its own (how its result fills the
 message, what a call does).
 
 Every task's messages follow one shape, which the doors rely on: the request has `bytes
-image`, `detection.v1.ModelSpec model`, `string request_id` and scalar options; the result
-has `int32 image_width`, `int32 image_height`, `detection.v1.ServedModel model`, `string
+image`, `vision.v1.ModelSpec model`, `string request_id` and scalar options; the result
+has `int32 image_width`, `int32 image_height`, `vision.v1.ServedModel model`, `string
 request_id` and `google.rpc.Status error` (a stream's per-image error).
 """
 
@@ -37,7 +37,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from gateway import errors
 from gateway.domain import ModelRef, Outcome, Request, Trace
-from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2 as pb
 
 # Caller headers (gRPC metadata, HTTP headers) passed on to TF Serving, so traces connect
 # through the gateway.

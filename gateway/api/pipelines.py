@@ -26,6 +26,7 @@ from gateway.domain import ModelRef, Outcome, Request, StepAnswer, Trace, Tree
 from gateway.errors import GatewayError
 from gateway.proto.detection.v1 import detection_pb2 as dpb
 from gateway.proto.pipeline.v1 import pipeline_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2 as vpb
 
 # The task a pipeline's call is recorded under (the payload log's one event per tree).
 TASK = "pipeline"
@@ -67,15 +68,15 @@ class PipelineBinding(Binding):
         return self.results.to_result(outcome)
 
     def request(
-        self, image: bytes, model: dpb.ModelSpec, request_id: str, **options: Any
+        self, image: bytes, model: vpb.ModelSpec, request_id: str, **options: Any
     ) -> pb.RunRequest:
         return pb.RunRequest(image=image, pipeline=model.name, request_id=request_id, **options)
 
-    def served(self, message: Any) -> dpb.ServedModel:
+    def served(self, message: Any) -> vpb.ServedModel:
         """The first model's: a pipeline's answer is counted under the model that found its
         instances."""
         first = message.WhichOneof("first")
-        return getattr(message, first).model if first else dpb.ServedModel()
+        return getattr(message, first).model if first else vpb.ServedModel()
 
 
 @functools.cache
@@ -168,7 +169,7 @@ class Results:
             report = result.steps.add(name=summary.name, crops=summary.crops, failed=summary.failed)
             if summary.model is not None:
                 name, version = summary.model
-                report.model.CopyFrom(dpb.ServedModel(name=name, version=version))
+                report.model.CopyFrom(vpb.ServedModel(name=name, version=version))
             for reason, ids in summary.skipped.items():
                 report.skipped.add(reason=reason, count=len(ids), ids=ids)
         return result

@@ -7,8 +7,9 @@ import json
 
 from gateway.api.protojson import to_dict
 from gateway.frontends.http.responses import to_json
-from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import model_pb2
 
 
 def test_every_field_under_its_proto_name() -> None:
@@ -21,5 +22,5 @@ def test_every_field_under_its_proto_name() -> None:
 
 
 def test_the_http_door_writes_the_same_form() -> None:
-    result = pb.DetectionResult(request_id="r", model=pb.ServedModel(name="m", version=2))
+    result = pb.DetectionResult(request_id="r", model=model_pb2.ServedModel(name="m", version=2))
     assert json.loads(to_json(result)) == to_dict(result)

@@ -30,8 +30,8 @@ from gateway.client.http_client import HttpClient
 from gateway.config import Settings
 from gateway.flags import parse_settings
 from gateway.jobs.runner.__main__ import main as batch_main
-from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
+from gateway.proto.vision.v1 import model_pb2
 from gateway.tasks.builtin import BUILT_IN
 from gateway.tasks.embedding import EmbeddingTask
 from tests.support.appthread import GatewayThread
@@ -159,7 +159,7 @@ def test_a_batch_job_over_the_api_runs_the_given_task(served: Served) -> None:
         op = client.create(
             input_uri=str(served.root / "images"),
             task="vectorize",
-            model=pb.ModelSpec(name=MODEL),
+            model=model_pb2.ModelSpec(name=MODEL),
             options=options(epb.EmbedRequest(dimensions=8)),
         )
         done = client.wait(op.name)

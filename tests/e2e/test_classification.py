@@ -19,6 +19,7 @@ from PIL import Image
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from serving.reference import CLASSIFIER_PALETTE, read_labels
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
@@ -108,7 +109,7 @@ def test_classes_follow_the_colour_shares(channel, model, seed, fmt):
     pixels, shares = striped(rng, width, height)
     stub = cpb_grpc.ClassificationServiceStub(channel)
     request = cpb.ClassifyRequest(
-        image=encode(pixels, fmt, orientation), model=pb.ModelSpec(name=model), top_k=8
+        image=encode(pixels, fmt, orientation), model=model_pb2.ModelSpec(name=model), top_k=8
     )
     result = stub.Classify(request, timeout=120)
     assert result.model.name == model and result.model.version == 1
@@ -153,7 +154,7 @@ def test_a_detector_is_refused_by_the_classification_api(channel):
         stub.Classify(
             cpb.ClassifyRequest(
                 image=encode(np.zeros((8, 8, 3), np.uint8), "PNG", 1),
-                model=pb.ModelSpec(name="detector"),
+                model=model_pb2.ModelSpec(name="detector"),
             ),
             timeout=60,
         )
@@ -172,7 +173,7 @@ def test_a_fixed_size_detector_returns_boxes_in_original_pixels(channel, seed, w
     scene = scenes.generate_scene(rng, width, height, 4, min_side=max(width, height) // 8)
     stub = pb_grpc.DetectionServiceStub(channel)
     request = pb.DetectRequest(
-        image=scenes.encode(scene.pixels, "PNG"), model=pb.ModelSpec(name="detector_fixed")
+        image=scenes.encode(scene.pixels, "PNG"), model=model_pb2.ModelSpec(name="detector_fixed")
     )
     result = stub.Detect(request, timeout=120)
     assert (result.image_width, result.image_height) == (width, height)
@@ -236,7 +237,7 @@ def test_a_float_image_tensor_detector_gives_the_uint8_detectors_boxes(channel):
     stub = pb_grpc.DetectionServiceStub(channel)
     found = {}
     for name in ("detector", "detector_float"):
-        request = pb.DetectRequest(image=image, model=pb.ModelSpec(name=name))
+        request = pb.DetectRequest(image=image, model=model_pb2.ModelSpec(name=name))
         result = stub.Detect(request, timeout=120)
         assert result.model.name == name
         found[name] = [

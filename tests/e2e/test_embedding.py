@@ -28,9 +28,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.proto.embedding.v1 import embedding_pb2_grpc as epb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
 from tests.support.stripes import IMAGE, LABELS, OTHER, SIDE, shares, stripes, unit
@@ -89,7 +89,7 @@ def stub(gateway: GatewayProcess) -> Iterator[epb_grpc.EmbeddingServiceStub]:
 
 def embed(stub: epb_grpc.EmbeddingServiceStub, image: bytes, **fields: Any) -> Any:
     model = fields.pop("model", "embedder")
-    request = epb.EmbedRequest(image=image, model=pb.ModelSpec(name=model), **fields)
+    request = epb.EmbedRequest(image=image, model=model_pb2.ModelSpec(name=model), **fields)
     return stub.Embed(request, timeout=60)
 
 

@@ -26,9 +26,9 @@ import grpc
 import msgpack
 import pytest
 
-from gateway.proto.detection.v1 import detection_pb2 as dpb
 from gateway.proto.keypoints.v1 import keypoints_pb2 as pb
 from gateway.proto.keypoints.v1 import keypoints_pb2_grpc as pb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from gateway.tasks.keypoints.names import COCO17_NAMES, COCO17_SKELETON
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.httpcalls import call, multipart, ok_status
@@ -108,7 +108,7 @@ def test_keypoints_come_back_in_the_callers_pixels_over_grpc(
     stub: pb_grpc.KeypointServiceStub, model: str
 ) -> None:
     request = pb.DetectKeypointsRequest(
-        image=picture(400, 300, BOX), model=dpb.ModelSpec(name=model), request_id="kp-1"
+        image=picture(400, 300, BOX), model=model_pb2.ModelSpec(name=model), request_id="kp-1"
     )
     result = stub.DetectKeypoints(request, timeout=60)
     assert (result.image_width, result.image_height, result.request_id) == (400, 300, "kp-1")
@@ -125,7 +125,7 @@ def test_an_exif_rotated_jpeg_and_a_letterboxed_model(stub: pb_grpc.KeypointServ
     shown = (40, 200, 160, 330)
     data = picture(300, 400, shown, fmt="JPEG", orientation=6)
     for model, tolerance in (("pose_yolo", 1.0), ("pose_od", 1.0), ("pose_letterboxed", 4.0)):
-        request = pb.DetectKeypointsRequest(image=data, model=dpb.ModelSpec(name=model))
+        request = pb.DetectKeypointsRequest(image=data, model=model_pb2.ModelSpec(name=model))
         result = stub.DetectKeypoints(request, timeout=60)
         assert (result.image_width, result.image_height) == (300, 400)
         assert len(result.instances) == 1, model

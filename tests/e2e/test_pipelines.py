@@ -24,6 +24,7 @@ from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 from gateway.proto.pipeline.v1 import pipeline_pb2_grpc as ppb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from tests.support.answers import same
 from tests.support.pipelinesetup import PIPELINE, scene
@@ -38,7 +39,7 @@ def test_each_crop_is_classified_as_the_classifier_answers_it_alone(pipeline_cha
     assert result.pipeline == PIPELINE
     assert result.WhichOneof("first") == "detections"
     direct = pb_grpc.DetectionServiceStub(pipeline_channel).Detect(
-        pb.DetectRequest(image=image, model=pb.ModelSpec(name="detector"), min_score=0.5),
+        pb.DetectRequest(image=image, model=model_pb2.ModelSpec(name="detector"), min_score=0.5),
         timeout=120,
     )
     detections = result.detections.detections
@@ -57,7 +58,7 @@ def test_each_crop_is_classified_as_the_classifier_answers_it_alone(pipeline_cha
         alone = classify.Classify(
             cpb.ClassifyRequest(
                 image=scenes.encode(crop, "PNG"),
-                model=pb.ModelSpec(name="classifier_scores"),
+                model=model_pb2.ModelSpec(name="classifier_scores"),
                 top_k=3,
             ),
             timeout=120,

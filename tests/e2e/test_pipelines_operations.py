@@ -21,6 +21,7 @@ from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
 from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
 from gateway.proto.pipeline.v1 import pipeline_pb2_grpc as ppb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from tests.support.answers import same
 from tests.support.gatewayproc import GatewayProcess
@@ -183,7 +184,7 @@ def test_the_whole_tree_is_charged_to_the_caller(pipeline_channel, pipeline_gate
     image = scenes.encode(scene().pixels, "PNG")
     before = _work_units(pipeline_gateway)
     pb_grpc.DetectionServiceStub(pipeline_channel).Detect(
-        pb.DetectRequest(image=image, model=pb.ModelSpec(name="detector"), min_score=0.5),
+        pb.DetectRequest(image=image, model=model_pb2.ModelSpec(name="detector"), min_score=0.5),
         timeout=120,
     )
     detect = _work_units(pipeline_gateway) - before

@@ -31,9 +31,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from gateway.proto.detection.v1 import detection_pb2 as dpb
 from gateway.proto.segmentation.v1 import segmentation_pb2 as pb
 from gateway.proto.segmentation.v1 import segmentation_pb2_grpc as pb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from tests.support import masks
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess, run_gateway
 from tests.support.httpcalls import call, multipart, ok_status
@@ -105,7 +105,7 @@ def test_masks_come_back_in_the_callers_pixels_over_grpc(
     stub: pb_grpc.SegmentationServiceStub, model: str
 ) -> None:
     request = pb.SegmentRequest(
-        image=picture(TRUTH), model=dpb.ModelSpec(name=model), request_id="seg-1"
+        image=picture(TRUTH), model=model_pb2.ModelSpec(name=model), request_id="seg-1"
     )
     result = stub.Segment(request, timeout=60)
     assert (result.image_width, result.image_height, result.request_id) == (400, 300, "seg-1")
@@ -129,7 +129,7 @@ def test_an_exif_rotated_jpeg_and_a_letterboxed_model(
     truth = shape(300, 400, box)
     data = picture(truth, fmt="JPEG", orientation=6)
     for model, least in (("masks", 0.95), ("masks_letterboxed", 0.9), ("masks_yolo", 0.95)):
-        request = pb.SegmentRequest(image=data, model=dpb.ModelSpec(name=model))
+        request = pb.SegmentRequest(image=data, model=model_pb2.ModelSpec(name=model))
         result = stub.Segment(request, timeout=60)
         assert (result.image_width, result.image_height) == (300, 400)
         assert len(result.instances) == 1, model

@@ -18,6 +18,7 @@ import pytest
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from tests.support.faultupstream import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess, run_gateway
@@ -182,7 +183,7 @@ def test_an_aborted_detect_stream_carries_its_request_id_in_the_trailer(
 ) -> None:
     """A model TF Serving does not have ends the whole stream (NOT_FOUND); the trailer
     still names the stream, as Detect's does."""
-    frames = [pb.DetectRequest(image=scene[0], model=pb.ModelSpec(name="no-such-model"))]
+    frames = [pb.DetectRequest(image=scene[0], model=model_pb2.ModelSpec(name="no-such-model"))]
     metadata = [("x-request-id", "stream-9")] if header else []
     with gateway.channel() as channel:
         call = gateway.stub(channel).DetectStream(iter(frames), metadata=metadata, timeout=60)

@@ -21,6 +21,7 @@ from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.doors import InProcessDoors
 
 
@@ -108,7 +109,7 @@ def test_each_error_kind_gets_each_doors_own_status(
         "unknown model": (png(8, 8, (0, 0, 0)), "nowhere"),
         "a classifier asked to detect": (png(8, 8, (0, 0, 0)), "colours"),
     }[case]
-    request = pb.DetectRequest(image=image, model=pb.ModelSpec(name=model))
+    request = pb.DetectRequest(image=image, model=model_pb2.ModelSpec(name=model))
     _, error = grpc_call(doors, "Detect", request)
     assert isinstance(error, grpc.RpcError)
     assert error.code() == grpc_code, error.details()

@@ -41,7 +41,8 @@ NOT_ROUTED_PATHS = [
     "/admin",
     # Batch jobs: through the ingress every outside caller has the ingress gateway's one
     # identity, so they would share each other's operations (components/ingress/README.md).
-    "/detection.v1.BatchService/CreateBatchJob",
+    "/vision.v1.BatchService/CreateBatchJob",
+    "/detection.v1.BatchService/CreateBatchJob",  # the first release's name, still served
     "/google.longrunning.Operations/GetOperation",
     "/v1/uploads",
     "/v1/batchJobs",

@@ -34,7 +34,7 @@ import yaml
 from google.longrunning import operations_pb2 as lro
 from moto.server import ThreadedMotoServer
 
-from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 from tests.support import runnerpolicy
 from tests.support.apiserver import ApiServer
 from tests.support.gatewayproc import GatewayProcess, run_gateway

@@ -36,6 +36,7 @@ from gateway.models import load_registry
 from gateway.policy.shadow import MAX_PENDING
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from serving.export import export_models
 from tests.support.faultupstream import FaultyUpstream
@@ -158,7 +159,7 @@ def detect(
 ) -> pb.DetectionResult:
     """One Detect for `detector` (with `model` fields: version or label), as `caller` (an
     x-forwarded-client-cert the gateway trusts) when given."""
-    spec = pb.ModelSpec(name="detector", **model)  # type: ignore[arg-type]
+    spec = model_pb2.ModelSpec(name="detector", **model)  # type: ignore[arg-type]
     metadata = ((XFCC, f'By=spiffe://gw;URI="{caller}"'),) if caller else ()
     result: pb.DetectionResult = stub.Detect(
         pb.DetectRequest(image=data, model=spec), timeout=60, metadata=metadata
@@ -218,7 +219,7 @@ def test_a_canary_at_weight_10_serves_10_percent_of_2000_requests(canary_gateway
         stub = canary_gateway.stub(channel)
 
         def version(request_id: str) -> int:
-            spec = pb.ModelSpec(name="detector")
+            spec = model_pb2.ModelSpec(name="detector")
             request = pb.DetectRequest(image=data, model=spec, request_id=request_id)
             return int(stub.Detect(request, timeout=60).model.version)
 

@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.doormodels import models, write_model_config
 from tests.support.doors import InProcessDoors
 from tests.support.pictures import encode, pattern
@@ -180,7 +181,7 @@ def test_a_bad_model_name_or_label_is_refused_at_both_doors(
     doors: InProcessDoors, image: bytes, field: str, value: str
 ) -> None:
     calls = len(doors.serving.calls)
-    spec = pb.ModelSpec(**{field: value})
+    spec = model_pb2.ModelSpec(**{field: value})
     with grpc.insecure_channel(doors.grpc_target) as channel:
         stub = pb_grpc.DetectionServiceStub(channel)
         with pytest.raises(grpc.RpcError) as info:

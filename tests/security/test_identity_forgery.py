@@ -18,7 +18,7 @@ import grpc
 import pytest
 from google.longrunning import operations_pb2 as lro
 
-from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 from tests.support import tools
 from tests.support.certs import make_certificates
 from tests.support.jobs import MODEL_CONFIG, Client, channel, gateway, make_images, metadata

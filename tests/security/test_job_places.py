@@ -22,8 +22,8 @@ import grpc
 import pytest
 from PIL import Image
 
-from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 from tests.support import tools
 from tests.support.certs import Certificates, make_certificates
 from tests.support.jobs import (

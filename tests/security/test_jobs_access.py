@@ -26,7 +26,7 @@ import grpc
 import pytest
 from google.longrunning import operations_pb2 as lro
 
-from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 from tests.support.certs import Certificates, make_certificates
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import Client, State, channel, gateway_under, jpeg, metadata, refused

@@ -19,7 +19,7 @@ import grpc
 import pytest
 from PIL import Image
 
-from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import Client, gateway, make_images
 from tests.support.localserver import LocalServer

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from gateway.jobs.control.store import JobStore
-from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 from tests.support.jobs import Client, gateway_under, jpeg, metadata, refused
 from tests.support.localserver import LocalServer
 

@@ -18,6 +18,7 @@ from PIL import Image
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfswire
+from gateway.proto.vision.v1 import model_pb2
 from gateway.upstream.client import PREDICT
 from serving import scenes
 from tests.support.faultupstream import FaultyUpstream
@@ -85,8 +86,8 @@ def encode(image: Image.Image, fmt: str, **params) -> bytes:
     return buffer.getvalue()
 
 
-def model(name: str, **choice) -> pb.ModelSpec:
-    return pb.ModelSpec(name=name, **choice)
+def model(name: str, **choice) -> model_pb2.ModelSpec:
+    return model_pb2.ModelSpec(name=name, **choice)
 
 
 class RecordingUpstream(FaultyUpstream):

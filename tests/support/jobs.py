@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
 from gateway.api.channel import open_channel
-from gateway.proto.detection.v1 import batch_pb2 as bpb
-from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
+from gateway.proto.vision.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2_grpc as bpb_grpc
 from gateway.tls import TLS
 from tests.support.certs import Certificates
 from tests.support.faultupstream import FaultyUpstream

@@ -25,8 +25,8 @@ syntax = "proto3";
 
 package palette.v1;
 
-import "detection/v1/detection.proto";
 import "google/rpc/status.proto";
+import "vision/v1/model.proto";
 
 // PaletteService tells what share of an image each class takes.
 service PaletteService {
@@ -48,7 +48,7 @@ message PaletteRequest {
   // The least share a class needs to be answered, in [0, 1] (0: the model config's).
   float min_share = 2;
   // The model to run.
-  detection.v1.ModelSpec model = 3;
+  vision.v1.ModelSpec model = 3;
   // An identifier echoed in the result.
   string request_id = 4;
 }
@@ -62,7 +62,7 @@ message PaletteResult {
   // Height of the image as a viewer shows it.
   int32 image_height = 3;
   // The model and version that served the request.
-  detection.v1.ServedModel model = 4;
+  vision.v1.ServedModel model = 4;
   // The request's identifier.
   string request_id = 5;
   // Set only in stream results, for an image that failed on its own.

@@ -17,6 +17,7 @@ from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from gateway.proto.vision.v1 import model_pb2
 
 # Every class's score, against the library's: the zoo's classifiers spread their classes
 # (build.sharpen), so a wrong channel order, mean or resizing moves scores by far more.
@@ -39,7 +40,9 @@ def classifier_differences(
     differences = {}
     for photo, want in expected["expected"][model].items():
         request = cpb.ClassifyRequest(
-            image=image(zoo, expected, photo), model=pb.ModelSpec(name=model), top_k=len(want)
+            image=image(zoo, expected, photo),
+            model=model_pb2.ModelSpec(name=model),
+            top_k=len(want),
         )
         result = stub.Classify(request, timeout=TIMEOUT)
         got = np.zeros(len(want))
@@ -74,7 +77,7 @@ def detector_differences(
     for photo, want in expected["expected"][model].items():
         request = pb.DetectRequest(
             image=image(zoo, expected, photo),
-            model=pb.ModelSpec(name=model),
+            model=model_pb2.ModelSpec(name=model),
             min_score=settings["min_score"],
             max_detections=settings["max_detections"],
         )

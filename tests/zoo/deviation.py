@@ -26,7 +26,7 @@ import numpy as np
 from bench import results
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
-from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import run_local_server
 from tests.zoo.compare import image, to_toml
@@ -35,7 +35,7 @@ from tests.zoo.conftest import CLASSIFIERS, LOAD_TIMEOUT, MODEL_CONFIG, build_zo
 
 def _scores(channel: grpc.Channel, model: str, data: bytes, classes: int) -> np.ndarray:
     stub = cpb_grpc.ClassificationServiceStub(channel)
-    request = cpb.ClassifyRequest(image=data, model=pb.ModelSpec(name=model), top_k=classes)
+    request = cpb.ClassifyRequest(image=data, model=model_pb2.ModelSpec(name=model), top_k=classes)
     got = np.zeros(classes)
     for c in stub.Classify(request, timeout=120).classes:
         got[c.class_id] = c.score

@@ -17,9 +17,9 @@ import grpc
 import numpy as np
 import pytest
 
-from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.proto.embedding.v1 import embedding_pb2_grpc as epb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import LocalServer
 from tests.support.zoomistakes import DCT_SCALED, MISTAKES, wrong_config
@@ -49,7 +49,7 @@ def embedder_cosines(
     cosines = {}
     for photo, want in expected["expected"][model].items():
         request = epb.EmbedRequest(
-            image=image(zoo, expected, photo), model=pb.ModelSpec(name=model)
+            image=image(zoo, expected, photo), model=model_pb2.ModelSpec(name=model)
         )
         result = stub.Embed(request, timeout=TIMEOUT)
         assert result.dimension == len(result.embedding) == len(want)

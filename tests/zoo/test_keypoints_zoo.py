@@ -19,9 +19,9 @@ import grpc
 import numpy as np
 import pytest
 
-from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.keypoints.v1 import keypoints_pb2 as kpb
 from gateway.proto.keypoints.v1 import keypoints_pb2_grpc as kpb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from gateway.tasks.keypoints.names import COCO17_NAMES, COCO17_SKELETON
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import LocalServer
@@ -48,7 +48,7 @@ def keypoint_differences(
     for photo, want in expected["expected"][model].items():
         request = kpb.DetectKeypointsRequest(
             image=image(zoo, expected, photo),
-            model=pb.ModelSpec(name=model),
+            model=model_pb2.ModelSpec(name=model),
             min_score=settings["min_score"],
             max_detections=settings["max_detections"],
         )

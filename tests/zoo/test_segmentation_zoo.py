@@ -26,9 +26,9 @@ import grpc
 import numpy as np
 import pytest
 
-from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.segmentation.v1 import segmentation_pb2 as spb
 from gateway.proto.segmentation.v1 import segmentation_pb2_grpc as spb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from tests.support import masks
 from tests.support.gatewayproc import CHANNEL_OPTIONS, run_gateway
 from tests.support.localserver import LocalServer, run_local_server
@@ -132,7 +132,7 @@ def differences(tfs: LocalServer, zoo: Path, expected: dict[str, Any], directory
             size = expected["images"][photo]
             request = spb.SegmentRequest(
                 image=(zoo / "images" / size["file"]).read_bytes(),
-                model=pb.ModelSpec(name=model), min_score=0.25, max_detections=100,
+                model=model_pb2.ModelSpec(name=model), min_score=0.25, max_detections=100,
             )  # fmt: skip
             result = stub.Segment(request, timeout=TIMEOUT)
             assert (result.image_width, result.image_height) == (size["width"], size["height"])

@@ -20,6 +20,7 @@ import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.gatewayproc import NOT_SERVING, GatewayProcess, run_gateway
 from tests.support.localserver import LocalServer
 from tests.zoo.compare import classifier_differences, detector_differences, image
@@ -56,7 +57,7 @@ def test_the_anchor_based_keras_hub_head_is_refused_naming_what_to_export(
 ) -> None:
     stub = pb_grpc.DetectionServiceStub(channel)
     data = image(zoo, zoo_expected, "wide320x240")
-    request = pb.DetectRequest(image=data, model=pb.ModelSpec(name=REFUSED))
+    request = pb.DetectRequest(image=data, model=model_pb2.ModelSpec(name=REFUSED))
     with pytest.raises(grpc.RpcError) as caught:
         stub.Detect(request, timeout=120)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -1,6 +1,10 @@
-"""detection.v1.BatchService and google.longrunning.Operations over gRPC: the caller from
-the auth context, conversions from gateway.jobs.spec.conversions, the work in
-gateway.jobs.control.service, failures through the door's status table."""
+"""vision.v1.BatchService and google.longrunning.Operations over gRPC: the caller from the
+auth context, conversions from gateway.jobs.spec.conversions, the work in
+gateway.jobs.control.service, failures through the door's status table.
+
+The first release's name of the service, detection.v1.BatchService, is served too until the
+next release: its messages have the same fields as vision.v1's, so the same servicer reads and
+writes the same bytes under the old path (CHANGELOG.md, "Moving to vision.v1")."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import TypeVar
 import grpc
 from google.longrunning import operations_pb2 as lro
 from google.longrunning import operations_pb2_grpc as lro_grpc
-from google.protobuf import empty_pb2
+from google.protobuf import empty_pb2, message_factory
 
 from gateway import identity
 from gateway.config import Settings
@@ -20,10 +24,12 @@ from gateway.errors import GatewayError, Kind
 from gateway.frontends.grpc.status import STATUS
 from gateway.jobs.control.service import JobService
 from gateway.jobs.spec.conversions import to_line, to_operation, to_request, upload_timeout
-from gateway.proto.detection.v1 import batch_pb2 as bpb
-from gateway.proto.detection.v1 import batch_pb2_grpc as bpb_grpc
+from gateway.proto.detection.v1 import batch_pb2 as legacy_bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2_grpc as bpb_grpc
 
 BATCH_SERVICE = bpb.DESCRIPTOR.services_by_name["BatchService"].full_name
+LEGACY_BATCH_SERVICE = legacy_bpb.DESCRIPTOR.services_by_name["BatchService"].full_name
 OPERATIONS_SERVICE = lro.DESCRIPTOR.services_by_name["Operations"].full_name
 
 S = TypeVar("S")
@@ -59,16 +65,20 @@ def _answers_errors(method: Unary[S, R, T]) -> Unary[S, R, T]:
 
 
 class BatchServicer(bpb_grpc.BatchServiceServicer):
-    def __init__(self, jobs: JobService) -> None:
+    """`legacy`: serving the first release's detection.v1.BatchService (Job.legacy_api)."""
+
+    def __init__(self, jobs: JobService, legacy: bool = False) -> None:
         self._jobs = jobs
         self._settings = jobs.settings
+        self._legacy = legacy
 
     @_answers_errors
     async def CreateBatchJob(
         self, request: bpb.CreateBatchJobRequest, context: grpc.aio.ServicerContext
     ) -> lro.Operation:
         caller = caller_of(context, self._settings)
-        job = await self._jobs.create(caller, to_request(request, self._jobs.bindings))
+        create = to_request(request, self._jobs.bindings, self._legacy)
+        job = await self._jobs.create(caller, create)
         return to_operation(await self._jobs.current(job))
 
     @_answers_errors
@@ -160,8 +170,31 @@ class OperationsServicer(lro_grpc.OperationsServicer):
         return to_operation(view)
 
 
+def _legacy_handler(servicer: BatchServicer) -> grpc.GenericRpcHandler:
+    """detection.v1.BatchService's methods, each answered by `servicer`'s method of the same
+    name with vision.v1's messages (the same fields and numbers: the same bytes)."""
+    handlers = {}
+    service = bpb.DESCRIPTOR.services_by_name["BatchService"]
+    for method in service.methods:
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(LEGACY_BATCH_SERVICE, handlers)
+
+
 def add_services(server: grpc.aio.Server, jobs: JobService) -> tuple[str, ...]:
-    """Adds BatchService and Operations; returns their names for reflection and health."""
+    """Adds BatchService (under both its names) and Operations; returns their names for
+    reflection and health."""
     bpb_grpc.add_BatchServiceServicer_to_server(BatchServicer(jobs), server)
+    server.add_generic_rpc_handlers((_legacy_handler(BatchServicer(jobs, legacy=True)),))
     lro_grpc.add_OperationsServicer_to_server(OperationsServicer(jobs), server)
-    return BATCH_SERVICE, OPERATIONS_SERVICE
+    return BATCH_SERVICE, LEGACY_BATCH_SERVICE, OPERATIONS_SERVICE

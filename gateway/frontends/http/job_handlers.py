@@ -48,7 +48,7 @@ from gateway.jobs.spec.conversions import (
     to_request,
     upload_timeout,
 )
-from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 
 NDJSON = "application/x-ndjson"
 # A CreateBatchJobRequest is a few hundred bytes; this leaves room for long URIs.
@@ -227,7 +227,7 @@ class JobHandlers:
         if request.content_type.lower() != bodies.JSON:
             raise unsupported_media_type(
                 "POST /v1/batchJobs takes application/json: the proto3 JSON of "
-                "detection.v1.CreateBatchJobRequest (its options may be a plain object)"
+                "vision.v1.CreateBatchJobRequest (its options may be a plain object)"
             )
         body = await bodies.read_bounded(
             request,

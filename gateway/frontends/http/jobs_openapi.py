@@ -10,7 +10,7 @@ from google.longrunning import operations_pb2 as lro
 from gateway.api.bindings import Bindings
 from gateway.frontends.http import bodies
 from gateway.frontends.http.job_handlers import MAX_WAIT_SECONDS, NDJSON, UPLOAD_ID_FIELD
-from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 
 # Messages the jobs routes send and receive, for the document's schemas.
 MESSAGES = (

@@ -148,6 +148,7 @@ class JobService:
             fingerprint=fingerprint,
             upload_id=request.upload_id,
             default_output=default_output,
+            legacy_api=request.legacy_api,
         )
         async with self._create_lock:
             await checks.check_live()

@@ -25,7 +25,7 @@ from gateway import errors
 from gateway.api import pipelines
 from gateway.api.bindings import Binding, Bindings, model_spec
 from gateway.domain import ModelRef
-from gateway.proto.detection.v1.detection_pb2 import ModelSpec
+from gateway.proto.vision.v1.model_pb2 import ModelSpec
 
 FORMATS = ("auto", "images", "manifest", "tfrecord")
 MAX_SHARDS = 1000

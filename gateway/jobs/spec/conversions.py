@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 from google.longrunning import operations_pb2 as lro
-from google.protobuf import json_format, timestamp_pb2
-from google.protobuf.message import DecodeError
+from google.protobuf import any_pb2, json_format, timestamp_pb2
+from google.protobuf.message import DecodeError, Message
 from google.rpc import code_pb2, status_pb2
 
 from gateway import errors
@@ -20,9 +20,16 @@ from gateway.api.status import CODES
 from gateway.domain import ModelRef
 from gateway.jobs.spec import JobSpec
 from gateway.jobs.spec.views import CreateJob, JobView
-from gateway.proto.detection.v1 import batch_pb2 as bpb
+from gateway.proto.detection.v1 import batch_pb2 as legacy_bpb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
 
 _STATE = bpb.BatchJobMetadata.State
+# The first release's names of the Operation's metadata and response (Job.legacy_api): the
+# same fields, so the same bytes under another type URL.
+_LEGACY_NAMES = {
+    bpb.BatchJobMetadata.DESCRIPTOR.full_name: legacy_bpb.BatchJobMetadata.DESCRIPTOR.full_name,
+    bpb.BatchJobResult.DESCRIPTOR.full_name: legacy_bpb.BatchJobResult.DESCRIPTOR.full_name,
+}
 
 
 def upload_timeout(limit: float) -> str:
@@ -40,7 +47,16 @@ def _timestamp(seconds: float | None) -> timestamp_pb2.Timestamp:
     return stamp
 
 
+def _pack(into: any_pb2.Any, message: Message, legacy: bool) -> None:
+    into.Pack(message)
+    if legacy:
+        name = _LEGACY_NAMES[message.DESCRIPTOR.full_name]
+        into.type_url = into.type_url.rsplit("/", 1)[0] + "/" + name
+
+
 def to_operation(v: JobView) -> lro.Operation:
+    """The job as its Operation; one created through detection.v1.BatchService packs its
+    metadata and response under their detection.v1 names (Job.legacy_api)."""
     job = v.job
     metadata = bpb.BatchJobMetadata(
         state=_STATE.Value(job.state),
@@ -61,7 +77,7 @@ def to_operation(v: JobView) -> lro.Operation:
     if job.end_time is not None:
         metadata.end_time.CopyFrom(_timestamp(job.end_time))
     operation = lro.Operation(name=job.name, done=job.done)
-    operation.metadata.Pack(metadata)
+    _pack(operation.metadata, metadata, job.legacy_api)
     if job.done:
         failure = job.failure
         if failure is not None:
@@ -75,7 +91,7 @@ def to_operation(v: JobView) -> lro.Operation:
                 code_counts={k: int(n) for k, n in result.get("codes", {}).items()},
                 total=int(result.get("total", 0)),
             )
-            operation.response.Pack(response)
+            _pack(operation.response, response, job.legacy_api)
     return operation
 
 
@@ -152,7 +168,11 @@ def options_of(request: bpb.CreateBatchJobRequest, binding: Binding) -> dict[str
     return {name: getattr(message, name) for name in binding.options}
 
 
-def to_request(request: bpb.CreateBatchJobRequest, bindings: Bindings) -> CreateJob:
+def to_request(
+    request: bpb.CreateBatchJobRequest, bindings: Bindings, legacy_api: bool = False
+) -> CreateJob:
+    """The service's CreateJob; `legacy_api`: the request came through the first release's
+    detection.v1.BatchService (Job.legacy_api)."""
     binding = binding_of(request.task, bindings, request.pipeline)
     model = to_model_ref(request.model)
     if request.pipeline:
@@ -170,7 +190,7 @@ def to_request(request: bpb.CreateBatchJobRequest, bindings: Bindings) -> Create
         options=options_of(request, binding),
         shards=request.shards or 1,
     )
-    return CreateJob(spec, request.upload_id, request.request_id)
+    return CreateJob(spec, request.upload_id, request.request_id, legacy_api)
 
 
 def from_json(body: bytes, bindings: Bindings) -> bpb.CreateBatchJobRequest:

@@ -58,6 +58,11 @@ class Job:
     # Times the job's runner process died without ending its run (local executor): past
     # GATEWAY_BATCH_RUNNER_MAX_DEATHS the job fails as a poison job.
     runner_deaths: int = 0
+    # Created through the first release's detection.v1.BatchService: its Operation packs
+    # detection.v1 types, as that release did, until the next release (CHANGELOG.md). Written
+    # only when set, so that the records of jobs created through vision.v1 stay readable by
+    # the first release's replicas while both run.
+    legacy_api: bool = False
 
     @property
     def name(self) -> str:
@@ -83,6 +88,8 @@ class Job:
     def to_json(self) -> bytes:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["spec"] = self.spec.to_json()
+        if not self.legacy_api:
+            del data["legacy_api"]
         return json.dumps(data, indent=1, sort_keys=True).encode()
 
     @classmethod

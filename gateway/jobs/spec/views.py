@@ -32,8 +32,10 @@ class JobView:
 @dataclass(frozen=True)
 class CreateJob:
     """CreateBatchJob as the service takes it: the spec (input empty for an upload, output
-    empty for the job's own area), and the request's own fields."""
+    empty for the job's own area), the request's own fields, and whether it came through the
+    first release's detection.v1.BatchService (Job.legacy_api)."""
 
     spec: JobSpec
     upload_id: str = ""
     request_id: str = ""
+    legacy_api: bool = False

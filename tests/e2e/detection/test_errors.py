@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from tests.support.detections import (
     MAX_IMAGE_BYTES,
@@ -76,18 +77,22 @@ def test_largest_allowed_image_passes_in_pixel_mode(stub):
 @pytest.mark.parametrize(
     ("spec", "code", "text"),
     [
-        (pb.ModelSpec(name="nope"), grpc.StatusCode.NOT_FOUND, "Latest(nope)"),
+        (model_pb2.ModelSpec(name="nope"), grpc.StatusCode.NOT_FOUND, "Latest(nope)"),
         (
-            pb.ModelSpec(name="detector", version=9),
+            model_pb2.ModelSpec(name="detector", version=9),
             grpc.StatusCode.NOT_FOUND,
             "Specific(detector, 9)",
         ),
         (
-            pb.ModelSpec(name="detector", label="beta"),
+            model_pb2.ModelSpec(name="detector", label="beta"),
             grpc.StatusCode.INVALID_ARGUMENT,
             "Unrecognized servable version label: beta",
         ),
-        (pb.ModelSpec(name="detector", version=-3), grpc.StatusCode.INVALID_ARGUMENT, "positive"),
+        (
+            model_pb2.ModelSpec(name="detector", version=-3),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "positive",
+        ),
     ],
 )
 def test_unknown_model_version_or_label(stub, spec, code, text):

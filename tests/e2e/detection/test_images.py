@@ -9,7 +9,7 @@ import io
 import pytest
 from PIL import Image
 
-from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from tests.support.detections import MODELS, assert_matches, detect, encode, model, scene_for
 
@@ -132,12 +132,12 @@ def test_min_score_and_max_detections(stub):
 @pytest.mark.parametrize(
     ("spec", "version"),
     [
-        (pb.ModelSpec(name="detector"), 2),
-        (pb.ModelSpec(), 2),  # the gateway's default model, latest version
-        (pb.ModelSpec(name="detector", version=1), 1),
-        (pb.ModelSpec(name="detector", version=2), 2),
-        (pb.ModelSpec(name="detector", label="stable"), 1),
-        (pb.ModelSpec(name="detector", label="canary"), 2),
+        (model_pb2.ModelSpec(name="detector"), 2),
+        (model_pb2.ModelSpec(), 2),  # the gateway's default model, latest version
+        (model_pb2.ModelSpec(name="detector", version=1), 1),
+        (model_pb2.ModelSpec(name="detector", version=2), 2),
+        (model_pb2.ModelSpec(name="detector", label="stable"), 1),
+        (model_pb2.ModelSpec(name="detector", label="canary"), 2),
     ],
 )
 def test_version_and_label_select_the_served_version(stub, spec, version):

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from tests.support.detections import STREAM_WINDOW, assert_matches, scene_for, sent_size
 from tests.support.gatewayproc import CHANNEL_OPTIONS, GatewayProcess
@@ -131,7 +132,9 @@ def test_a_stream_wide_failure_ends_the_stream_after_earlier_results(stub):
     good = scenes.encode(scene_for(80).pixels, "PNG")
     requests = [pb.DetectRequest(image=good, request_id=str(i)) for i in range(2)]
     requests.append(
-        pb.DetectRequest(image=good, model=pb.ModelSpec(name="no_such_model"), request_id="x")
+        pb.DetectRequest(
+            image=good, model=model_pb2.ModelSpec(name="no_such_model"), request_id="x"
+        )
     )
     requests.append(pb.DetectRequest(image=good, request_id="after"))
     received = []

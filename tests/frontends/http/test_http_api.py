@@ -20,7 +20,7 @@ from google.protobuf import json_format
 
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
-from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from serving import scenes
 from tests.frontends.http.conftest import classifiers
 from tests.support.httpcalls import (
@@ -114,7 +114,7 @@ def test_results_print_every_field_even_zeros(gateway) -> None:
 
 
 def test_version_and_label_routes_name_the_version(gateway, channel) -> None:
-    expected = grpc_detect(channel, JPEG, model=pb.ModelSpec(name="detector", version=1))
+    expected = grpc_detect(channel, JPEG, model=model_pb2.ModelSpec(name="detector", version=1))
     for path in (
         "/v1/models/detector/versions/1:detect",
         "/v1/models/detector/labels/stable:detect",
@@ -141,7 +141,7 @@ def test_version_and_label_routes_name_the_version(gateway, channel) -> None:
 
 
 def test_encoded_model_route(gateway, channel) -> None:
-    expected = grpc_detect(channel, JPEG, model=pb.ModelSpec(name="detector_encoded"))
+    expected = grpc_detect(channel, JPEG, model=model_pb2.ModelSpec(name="detector_encoded"))
     result = ok_json(call(gateway, "/v1/models/detector_encoded:detect", JPEG, "image/jpeg"))
     assert comparable(result) == expected
     assert_scene(result)
@@ -159,7 +159,8 @@ def test_classify_gives_the_grpc_door_s_classes(gateway, channel, http_repo: Pat
     stub = cpb_grpc.ClassificationServiceStub(channel)
     for name in classifiers(http_repo):
         expected = stub.Classify(
-            cpb.ClassifyRequest(image=image, top_k=3, model=pb.ModelSpec(name=name)), timeout=60
+            cpb.ClassifyRequest(image=image, top_k=3, model=model_pb2.ModelSpec(name=name)),
+            timeout=60,
         )
         expected_dict = comparable(
             json_format.MessageToDict(

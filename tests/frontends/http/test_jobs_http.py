@@ -42,14 +42,14 @@ def test_upload_create_wait_and_stream_results(jobs_gateway: GatewayProcess, tmp
     op = ok(post_json(jobs_gateway, "/v1/batchJobs", request))
     assert op["name"].startswith("operations/") and op["done"] in (False, True)
     meta = op["metadata"]
-    assert meta["@type"] == "type.googleapis.com/detection.v1.BatchJobMetadata"
+    assert meta["@type"] == "type.googleapis.com/vision.v1.BatchJobMetadata"
     assert meta["state"] in ("QUEUED", "RUNNING", "SUCCEEDED")
 
     done = wait_done(jobs_gateway, op["name"])
     assert done["metadata"]["state"] == "SUCCEEDED", done
     assert done["metadata"]["processed"] == str(IMAGES)
     response = done["response"]
-    assert response["@type"] == "type.googleapis.com/detection.v1.BatchJobResult"
+    assert response["@type"] == "type.googleapis.com/vision.v1.BatchJobResult"
     assert response["code_counts"] == {"OK": str(IMAGES)}
     assert "error" not in done
 

@@ -16,9 +16,10 @@ from PIL import Image
 
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.classification.v1 import classification_pb2_grpc as cpb_grpc
-from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.detection.v1 import detection_pb2_grpc as pb_grpc
+from gateway.proto.vision.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.certs import Certificates, make_certificates
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import (
@@ -165,7 +166,7 @@ def test_classification_job_from_uploaded_images(client, connect, dirs) -> None:
     op = client.create(
         upload_id=upload.upload_id,
         task="classify",
-        model=pb.ModelSpec(name="classifier_scores"),
+        model=model_pb2.ModelSpec(name="classifier_scores"),
         options=options(cpb.ClassifyRequest(top_k=3)),
     )
     done = client.wait(op.name)
@@ -177,7 +178,7 @@ def test_classification_job_from_uploaded_images(client, connect, dirs) -> None:
         for line, data in zip(lines, [*images, images[0]], strict=True):
             found = cpb.ClassificationResult()
             assert line.result.Unpack(found)
-            model = pb.ModelSpec(name="classifier_scores")
+            model = model_pb2.ModelSpec(name="classifier_scores")
             want = stub.Classify(cpb.ClassifyRequest(image=data, top_k=3, model=model))
             found.request_id = want.request_id = ""
             assert found == want and len(found.classes) == 3
@@ -203,9 +204,9 @@ def test_same_request_id_gives_the_same_operation_never_two_jobs(client, dirs) -
     [
         ({}, grpc.StatusCode.INVALID_ARGUMENT, "exactly one of input_uri"),
         ({"input_uri": "MISSING"}, grpc.StatusCode.INVALID_ARGUMENT, "does not exist"),
-        ({"model": pb.ModelSpec(name="nope")}, grpc.StatusCode.NOT_FOUND, "nope"),
+        ({"model": model_pb2.ModelSpec(name="nope")}, grpc.StatusCode.NOT_FOUND, "nope"),
         (
-            {"model": pb.ModelSpec(name="classifier_scores")},
+            {"model": model_pb2.ModelSpec(name="classifier_scores")},
             grpc.StatusCode.FAILED_PRECONDITION,
             "classification model",
         ),

@@ -39,19 +39,19 @@ def test_whole_flow_with_grpcurl(tfs, tmp_path, store) -> None:
     with gateway(tfs, store, tmp_path) as gw:
         target = gw.target
         services = grpcurl(target, "").split()
-        assert {"detection.v1.BatchService", "google.longrunning.Operations"} <= set(services)
+        assert {"vision.v1.BatchService", "google.longrunning.Operations"} <= set(services)
 
         # Upload: a client stream of JSON messages on stdin, bytes in base64.
         stream = "\n".join(
             json.dumps({"name": p.name, "image": base64.b64encode(p.read_bytes()).decode()})
             for p in images
         )
-        upload = json.loads(grpcurl(target, "detection.v1.BatchService/UploadImages", stream))
+        upload = json.loads(grpcurl(target, "vision.v1.BatchService/UploadImages", stream))
         assert upload["image_count"] == "5"
 
         op = call(
             target,
-            "detection.v1.BatchService/CreateBatchJob",
+            "vision.v1.BatchService/CreateBatchJob",
             {
                 "upload_id": upload["upload_id"],
                 "task": "detect",
@@ -60,7 +60,7 @@ def test_whole_flow_with_grpcurl(tfs, tmp_path, store) -> None:
             },
         )
         name = op["name"]
-        assert op["metadata"]["@type"] == "type.googleapis.com/detection.v1.BatchJobMetadata"
+        assert op["metadata"]["@type"] == "type.googleapis.com/vision.v1.BatchJobMetadata"
         assert op["metadata"]["state"] in ("QUEUED", "RUNNING")
 
         done = op
@@ -72,21 +72,19 @@ def test_whole_flow_with_grpcurl(tfs, tmp_path, store) -> None:
             )
         assert done["metadata"]["state"] == "SUCCEEDED"
         assert done["metadata"]["processed"] == "5"
-        assert done["response"]["@type"] == "type.googleapis.com/detection.v1.BatchJobResult"
+        assert done["response"]["@type"] == "type.googleapis.com/vision.v1.BatchJobResult"
         assert done["response"]["code_counts"] == {"OK": "5"}
         same = call(target, "google.longrunning.Operations/GetOperation", {"name": name})
         assert same == done
 
-        raw = grpcurl(
-            target, "detection.v1.BatchService/ReadBatchResults", json.dumps({"name": name})
-        )
+        raw = grpcurl(target, "vision.v1.BatchService/ReadBatchResults", json.dumps({"name": name}))
         lines = [json.loads(chunk) for chunk in _objects(raw)]
         assert [x["id"] for x in lines] == [p.name for p in images]
         assert lines[0]["result"]["@type"] == "type.googleapis.com/detection.v1.DetectionResult"
         assert lines[0]["result"]["model"]["name"] == "detector"
         rest = grpcurl(
             target,
-            "detection.v1.BatchService/ReadBatchResults",
+            "vision.v1.BatchService/ReadBatchResults",
             json.dumps({"name": name, "page_token": lines[2]["page_token"]}),
         )
         assert [json.loads(c)["id"] for c in _objects(rest)] == [p.name for p in images[3:]]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.proto.detection.v1 import detection_pb2 as pb
+from gateway.proto.vision.v1 import model_pb2
 from tests.support import jobs as helpers
 from tests.support.jobs import Client, State, metadata
 from tests.support.localserver import LocalServer
@@ -51,7 +51,7 @@ def test_a_local_jobs_images_run_under_its_owners_quota_and_are_logged_under_it(
     with helpers.gateway(tfs, store, tmp_path, extra) as gw, gw.channel() as channel:
         client = Client(channel)
         op = client.wait(
-            client.create(input_uri=str(images), model=pb.ModelSpec(name="detector")).name
+            client.create(input_uri=str(images), model=model_pb2.ModelSpec(name="detector")).name
         )
         assert metadata(op).state == State.SUCCEEDED, op
         lines = client.lines(op.name)

@@ -15,10 +15,11 @@ from gateway.errors import GatewayError, Kind
 from gateway.jobs.spec import JobSpec
 from gateway.jobs.spec.conversions import from_json, to_request
 from gateway.proto.classification.v1 import classification_pb2 as cpb
-from gateway.proto.detection.v1 import batch_pb2 as bpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
 from gateway.proto.pipeline.v1 import pipeline_pb2 as ppb
+from gateway.proto.vision.v1 import batch_pb2 as bpb
+from gateway.proto.vision.v1 import model_pb2
 from gateway.tasks.builtin import BUILT_IN
 
 
@@ -66,7 +67,7 @@ def test_another_tasks_options_an_unknown_task_and_stray_fields_are_refused() ->
     for stray, name in (
         (pb.DetectRequest(image=b"x"), "image"),
         (pb.DetectRequest(request_id="r"), "request_id"),
-        (pb.DetectRequest(model=pb.ModelSpec(name="m")), "model"),
+        (pb.DetectRequest(model=model_pb2.ModelSpec(name="m")), "model"),
     ):
         request = bpb.CreateBatchJobRequest(input_uri="/data", options=packed(stray))
         assert f"options sets {name}" in refusal(to_request, request, BUILT_IN)
@@ -116,7 +117,7 @@ def test_a_pipeline_job_names_its_pipeline_and_takes_the_first_models_options() 
     spec = to_request(request, BUILT_IN).spec
     assert (spec.task, spec.pipeline, spec.model) == ("pipeline", "vehicles", ModelRef("vehicles"))
     assert dict(spec.options) == {"min_score": pytest.approx(0.4), "max_detections": 0}
-    assert spec.binding(BUILT_IN).request(b"x", pb.ModelSpec(name="vehicles"), "r") == (
+    assert spec.binding(BUILT_IN).request(b"x", model_pb2.ModelSpec(name="vehicles"), "r") == (
         ppb.RunRequest(image=b"x", pipeline="vehicles", request_id="r")
     )
     assert JobSpec.from_json(spec.to_json()) == spec
@@ -129,7 +130,8 @@ def test_a_pipeline_job_names_its_pipeline_and_takes_the_first_models_options() 
     ("fields", "message"),
     [
         ({"task": "detect"}, "task 'detect' and pipeline 'vehicles' are both set"),
-        ({"model": pb.ModelSpec(name="detector")}, "model and pipeline 'vehicles' are both set"),
+        ({"model": model_pb2.ModelSpec(name="detector")},
+         "model and pipeline 'vehicles' are both set"),
         ({"options": packed(pb.DetectRequest(min_score=0.4))},
          "options must be a pipeline.v1.RunRequest for task pipeline"),
         ({"options": packed(ppb.RunRequest(pipeline="other"))}, "options sets pipeline"),

@@ -15,6 +15,7 @@ import pytest
 from gateway.proto.classification.v1 import classification_pb2 as cpb
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from gateway.proto.embedding.v1 import embedding_pb2 as epb
+from gateway.proto.vision.v1 import model_pb2
 from tests.support.gatewayproc import GatewayProcess
 from tests.support.jobs import Client, State, gateway, make_images, metadata, options, refused
 from tests.support.jobshttp import curl, ndjson, ok, post_json, wait_done
@@ -104,7 +105,7 @@ def http_results(gw: GatewayProcess, request: dict) -> list[dict]:
 
 def test_a_classification_job_over_grpc_keeps_top_k(client: Client, root: Path) -> None:
     source = str(root / "images")
-    model = pb.ModelSpec(name="classifier_scores")
+    model = model_pb2.ModelSpec(name="classifier_scores")
     for top_k in (2, 5):
         found = grpc_results(
             client,
@@ -123,7 +124,7 @@ def test_an_embedding_job_over_grpc_keeps_its_dimensions(client: Client, root: P
         epb.EmbeddingResult,
         input_uri=str(root / "images"),
         task="embed",
-        model=pb.ModelSpec(name="embedder"),
+        model=model_pb2.ModelSpec(name="embedder"),
         options=options(epb.EmbedRequest(dimensions=3)),
     )
     assert [(len(r.embedding), r.dimension) for r in found] == [(3, 3)] * IMAGES
@@ -132,7 +133,7 @@ def test_an_embedding_job_over_grpc_keeps_its_dimensions(client: Client, root: P
         epb.EmbeddingResult,
         input_uri=str(root / "images"),
         task="embed",
-        model=pb.ModelSpec(name="embedder"),
+        model=model_pb2.ModelSpec(name="embedder"),
     )
     assert [len(r.embedding) for r in whole] == [8] * IMAGES
     for part, full in zip(found, whole, strict=True):
@@ -215,7 +216,10 @@ def test_http_refuses_an_option_the_task_does_not_have(gw: GatewayProcess, root:
 def test_grpc_refuses_another_tasks_options_and_values_the_task_refuses(
     client: Client, root: Path
 ) -> None:
-    fields = {"input_uri": str(root / "images"), "model": pb.ModelSpec(name="classifier_scores")}
+    fields = {
+        "input_uri": str(root / "images"),
+        "model": model_pb2.ModelSpec(name="classifier_scores"),
+    }
     error = refused(
         client.create, task="classify", options=options(pb.DetectRequest(min_score=0.5)), **fields
     )
@@ -234,7 +238,7 @@ def test_grpc_refuses_another_tasks_options_and_values_the_task_refuses(
         task="embed",
         options=options(epb.EmbedRequest(dimensions=-1)),
         input_uri=fields["input_uri"],
-        model=pb.ModelSpec(name="embedder"),
+        model=model_pb2.ModelSpec(name="embedder"),
     )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "dimensions must be in [0," in (error.details() or "")

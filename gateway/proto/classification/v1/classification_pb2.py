@@ -22,23 +22,23 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from gateway.proto.detection.v1 import detection_pb2 as detection_dot_v1_dot_detection__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
+from gateway.proto.vision.v1 import model_pb2 as vision_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&classification/v1/classification.proto\x12\x11\x63lassification.v1\x1a\x1c\x64\x65tection/v1/detection.proto\x1a\x17google/rpc/status.proto\"~\n\x0f\x43lassifyRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x11\n\tmin_score\x18\x03 \x01(\x02\x12&\n\x05model\x18\x04 \x01(\x0b\x32\x17.detection.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xd3\x01\n\x14\x43lassificationResult\x12/\n\x07\x63lasses\x18\x01 \x03(\x0b\x32\x1e.classification.v1.ScoredClass\x12\x13\n\x0bimage_width\x18\x02 \x01(\x05\x12\x14\n\x0cimage_height\x18\x03 \x01(\x05\x12(\n\x05model\x18\x04 \x01(\x0b\x32\x19.detection.v1.ServedModel\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12!\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.google.rpc.Status\"=\n\x0bScoredClass\x12\x10\n\x08\x63lass_id\x18\x01 \x01(\x05\x12\r\n\x05label\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x32\xd3\x01\n\x15\x43lassificationService\x12W\n\x08\x43lassify\x12\".classification.v1.ClassifyRequest\x1a\'.classification.v1.ClassificationResult\x12\x61\n\x0e\x43lassifyStream\x12\".classification.v1.ClassifyRequest\x1a\'.classification.v1.ClassificationResult(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&classification/v1/classification.proto\x12\x11\x63lassification.v1\x1a\x17google/rpc/status.proto\x1a\x15vision/v1/model.proto\"{\n\x0f\x43lassifyRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x11\n\tmin_score\x18\x03 \x01(\x02\x12#\n\x05model\x18\x04 \x01(\x0b\x32\x14.vision.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xd0\x01\n\x14\x43lassificationResult\x12/\n\x07\x63lasses\x18\x01 \x03(\x0b\x32\x1e.classification.v1.ScoredClass\x12\x13\n\x0bimage_width\x18\x02 \x01(\x05\x12\x14\n\x0cimage_height\x18\x03 \x01(\x05\x12%\n\x05model\x18\x04 \x01(\x0b\x32\x16.vision.v1.ServedModel\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12!\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.google.rpc.Status\"=\n\x0bScoredClass\x12\x10\n\x08\x63lass_id\x18\x01 \x01(\x05\x12\r\n\x05label\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x32\xd3\x01\n\x15\x43lassificationService\x12W\n\x08\x43lassify\x12\".classification.v1.ClassifyRequest\x1a\'.classification.v1.ClassificationResult\x12\x61\n\x0e\x43lassifyStream\x12\".classification.v1.ClassifyRequest\x1a\'.classification.v1.ClassificationResult(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'classification.v1.classification_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CLASSIFYREQUEST']._serialized_start=116
-  _globals['_CLASSIFYREQUEST']._serialized_end=242
-  _globals['_CLASSIFICATIONRESULT']._serialized_start=245
-  _globals['_CLASSIFICATIONRESULT']._serialized_end=456
-  _globals['_SCOREDCLASS']._serialized_start=458
-  _globals['_SCOREDCLASS']._serialized_end=519
-  _globals['_CLASSIFICATIONSERVICE']._serialized_start=522
-  _globals['_CLASSIFICATIONSERVICE']._serialized_end=733
+  _globals['_CLASSIFYREQUEST']._serialized_start=109
+  _globals['_CLASSIFYREQUEST']._serialized_end=232
+  _globals['_CLASSIFICATIONRESULT']._serialized_start=235
+  _globals['_CLASSIFICATIONRESULT']._serialized_end=443
+  _globals['_SCOREDCLASS']._serialized_start=445
+  _globals['_SCOREDCLASS']._serialized_end=506
+  _globals['_CLASSIFICATIONSERVICE']._serialized_start=509
+  _globals['_CLASSIFICATIONSERVICE']._serialized_end=720
 # @@protoc_insertion_point(module_scope)

@@ -9,11 +9,11 @@ confidence) to the classes below, named from the model's labels.
 """
 
 from collections import abc as _abc
-from gateway.proto.detection.v1 import detection_pb2 as _detection_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.rpc import status_pb2 as _status_pb2
+from gateway.proto.vision.v1 import model_pb2 as _model_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -53,7 +53,7 @@ class ClassifyRequest(_message.Message):
     gateway takes the `x-request-id` metadata header or generates one.
     """
     @_builtins.property
-    def model(self) -> _detection_pb2.ModelSpec:
+    def model(self) -> _model_pb2.ModelSpec:
         """The model to run. Unset fields mean the server's default classifier and its latest
         version.
         """
@@ -64,7 +64,7 @@ class ClassifyRequest(_message.Message):
         image: _builtins.bytes = ...,
         top_k: _builtins.int = ...,
         min_score: _builtins.float = ...,
-        model: _detection_pb2.ModelSpec | None = ...,
+        model: _model_pb2.ModelSpec | None = ...,
         request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
@@ -98,7 +98,7 @@ class ClassificationResult(_message.Message):
         """Classes sorted by score, highest first."""
 
     @_builtins.property
-    def model(self) -> _detection_pb2.ServedModel:
+    def model(self) -> _model_pb2.ServedModel:
         """The model and version that actually served the request."""
 
     @_builtins.property
@@ -113,7 +113,7 @@ class ClassificationResult(_message.Message):
         classes: _abc.Iterable[Global___ScoredClass] | None = ...,
         image_width: _builtins.int = ...,
         image_height: _builtins.int = ...,
-        model: _detection_pb2.ServedModel | None = ...,
+        model: _model_pb2.ServedModel | None = ...,
         request_id: _builtins.str = ...,
         error: _status_pb2.Status | None = ...,
     ) -> None: ...

@@ -23,29 +23,34 @@ _sym_db = _symbol_database.Default()
 
 
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
+from gateway.proto.vision.v1 import model_pb2 as vision_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x65tection/v1/detection.proto\x12\x0c\x64\x65tection.v1\x1a\x17google/rpc/status.proto\"\x85\x01\n\rDetectRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x11\n\tmin_score\x18\x02 \x01(\x02\x12\x16\n\x0emax_detections\x18\x03 \x01(\x05\x12&\n\x05model\x18\x04 \x01(\x0b\x32\x17.detection.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"O\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\x07version\x18\x02 \x01(\x03H\x00\x12\x0f\n\x05label\x18\x03 \x01(\tH\x00\x42\x10\n\x0eversion_choice\"\xca\x01\n\x0f\x44\x65tectionResult\x12+\n\ndetections\x18\x01 \x03(\x0b\x32\x17.detection.v1.Detection\x12\x13\n\x0bimage_width\x18\x02 \x01(\x05\x12\x14\n\x0cimage_height\x18\x03 \x01(\x05\x12(\n\x05model\x18\x04 \x01(\x0b\x32\x19.detection.v1.ServedModel\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12!\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.google.rpc.Status\"\x98\x01\n\tDetection\x12\x10\n\x08\x63lass_id\x18\x01 \x01(\x05\x12\r\n\x05label\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12&\n\x03\x62ox\x18\x04 \x01(\x0b\x32\x19.detection.v1.BoundingBox\x12\x33\n\x0enormalized_box\x18\x05 \x01(\x0b\x32\x1b.detection.v1.NormalizedBox\"I\n\x0b\x42oundingBox\x12\r\n\x05x_min\x18\x01 \x01(\x05\x12\r\n\x05y_min\x18\x02 \x01(\x05\x12\r\n\x05x_max\x18\x03 \x01(\x05\x12\r\n\x05y_max\x18\x04 \x01(\x05\"K\n\rNormalizedBox\x12\r\n\x05x_min\x18\x01 \x01(\x02\x12\r\n\x05y_min\x18\x02 \x01(\x02\x12\r\n\x05x_max\x18\x03 \x01(\x02\x12\r\n\x05y_max\x18\x04 \x01(\x02\",\n\x0bServedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x32\xa8\x01\n\x10\x44\x65tectionService\x12\x44\n\x06\x44\x65tect\x12\x1b.detection.v1.DetectRequest\x1a\x1d.detection.v1.DetectionResult\x12N\n\x0c\x44\x65tectStream\x12\x1b.detection.v1.DetectRequest\x1a\x1d.detection.v1.DetectionResult(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64\x65tection/v1/detection.proto\x12\x0c\x64\x65tection.v1\x1a\x17google/rpc/status.proto\x1a\x15vision/v1/model.proto\"\x82\x01\n\rDetectRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x11\n\tmin_score\x18\x02 \x01(\x02\x12\x16\n\x0emax_detections\x18\x03 \x01(\x05\x12#\n\x05model\x18\x04 \x01(\x0b\x32\x14.vision.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"S\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\x07version\x18\x02 \x01(\x03H\x00\x12\x0f\n\x05label\x18\x03 \x01(\tH\x00:\x02\x18\x01\x42\x10\n\x0eversion_choice\"\xc7\x01\n\x0f\x44\x65tectionResult\x12+\n\ndetections\x18\x01 \x03(\x0b\x32\x17.detection.v1.Detection\x12\x13\n\x0bimage_width\x18\x02 \x01(\x05\x12\x14\n\x0cimage_height\x18\x03 \x01(\x05\x12%\n\x05model\x18\x04 \x01(\x0b\x32\x16.vision.v1.ServedModel\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12!\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.google.rpc.Status\"\x98\x01\n\tDetection\x12\x10\n\x08\x63lass_id\x18\x01 \x01(\x05\x12\r\n\x05label\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12&\n\x03\x62ox\x18\x04 \x01(\x0b\x32\x19.detection.v1.BoundingBox\x12\x33\n\x0enormalized_box\x18\x05 \x01(\x0b\x32\x1b.detection.v1.NormalizedBox\"I\n\x0b\x42oundingBox\x12\r\n\x05x_min\x18\x01 \x01(\x05\x12\r\n\x05y_min\x18\x02 \x01(\x05\x12\r\n\x05x_max\x18\x03 \x01(\x05\x12\r\n\x05y_max\x18\x04 \x01(\x05\"K\n\rNormalizedBox\x12\r\n\x05x_min\x18\x01 \x01(\x02\x12\r\n\x05y_min\x18\x02 \x01(\x02\x12\r\n\x05x_max\x18\x03 \x01(\x02\x12\r\n\x05y_max\x18\x04 \x01(\x02\"0\n\x0bServedModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03:\x02\x18\x01\x32\xa8\x01\n\x10\x44\x65tectionService\x12\x44\n\x06\x44\x65tect\x12\x1b.detection.v1.DetectRequest\x1a\x1d.detection.v1.DetectionResult\x12N\n\x0c\x44\x65tectStream\x12\x1b.detection.v1.DetectRequest\x1a\x1d.detection.v1.DetectionResult(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'detection.v1.detection_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DETECTREQUEST']._serialized_start=72
-  _globals['_DETECTREQUEST']._serialized_end=205
-  _globals['_MODELSPEC']._serialized_start=207
-  _globals['_MODELSPEC']._serialized_end=286
-  _globals['_DETECTIONRESULT']._serialized_start=289
-  _globals['_DETECTIONRESULT']._serialized_end=491
-  _globals['_DETECTION']._serialized_start=494
-  _globals['_DETECTION']._serialized_end=646
-  _globals['_BOUNDINGBOX']._serialized_start=648
-  _globals['_BOUNDINGBOX']._serialized_end=721
-  _globals['_NORMALIZEDBOX']._serialized_start=723
-  _globals['_NORMALIZEDBOX']._serialized_end=798
-  _globals['_SERVEDMODEL']._serialized_start=800
-  _globals['_SERVEDMODEL']._serialized_end=844
-  _globals['_DETECTIONSERVICE']._serialized_start=847
-  _globals['_DETECTIONSERVICE']._serialized_end=1015
+  _globals['_MODELSPEC']._loaded_options = None
+  _globals['_MODELSPEC']._serialized_options = b'\030\001'
+  _globals['_SERVEDMODEL']._loaded_options = None
+  _globals['_SERVEDMODEL']._serialized_options = b'\030\001'
+  _globals['_DETECTREQUEST']._serialized_start=95
+  _globals['_DETECTREQUEST']._serialized_end=225
+  _globals['_MODELSPEC']._serialized_start=227
+  _globals['_MODELSPEC']._serialized_end=310
+  _globals['_DETECTIONRESULT']._serialized_start=313
+  _globals['_DETECTIONRESULT']._serialized_end=512
+  _globals['_DETECTION']._serialized_start=515
+  _globals['_DETECTION']._serialized_end=667
+  _globals['_BOUNDINGBOX']._serialized_start=669
+  _globals['_BOUNDINGBOX']._serialized_end=742
+  _globals['_NORMALIZEDBOX']._serialized_start=744
+  _globals['_NORMALIZEDBOX']._serialized_end=819
+  _globals['_SERVEDMODEL']._serialized_start=821
+  _globals['_SERVEDMODEL']._serialized_end=869
+  _globals['_DETECTIONSERVICE']._serialized_start=872
+  _globals['_DETECTIONSERVICE']._serialized_end=1040
 # @@protoc_insertion_point(module_scope)

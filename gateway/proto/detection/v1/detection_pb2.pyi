@@ -13,6 +13,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.rpc import status_pb2 as _status_pb2
+from gateway.proto.vision.v1 import model_pb2 as _model_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -21,6 +22,11 @@ if sys.version_info >= (3, 11):
     from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -48,7 +54,7 @@ class DetectRequest(_message.Message):
     gateway takes the `x-request-id` metadata header or generates one.
     """
     @_builtins.property
-    def model(self) -> Global___ModelSpec:
+    def model(self) -> _model_pb2.ModelSpec:
         """The model to run. Unset fields mean the server's default model and its latest version."""
 
     def __init__(
@@ -57,7 +63,7 @@ class DetectRequest(_message.Message):
         image: _builtins.bytes = ...,
         min_score: _builtins.float = ...,
         max_detections: _builtins.int = ...,
-        model: Global___ModelSpec | None = ...,
+        model: _model_pb2.ModelSpec | None = ...,
         request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
@@ -68,9 +74,12 @@ class DetectRequest(_message.Message):
 
 Global___DetectRequest: _TypeAlias = DetectRequest  # noqa: Y015
 
+@_deprecated("""This message has been marked as deprecated using proto message options.""")
 @_typing.final
 class ModelSpec(_message.Message):
-    """ModelSpec selects a model served by TensorFlow Serving."""
+    """Deprecated: vision.v1.ModelSpec, which every task's request uses now (same fields). Kept for
+    the deprecated detection.v1.BatchService until the next release.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -123,7 +132,7 @@ class DetectionResult(_message.Message):
         """Detections sorted by score, highest first."""
 
     @_builtins.property
-    def model(self) -> Global___ServedModel:
+    def model(self) -> _model_pb2.ServedModel:
         """The model and version that actually served the request."""
 
     @_builtins.property
@@ -139,7 +148,7 @@ class DetectionResult(_message.Message):
         detections: _abc.Iterable[Global___Detection] | None = ...,
         image_width: _builtins.int = ...,
         image_height: _builtins.int = ...,
-        model: Global___ServedModel | None = ...,
+        model: _model_pb2.ServedModel | None = ...,
         request_id: _builtins.str = ...,
         error: _status_pb2.Status | None = ...,
     ) -> None: ...
@@ -264,9 +273,12 @@ class NormalizedBox(_message.Message):
 
 Global___NormalizedBox: _TypeAlias = NormalizedBox  # noqa: Y015
 
+@_deprecated("""This message has been marked as deprecated using proto message options.""")
 @_typing.final
 class ServedModel(_message.Message):
-    """ServedModel names the model version that produced a result."""
+    """Deprecated: vision.v1.ServedModel, which every task's result uses now (same fields). Kept
+    for the deprecated detection.v1.BatchService until the next release.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -22,11 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from gateway.proto.detection.v1 import detection_pb2 as detection_dot_v1_dot_detection__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
+from gateway.proto.vision.v1 import model_pb2 as vision_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65mbedding/v1/embedding.proto\x12\x0c\x65mbedding.v1\x1a\x1c\x64\x65tection/v1/detection.proto\x1a\x17google/rpc/status.proto\"m\n\x0c\x45mbedRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x12\n\ndimensions\x18\x02 \x01(\x05\x12&\n\x05model\x18\x03 \x01(\x0b\x32\x17.detection.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xdb\x01\n\x0f\x45mbeddingResult\x12\x15\n\tembedding\x18\x01 \x03(\x02\x42\x02\x10\x01\x12\x11\n\tdimension\x18\x02 \x01(\x05\x12\x12\n\nnormalized\x18\x03 \x01(\x08\x12\x13\n\x0bimage_width\x18\x04 \x01(\x05\x12\x14\n\x0cimage_height\x18\x05 \x01(\x05\x12(\n\x05model\x18\x06 \x01(\x0b\x32\x19.detection.v1.ServedModel\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12!\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x12.google.rpc.Status2\xa4\x01\n\x10\x45mbeddingService\x12\x42\n\x05\x45mbed\x12\x1a.embedding.v1.EmbedRequest\x1a\x1d.embedding.v1.EmbeddingResult\x12L\n\x0b\x45mbedStream\x12\x1a.embedding.v1.EmbedRequest\x1a\x1d.embedding.v1.EmbeddingResult(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65mbedding/v1/embedding.proto\x12\x0c\x65mbedding.v1\x1a\x17google/rpc/status.proto\x1a\x15vision/v1/model.proto\"j\n\x0c\x45mbedRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x12\n\ndimensions\x18\x02 \x01(\x05\x12#\n\x05model\x18\x03 \x01(\x0b\x32\x14.vision.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xd8\x01\n\x0f\x45mbeddingResult\x12\x15\n\tembedding\x18\x01 \x03(\x02\x42\x02\x10\x01\x12\x11\n\tdimension\x18\x02 \x01(\x05\x12\x12\n\nnormalized\x18\x03 \x01(\x08\x12\x13\n\x0bimage_width\x18\x04 \x01(\x05\x12\x14\n\x0cimage_height\x18\x05 \x01(\x05\x12%\n\x05model\x18\x06 \x01(\x0b\x32\x16.vision.v1.ServedModel\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12!\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x12.google.rpc.Status2\xa4\x01\n\x10\x45mbeddingService\x12\x42\n\x05\x45mbed\x12\x1a.embedding.v1.EmbedRequest\x1a\x1d.embedding.v1.EmbeddingResult\x12L\n\x0b\x45mbedStream\x12\x1a.embedding.v1.EmbedRequest\x1a\x1d.embedding.v1.EmbeddingResult(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EMBEDDINGRESULT'].fields_by_name['embedding']._loaded_options = None
   _globals['_EMBEDDINGRESULT'].fields_by_name['embedding']._serialized_options = b'\020\001'
-  _globals['_EMBEDREQUEST']._serialized_start=101
-  _globals['_EMBEDREQUEST']._serialized_end=210
-  _globals['_EMBEDDINGRESULT']._serialized_start=213
-  _globals['_EMBEDDINGRESULT']._serialized_end=432
-  _globals['_EMBEDDINGSERVICE']._serialized_start=435
-  _globals['_EMBEDDINGSERVICE']._serialized_end=599
+  _globals['_EMBEDREQUEST']._serialized_start=94
+  _globals['_EMBEDREQUEST']._serialized_end=200
+  _globals['_EMBEDDINGRESULT']._serialized_start=203
+  _globals['_EMBEDDINGRESULT']._serialized_end=419
+  _globals['_EMBEDDINGSERVICE']._serialized_start=422
+  _globals['_EMBEDDINGSERVICE']._serialized_end=586
 # @@protoc_insertion_point(module_scope)

@@ -11,11 +11,11 @@ pooled feature vector, L2-normalised unless the model config says otherwise.
 """
 
 from collections import abc as _abc
-from gateway.proto.detection.v1 import detection_pb2 as _detection_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.rpc import status_pb2 as _status_pb2
+from gateway.proto.vision.v1 import model_pb2 as _model_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -51,7 +51,7 @@ class EmbedRequest(_message.Message):
     gateway takes the `x-request-id` metadata header or generates one.
     """
     @_builtins.property
-    def model(self) -> _detection_pb2.ModelSpec:
+    def model(self) -> _model_pb2.ModelSpec:
         """The model to run. Unset fields mean the server's default model and its latest version."""
 
     def __init__(
@@ -59,7 +59,7 @@ class EmbedRequest(_message.Message):
         *,
         image: _builtins.bytes = ...,
         dimensions: _builtins.int = ...,
-        model: _detection_pb2.ModelSpec | None = ...,
+        model: _model_pb2.ModelSpec | None = ...,
         request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
@@ -101,7 +101,7 @@ class EmbeddingResult(_message.Message):
         """The vector: unit length (L2) when `normalized` is true, the model's values otherwise."""
 
     @_builtins.property
-    def model(self) -> _detection_pb2.ServedModel:
+    def model(self) -> _model_pb2.ServedModel:
         """The model and version that actually served the request."""
 
     @_builtins.property
@@ -118,7 +118,7 @@ class EmbeddingResult(_message.Message):
         normalized: _builtins.bool = ...,
         image_width: _builtins.int = ...,
         image_height: _builtins.int = ...,
-        model: _detection_pb2.ServedModel | None = ...,
+        model: _model_pb2.ServedModel | None = ...,
         request_id: _builtins.str = ...,
         error: _status_pb2.Status | None = ...,
     ) -> None: ...

@@ -24,25 +24,26 @@ _sym_db = _symbol_database.Default()
 
 from gateway.proto.detection.v1 import detection_pb2 as detection_dot_v1_dot_detection__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
+from gateway.proto.vision.v1 import model_pb2 as vision_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ckeypoints/v1/keypoints.proto\x12\x0ckeypoints.v1\x1a\x1c\x64\x65tection/v1/detection.proto\x1a\x17google/rpc/status.proto\"\x8e\x01\n\x16\x44\x65tectKeypointsRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x11\n\tmin_score\x18\x02 \x01(\x02\x12\x16\n\x0emax_detections\x18\x03 \x01(\x05\x12&\n\x05model\x18\x04 \x01(\x0b\x32\x17.detection.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xee\x01\n\x0fKeypointsResult\x12)\n\tinstances\x18\x01 \x03(\x0b\x32\x16.keypoints.v1.Instance\x12$\n\x08skeleton\x18\x02 \x03(\x0b\x32\x12.keypoints.v1.Edge\x12\x13\n\x0bimage_width\x18\x03 \x01(\x05\x12\x14\n\x0cimage_height\x18\x04 \x01(\x05\x12(\n\x05model\x18\x05 \x01(\x0b\x32\x19.detection.v1.ServedModel\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12!\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x12.google.rpc.Status\"\x8d\x01\n\x08Instance\x12&\n\x03\x62ox\x18\x01 \x01(\x0b\x32\x19.detection.v1.BoundingBox\x12\x10\n\x08\x63lass_id\x18\x02 \x01(\x05\x12\r\n\x05label\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x02\x12)\n\tkeypoints\x18\x05 \x03(\x0b\x32\x16.keypoints.v1.Keypoint\"=\n\x08Keypoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\t\n\x01x\x18\x02 \x01(\x02\x12\t\n\x01y\x18\x03 \x01(\x02\x12\r\n\x05score\x18\x04 \x01(\x02\"\"\n\x04\x45\x64ge\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\x32\xcb\x01\n\x0fKeypointService\x12V\n\x0f\x44\x65tectKeypoints\x12$.keypoints.v1.DetectKeypointsRequest\x1a\x1d.keypoints.v1.KeypointsResult\x12`\n\x15\x44\x65tectKeypointsStream\x12$.keypoints.v1.DetectKeypointsRequest\x1a\x1d.keypoints.v1.KeypointsResult(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ckeypoints/v1/keypoints.proto\x12\x0ckeypoints.v1\x1a\x1c\x64\x65tection/v1/detection.proto\x1a\x17google/rpc/status.proto\x1a\x15vision/v1/model.proto\"\x8b\x01\n\x16\x44\x65tectKeypointsRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x11\n\tmin_score\x18\x02 \x01(\x02\x12\x16\n\x0emax_detections\x18\x03 \x01(\x05\x12#\n\x05model\x18\x04 \x01(\x0b\x32\x14.vision.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xeb\x01\n\x0fKeypointsResult\x12)\n\tinstances\x18\x01 \x03(\x0b\x32\x16.keypoints.v1.Instance\x12$\n\x08skeleton\x18\x02 \x03(\x0b\x32\x12.keypoints.v1.Edge\x12\x13\n\x0bimage_width\x18\x03 \x01(\x05\x12\x14\n\x0cimage_height\x18\x04 \x01(\x05\x12%\n\x05model\x18\x05 \x01(\x0b\x32\x16.vision.v1.ServedModel\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12!\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x12.google.rpc.Status\"\x8d\x01\n\x08Instance\x12&\n\x03\x62ox\x18\x01 \x01(\x0b\x32\x19.detection.v1.BoundingBox\x12\x10\n\x08\x63lass_id\x18\x02 \x01(\x05\x12\r\n\x05label\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x02\x12)\n\tkeypoints\x18\x05 \x03(\x0b\x32\x16.keypoints.v1.Keypoint\"=\n\x08Keypoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\t\n\x01x\x18\x02 \x01(\x02\x12\t\n\x01y\x18\x03 \x01(\x02\x12\r\n\x05score\x18\x04 \x01(\x02\"\"\n\x04\x45\x64ge\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\x32\xcb\x01\n\x0fKeypointService\x12V\n\x0f\x44\x65tectKeypoints\x12$.keypoints.v1.DetectKeypointsRequest\x1a\x1d.keypoints.v1.KeypointsResult\x12`\n\x15\x44\x65tectKeypointsStream\x12$.keypoints.v1.DetectKeypointsRequest\x1a\x1d.keypoints.v1.KeypointsResult(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'keypoints.v1.keypoints_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DETECTKEYPOINTSREQUEST']._serialized_start=102
-  _globals['_DETECTKEYPOINTSREQUEST']._serialized_end=244
-  _globals['_KEYPOINTSRESULT']._serialized_start=247
-  _globals['_KEYPOINTSRESULT']._serialized_end=485
-  _globals['_INSTANCE']._serialized_start=488
-  _globals['_INSTANCE']._serialized_end=629
-  _globals['_KEYPOINT']._serialized_start=631
-  _globals['_KEYPOINT']._serialized_end=692
-  _globals['_EDGE']._serialized_start=694
-  _globals['_EDGE']._serialized_end=728
-  _globals['_KEYPOINTSERVICE']._serialized_start=731
-  _globals['_KEYPOINTSERVICE']._serialized_end=934
+  _globals['_DETECTKEYPOINTSREQUEST']._serialized_start=125
+  _globals['_DETECTKEYPOINTSREQUEST']._serialized_end=264
+  _globals['_KEYPOINTSRESULT']._serialized_start=267
+  _globals['_KEYPOINTSRESULT']._serialized_end=502
+  _globals['_INSTANCE']._serialized_start=505
+  _globals['_INSTANCE']._serialized_end=646
+  _globals['_KEYPOINT']._serialized_start=648
+  _globals['_KEYPOINT']._serialized_end=709
+  _globals['_EDGE']._serialized_start=711
+  _globals['_EDGE']._serialized_end=745
+  _globals['_KEYPOINTSERVICE']._serialized_start=748
+  _globals['_KEYPOINTSERVICE']._serialized_end=951
 # @@protoc_insertion_point(module_scope)

@@ -17,6 +17,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.rpc import status_pb2 as _status_pb2
+from gateway.proto.vision.v1 import model_pb2 as _model_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -52,7 +53,7 @@ class DetectKeypointsRequest(_message.Message):
     gateway takes the `x-request-id` metadata header or generates one.
     """
     @_builtins.property
-    def model(self) -> _detection_pb2.ModelSpec:
+    def model(self) -> _model_pb2.ModelSpec:
         """The model to run. Unset fields mean the server's default model and its latest version."""
 
     def __init__(
@@ -61,7 +62,7 @@ class DetectKeypointsRequest(_message.Message):
         image: _builtins.bytes = ...,
         min_score: _builtins.float = ...,
         max_detections: _builtins.int = ...,
-        model: _detection_pb2.ModelSpec | None = ...,
+        model: _model_pb2.ModelSpec | None = ...,
         request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
@@ -103,7 +104,7 @@ class KeypointsResult(_message.Message):
         """
 
     @_builtins.property
-    def model(self) -> _detection_pb2.ServedModel:
+    def model(self) -> _model_pb2.ServedModel:
         """The model and version that actually served the request."""
 
     @_builtins.property
@@ -120,7 +121,7 @@ class KeypointsResult(_message.Message):
         skeleton: _abc.Iterable[Global___Edge] | None = ...,
         image_width: _builtins.int = ...,
         image_height: _builtins.int = ...,
-        model: _detection_pb2.ServedModel | None = ...,
+        model: _model_pb2.ServedModel | None = ...,
         request_id: _builtins.str = ...,
         error: _status_pb2.Status | None = ...,
     ) -> None: ...

@@ -28,9 +28,10 @@ from gateway.proto.embedding.v1 import embedding_pb2 as embedding_dot_v1_dot_emb
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from gateway.proto.keypoints.v1 import keypoints_pb2 as keypoints_dot_v1_dot_keypoints__pb2
 from gateway.proto.segmentation.v1 import segmentation_pb2 as segmentation_dot_v1_dot_segmentation__pb2
+from gateway.proto.vision.v1 import model_pb2 as vision_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apipeline/v1/pipeline.proto\x12\x0bpipeline.v1\x1a&classification/v1/classification.proto\x1a\x1c\x64\x65tection/v1/detection.proto\x1a\x1c\x65mbedding/v1/embedding.proto\x1a\x17google/rpc/status.proto\x1a\x1ckeypoints/v1/keypoints.proto\x1a\"segmentation/v1/segmentation.proto\"l\n\nRunRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x11\n\tmin_score\x18\x04 \x01(\x02\x12\x16\n\x0emax_detections\x18\x05 \x01(\x05\"\x81\x03\n\x0ePipelineResult\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\x33\n\ndetections\x18\x02 \x01(\x0b\x32\x1d.detection.v1.DetectionResultH\x00\x12\x37\n\x08segments\x18\x03 \x01(\x0b\x32#.segmentation.v1.SegmentationResultH\x00\x12\x32\n\tkeypoints\x18\x04 \x01(\x0b\x32\x1d.keypoints.v1.KeypointsResultH\x00\x12(\n\tinstances\x18\x05 \x03(\x0b\x32\x15.pipeline.v1.Instance\x12&\n\x05steps\x18\x06 \x03(\x0b\x32\x17.pipeline.v1.StepReport\x12\x13\n\x0bimage_width\x18\x07 \x01(\x05\x12\x14\n\x0cimage_height\x18\x08 \x01(\x05\x12\x12\n\nrequest_id\x18\t \x01(\t\x12!\n\x05\x65rror\x18\n \x01(\x0b\x32\x12.google.rpc.StatusB\x07\n\x05\x66irst\"\x8e\x01\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\x05\x12/\n\x05steps\x18\x02 \x03(\x0b\x32 .pipeline.v1.Instance.StepsEntry\x1a\x45\n\nStepsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.pipeline.v1.StepResult:\x02\x38\x01\"\x92\x03\n\nStepResult\x12\x0e\n\x06parent\x18\x01 \x01(\x05\x12\x0c\n\x04step\x18\x02 \x01(\t\x12:\n\x07\x63lasses\x18\x03 \x01(\x0b\x32\'.classification.v1.ClassificationResultH\x00\x12\x32\n\tembedding\x18\x04 \x01(\x0b\x32\x1d.embedding.v1.EmbeddingResultH\x00\x12\x32\n\tkeypoints\x18\x05 \x01(\x0b\x32\x1d.keypoints.v1.KeypointsResultH\x00\x12\x33\n\ndetections\x18\x06 \x01(\x0b\x32\x1d.detection.v1.DetectionResultH\x00\x12\x37\n\x08segments\x18\x07 \x01(\x0b\x32#.segmentation.v1.SegmentationResultH\x00\x12!\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x12.google.rpc.Status\x12\'\n\x04\x63rop\x18\t \x01(\x0b\x32\x19.detection.v1.BoundingBoxB\x08\n\x06result\"\x8a\x01\n\nStepReport\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x05model\x18\x02 \x01(\x0b\x32\x19.detection.v1.ServedModel\x12\r\n\x05\x63rops\x18\x03 \x01(\x05\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x05\x12%\n\x07skipped\x18\x05 \x03(\x0b\x32\x14.pipeline.v1.Skipped\"5\n\x07Skipped\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x0b\n\x03ids\x18\x03 \x03(\x05\x32\x95\x01\n\x0fPipelineService\x12;\n\x03Run\x12\x17.pipeline.v1.RunRequest\x1a\x1b.pipeline.v1.PipelineResult\x12\x45\n\tRunStream\x12\x17.pipeline.v1.RunRequest\x1a\x1b.pipeline.v1.PipelineResult(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apipeline/v1/pipeline.proto\x12\x0bpipeline.v1\x1a&classification/v1/classification.proto\x1a\x1c\x64\x65tection/v1/detection.proto\x1a\x1c\x65mbedding/v1/embedding.proto\x1a\x17google/rpc/status.proto\x1a\x1ckeypoints/v1/keypoints.proto\x1a\"segmentation/v1/segmentation.proto\x1a\x15vision/v1/model.proto\"l\n\nRunRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x11\n\tmin_score\x18\x04 \x01(\x02\x12\x16\n\x0emax_detections\x18\x05 \x01(\x05\"\x81\x03\n\x0ePipelineResult\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\x33\n\ndetections\x18\x02 \x01(\x0b\x32\x1d.detection.v1.DetectionResultH\x00\x12\x37\n\x08segments\x18\x03 \x01(\x0b\x32#.segmentation.v1.SegmentationResultH\x00\x12\x32\n\tkeypoints\x18\x04 \x01(\x0b\x32\x1d.keypoints.v1.KeypointsResultH\x00\x12(\n\tinstances\x18\x05 \x03(\x0b\x32\x15.pipeline.v1.Instance\x12&\n\x05steps\x18\x06 \x03(\x0b\x32\x17.pipeline.v1.StepReport\x12\x13\n\x0bimage_width\x18\x07 \x01(\x05\x12\x14\n\x0cimage_height\x18\x08 \x01(\x05\x12\x12\n\nrequest_id\x18\t \x01(\t\x12!\n\x05\x65rror\x18\n \x01(\x0b\x32\x12.google.rpc.StatusB\x07\n\x05\x66irst\"\x8e\x01\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\x05\x12/\n\x05steps\x18\x02 \x03(\x0b\x32 .pipeline.v1.Instance.StepsEntry\x1a\x45\n\nStepsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.pipeline.v1.StepResult:\x02\x38\x01\"\x92\x03\n\nStepResult\x12\x0e\n\x06parent\x18\x01 \x01(\x05\x12\x0c\n\x04step\x18\x02 \x01(\t\x12:\n\x07\x63lasses\x18\x03 \x01(\x0b\x32\'.classification.v1.ClassificationResultH\x00\x12\x32\n\tembedding\x18\x04 \x01(\x0b\x32\x1d.embedding.v1.EmbeddingResultH\x00\x12\x32\n\tkeypoints\x18\x05 \x01(\x0b\x32\x1d.keypoints.v1.KeypointsResultH\x00\x12\x33\n\ndetections\x18\x06 \x01(\x0b\x32\x1d.detection.v1.DetectionResultH\x00\x12\x37\n\x08segments\x18\x07 \x01(\x0b\x32#.segmentation.v1.SegmentationResultH\x00\x12!\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x12.google.rpc.Status\x12\'\n\x04\x63rop\x18\t \x01(\x0b\x32\x19.detection.v1.BoundingBoxB\x08\n\x06result\"\x87\x01\n\nStepReport\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05model\x18\x02 \x01(\x0b\x32\x16.vision.v1.ServedModel\x12\r\n\x05\x63rops\x18\x03 \x01(\x05\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x05\x12%\n\x07skipped\x18\x05 \x03(\x0b\x32\x14.pipeline.v1.Skipped\"5\n\x07Skipped\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x0b\n\x03ids\x18\x03 \x03(\x05\x32\x95\x01\n\x0fPipelineService\x12;\n\x03Run\x12\x17.pipeline.v1.RunRequest\x1a\x1b.pipeline.v1.PipelineResult\x12\x45\n\tRunStream\x12\x17.pipeline.v1.RunRequest\x1a\x1b.pipeline.v1.PipelineResult(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,20 +40,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INSTANCE_STEPSENTRY']._loaded_options = None
   _globals['_INSTANCE_STEPSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNREQUEST']._serialized_start=234
-  _globals['_RUNREQUEST']._serialized_end=342
-  _globals['_PIPELINERESULT']._serialized_start=345
-  _globals['_PIPELINERESULT']._serialized_end=730
-  _globals['_INSTANCE']._serialized_start=733
-  _globals['_INSTANCE']._serialized_end=875
-  _globals['_INSTANCE_STEPSENTRY']._serialized_start=806
-  _globals['_INSTANCE_STEPSENTRY']._serialized_end=875
-  _globals['_STEPRESULT']._serialized_start=878
-  _globals['_STEPRESULT']._serialized_end=1280
-  _globals['_STEPREPORT']._serialized_start=1283
-  _globals['_STEPREPORT']._serialized_end=1421
-  _globals['_SKIPPED']._serialized_start=1423
-  _globals['_SKIPPED']._serialized_end=1476
-  _globals['_PIPELINESERVICE']._serialized_start=1479
-  _globals['_PIPELINESERVICE']._serialized_end=1628
+  _globals['_RUNREQUEST']._serialized_start=257
+  _globals['_RUNREQUEST']._serialized_end=365
+  _globals['_PIPELINERESULT']._serialized_start=368
+  _globals['_PIPELINERESULT']._serialized_end=753
+  _globals['_INSTANCE']._serialized_start=756
+  _globals['_INSTANCE']._serialized_end=898
+  _globals['_INSTANCE_STEPSENTRY']._serialized_start=829
+  _globals['_INSTANCE_STEPSENTRY']._serialized_end=898
+  _globals['_STEPRESULT']._serialized_start=901
+  _globals['_STEPRESULT']._serialized_end=1303
+  _globals['_STEPREPORT']._serialized_start=1306
+  _globals['_STEPREPORT']._serialized_end=1441
+  _globals['_SKIPPED']._serialized_start=1443
+  _globals['_SKIPPED']._serialized_end=1496
+  _globals['_PIPELINESERVICE']._serialized_start=1499
+  _globals['_PIPELINESERVICE']._serialized_end=1648
 # @@protoc_insertion_point(module_scope)

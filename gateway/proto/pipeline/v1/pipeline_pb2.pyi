@@ -21,6 +21,7 @@ from google.protobuf.internal import containers as _containers
 from google.rpc import status_pb2 as _status_pb2
 from gateway.proto.keypoints.v1 import keypoints_pb2 as _keypoints_pb2
 from gateway.proto.segmentation.v1 import segmentation_pb2 as _segmentation_pb2
+from gateway.proto.vision.v1 import model_pb2 as _model_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -277,7 +278,7 @@ class StepReport(_message.Message):
     failed: _builtins.int
     """Crops that failed (each one's StepResult.error says why)."""
     @_builtins.property
-    def model(self) -> _detection_pb2.ServedModel:
+    def model(self) -> _model_pb2.ServedModel:
         """The model and version that answered (the latest to answer, when crops were answered by
         different versions during a rollout); unset when it answered no crop.
         """
@@ -290,7 +291,7 @@ class StepReport(_message.Message):
         self,
         *,
         name: _builtins.str = ...,
-        model: _detection_pb2.ServedModel | None = ...,
+        model: _model_pb2.ServedModel | None = ...,
         crops: _builtins.int = ...,
         failed: _builtins.int = ...,
         skipped: _abc.Iterable[Global___Skipped] | None = ...,

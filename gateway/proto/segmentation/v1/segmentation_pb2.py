@@ -24,27 +24,28 @@ _sym_db = _symbol_database.Default()
 
 from gateway.proto.detection.v1 import detection_pb2 as detection_dot_v1_dot_detection__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
+from gateway.proto.vision.v1 import model_pb2 as vision_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"segmentation/v1/segmentation.proto\x12\x0fsegmentation.v1\x1a\x1c\x64\x65tection/v1/detection.proto\x1a\x17google/rpc/status.proto\"\xb3\x01\n\x0eSegmentRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x11\n\tmin_score\x18\x02 \x01(\x02\x12\x16\n\x0emax_detections\x18\x03 \x01(\x05\x12&\n\x05model\x18\x04 \x01(\x0b\x32\x17.detection.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x16\n\x0emask_threshold\x18\x06 \x01(\x02\x12\x13\n\x0bmask_format\x18\x07 \x01(\t\"\xfe\x01\n\x12SegmentationResult\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.segmentation.v1.Instance\x12\x13\n\x0bimage_width\x18\x02 \x01(\x05\x12\x14\n\x0cimage_height\x18\x03 \x01(\x05\x12(\n\x05model\x18\x04 \x01(\x0b\x32\x19.detection.v1.ServedModel\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12!\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.google.rpc.Status\x12.\n\ttruncated\x18\x07 \x01(\x0b\x32\x1b.segmentation.v1.Truncation\"H\n\nTruncation\x12\x1a\n\x12instances_left_out\x18\x01 \x01(\x05\x12\r\n\x05limit\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x87\x01\n\x08Instance\x12&\n\x03\x62ox\x18\x01 \x01(\x0b\x32\x19.detection.v1.BoundingBox\x12\x10\n\x08\x63lass_id\x18\x02 \x01(\x05\x12\r\n\x05label\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x02\x12#\n\x04mask\x18\x05 \x01(\x0b\x32\x15.segmentation.v1.Mask\"m\n\x04Mask\x12\x0c\n\x04size\x18\x01 \x03(\x05\x12\x10\n\x06\x63ounts\x18\x02 \x01(\tH\x00\x12\r\n\x03png\x18\x04 \x01(\x0cH\x00\x12*\n\x08polygons\x18\x03 \x03(\x0b\x32\x18.segmentation.v1.PolygonB\n\n\x08\x65ncoding\"\x19\n\x07Polygon\x12\x0e\n\x06points\x18\x01 \x03(\x02\x32\xc1\x01\n\x13SegmentationService\x12O\n\x07Segment\x12\x1f.segmentation.v1.SegmentRequest\x1a#.segmentation.v1.SegmentationResult\x12Y\n\rSegmentStream\x12\x1f.segmentation.v1.SegmentRequest\x1a#.segmentation.v1.SegmentationResult(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"segmentation/v1/segmentation.proto\x12\x0fsegmentation.v1\x1a\x1c\x64\x65tection/v1/detection.proto\x1a\x17google/rpc/status.proto\x1a\x15vision/v1/model.proto\"\xb0\x01\n\x0eSegmentRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x11\n\tmin_score\x18\x02 \x01(\x02\x12\x16\n\x0emax_detections\x18\x03 \x01(\x05\x12#\n\x05model\x18\x04 \x01(\x0b\x32\x14.vision.v1.ModelSpec\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x16\n\x0emask_threshold\x18\x06 \x01(\x02\x12\x13\n\x0bmask_format\x18\x07 \x01(\t\"\xfb\x01\n\x12SegmentationResult\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.segmentation.v1.Instance\x12\x13\n\x0bimage_width\x18\x02 \x01(\x05\x12\x14\n\x0cimage_height\x18\x03 \x01(\x05\x12%\n\x05model\x18\x04 \x01(\x0b\x32\x16.vision.v1.ServedModel\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12!\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.google.rpc.Status\x12.\n\ttruncated\x18\x07 \x01(\x0b\x32\x1b.segmentation.v1.Truncation\"H\n\nTruncation\x12\x1a\n\x12instances_left_out\x18\x01 \x01(\x05\x12\r\n\x05limit\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x87\x01\n\x08Instance\x12&\n\x03\x62ox\x18\x01 \x01(\x0b\x32\x19.detection.v1.BoundingBox\x12\x10\n\x08\x63lass_id\x18\x02 \x01(\x05\x12\r\n\x05label\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x02\x12#\n\x04mask\x18\x05 \x01(\x0b\x32\x15.segmentation.v1.Mask\"m\n\x04Mask\x12\x0c\n\x04size\x18\x01 \x03(\x05\x12\x10\n\x06\x63ounts\x18\x02 \x01(\tH\x00\x12\r\n\x03png\x18\x04 \x01(\x0cH\x00\x12*\n\x08polygons\x18\x03 \x03(\x0b\x32\x18.segmentation.v1.PolygonB\n\n\x08\x65ncoding\"\x19\n\x07Polygon\x12\x0e\n\x06points\x18\x01 \x03(\x02\x32\xc1\x01\n\x13SegmentationService\x12O\n\x07Segment\x12\x1f.segmentation.v1.SegmentRequest\x1a#.segmentation.v1.SegmentationResult\x12Y\n\rSegmentStream\x12\x1f.segmentation.v1.SegmentRequest\x1a#.segmentation.v1.SegmentationResult(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'segmentation.v1.segmentation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SEGMENTREQUEST']._serialized_start=111
-  _globals['_SEGMENTREQUEST']._serialized_end=290
-  _globals['_SEGMENTATIONRESULT']._serialized_start=293
-  _globals['_SEGMENTATIONRESULT']._serialized_end=547
-  _globals['_TRUNCATION']._serialized_start=549
-  _globals['_TRUNCATION']._serialized_end=621
-  _globals['_INSTANCE']._serialized_start=624
-  _globals['_INSTANCE']._serialized_end=759
-  _globals['_MASK']._serialized_start=761
-  _globals['_MASK']._serialized_end=870
-  _globals['_POLYGON']._serialized_start=872
-  _globals['_POLYGON']._serialized_end=897
-  _globals['_SEGMENTATIONSERVICE']._serialized_start=900
-  _globals['_SEGMENTATIONSERVICE']._serialized_end=1093
+  _globals['_SEGMENTREQUEST']._serialized_start=134
+  _globals['_SEGMENTREQUEST']._serialized_end=310
+  _globals['_SEGMENTATIONRESULT']._serialized_start=313
+  _globals['_SEGMENTATIONRESULT']._serialized_end=564
+  _globals['_TRUNCATION']._serialized_start=566
+  _globals['_TRUNCATION']._serialized_end=638
+  _globals['_INSTANCE']._serialized_start=641
+  _globals['_INSTANCE']._serialized_end=776
+  _globals['_MASK']._serialized_start=778
+  _globals['_MASK']._serialized_end=887
+  _globals['_POLYGON']._serialized_start=889
+  _globals['_POLYGON']._serialized_end=914
+  _globals['_SEGMENTATIONSERVICE']._serialized_start=917
+  _globals['_SEGMENTATIONSERVICE']._serialized_end=1110
 # @@protoc_insertion_point(module_scope)

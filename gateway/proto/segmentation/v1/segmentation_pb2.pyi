@@ -16,6 +16,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.rpc import status_pb2 as _status_pb2
+from gateway.proto.vision.v1 import model_pb2 as _model_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -62,7 +63,7 @@ class SegmentRequest(_message.Message):
     of the image's size.
     """
     @_builtins.property
-    def model(self) -> _detection_pb2.ModelSpec:
+    def model(self) -> _model_pb2.ModelSpec:
         """The model to run. Unset fields mean the server's default model and its latest version."""
 
     def __init__(
@@ -71,7 +72,7 @@ class SegmentRequest(_message.Message):
         image: _builtins.bytes = ...,
         min_score: _builtins.float = ...,
         max_detections: _builtins.int = ...,
-        model: _detection_pb2.ModelSpec | None = ...,
+        model: _model_pb2.ModelSpec | None = ...,
         request_id: _builtins.str = ...,
         mask_threshold: _builtins.float = ...,
         mask_format: _builtins.str = ...,
@@ -108,7 +109,7 @@ class SegmentationResult(_message.Message):
         """Instances sorted by score, highest first."""
 
     @_builtins.property
-    def model(self) -> _detection_pb2.ServedModel:
+    def model(self) -> _model_pb2.ServedModel:
         """The model and version that actually served the request."""
 
     @_builtins.property
@@ -130,7 +131,7 @@ class SegmentationResult(_message.Message):
         instances: _abc.Iterable[Global___Instance] | None = ...,
         image_width: _builtins.int = ...,
         image_height: _builtins.int = ...,
-        model: _detection_pb2.ServedModel | None = ...,
+        model: _model_pb2.ServedModel | None = ...,
         request_id: _builtins.str = ...,
         error: _status_pb2.Status | None = ...,
         truncated: Global___Truncation | None = ...,
