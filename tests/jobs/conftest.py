@@ -1,5 +1,6 @@
-"""One local TF Serving (a detector and a classifier) for the batch-job tests; each test
-starts the gateway processes it needs (they differ in settings, and some are killed)."""
+"""The run's shared local TF Serving (a detector and a classifier among its models) for the
+batch-job tests; each test starts the gateway processes it needs (they differ in settings, and
+some are killed)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,15 @@ import pytest
 
 from tests.support import jobs as helpers
 from tests.support.faultupstream import FaultyUpstream
-from tests.support.localserver import LocalServer, run_local_server
-
-MODELS = ("detector", "classifier_scores")
+from tests.support.localserver import LocalServer
 
 
 @pytest.fixture(scope="session")
-def tfs(model_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    config = tmp_path_factory.mktemp("jobs-serving") / "models.config"
-    entries = "".join(
-        f"config {{ name: '{n}' base_path: '{model_repo / n}' model_platform: 'tensorflow' }}\n"
-        for n in MODELS
-    )
-    config.write_text(f"model_config_list {{\n{entries}}}\n")
-    with run_local_server([f"--model_config_file={config}"]) as server:
-        yield server
+def tfs(reference_serving: LocalServer) -> LocalServer:
+    """The run's local TF Serving (tests/conftest.py), `detector` and `classifier_scores`
+    among its models: the jobs' gateways only send it Predicts (the faults are the
+    FaultyUpstream's in front of it)."""
+    return reference_serving
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -4,7 +4,6 @@ test module starts the gateways it attacks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,15 +12,14 @@ import pytest
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
 from tests.support.jobs import make_images
-from tests.support.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer
 
 
 @pytest.fixture(scope="session")
-def tfs(model_repo: Path) -> Iterator[LocalServer]:
-    """A real local TF Serving with `detector` (uint8 pixels) version 1."""
-    args = ["--model_name=detector", f"--model_base_path={model_repo / 'detector'}"]
-    with run_local_server(args) as server:
-        yield server
+def tfs(reference_serving: LocalServer) -> LocalServer:
+    """The run's local TF Serving (tests/conftest.py), with `detector` (uint8 pixels)
+    version 1 among its models: the tests only send it Predicts."""
+    return reference_serving
 
 
 @pytest.fixture(scope="session")

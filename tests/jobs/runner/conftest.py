@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 from tests.support.gatewayproc import GatewayProcess, run_gateway
-from tests.support.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer
 
 MAX_PIXELS = 4_000_000
 
 
 @pytest.fixture(scope="session")
-def tfs(model_repo: Path) -> Iterator[LocalServer]:
-    args = ["--model_name=detector", f"--model_base_path={model_repo / 'detector'}"]
-    with run_local_server(args) as server:
-        yield server
+def tfs(reference_serving: LocalServer) -> LocalServer:
+    """The run's local TF Serving (tests/conftest.py), `detector` among its models: the
+    runners only send it Predicts."""
+    return reference_serving
 
 
 def gateway_args(model_repo: Path) -> list[str]:
