@@ -149,9 +149,9 @@ def reference_serving(
 ) -> Iterator[LocalServer]:
     """One local TF Serving with version 1 of SHARED_MODELS, started once for the run and
     shared by the modules that only send it Predicts (the `tfs` of tests/jobs,
-    tests/jobs/runner, tests/security, the doors' tests of tests/paylog and tests/policy,
-    tests/test_metrics_per_model.py, tests/e2e/test_classification.py): each start imports
-    TensorFlow and loads its models,
+    tests/jobs/runner, tests/reliability, tests/security, the doors' tests of tests/paylog
+    and tests/policy, tests/test_metrics_per_model.py, tests/e2e/test_classification.py):
+    each start imports TensorFlow and loads its models,
     about 13 CPU-s. A test that stops, restarts or reads the log of its TF Serving, or serves
     models or flags of its own, starts its own.
     """

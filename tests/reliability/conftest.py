@@ -21,7 +21,7 @@ import pytest
 
 from gateway.proto.detection.v1 import detection_pb2 as pb
 from serving import scenes
-from tests.support.localserver import LocalServer, run_local_server
+from tests.support.localserver import LocalServer
 
 SOAK = os.environ.get("RELIABILITY_SOAK") == "1"
 
@@ -79,11 +79,11 @@ def figures() -> Iterator[Figures]:
 
 
 @pytest.fixture(scope="session")
-def tfs(model_repo: Path) -> Iterator[LocalServer]:
-    """A real local TF Serving with `detector` (uint8 pixels) version 1."""
-    args = ["--model_name=detector", f"--model_base_path={model_repo / 'detector'}"]
-    with run_local_server(args) as server:
-        yield server
+def tfs(reference_serving: LocalServer) -> LocalServer:
+    """The run's local TF Serving (tests/conftest.py), with `detector` (uint8 pixels)
+    version 1 among its models: these tests only send it Predicts (the faults are put in
+    front of it; test_faults starts its own to kill)."""
+    return reference_serving
 
 
 @pytest.fixture(scope="session")
