@@ -39,6 +39,7 @@ from gateway.domain import BoxTransform
 from gateway.imaging import filters, resize
 from gateway.imaging.decode import decode_image, encode_png
 from gateway.imaging.header import (
+    ImageInfo,
     ImageLimits,
     inspect_image,
     model_can_decode,
@@ -148,15 +149,21 @@ class ModelInput(NamedTuple):
 
 
 def forward_encoded(
-    data: bytes, plan: InputPlan, envelope: bytes, limits: ImageLimits
+    data: bytes,
+    plan: InputPlan,
+    envelope: bytes,
+    limits: ImageLimits,
+    info: ImageInfo | None = None,
 ) -> ModelInput | None:
     """For a string [N] model: the request carrying the caller's bytes untouched, or None
     when they must be transcoded or scaled down first (build_input does that).
 
-    Reads the header only (well under a millisecond), so it may run on the event loop.
+    Reads the header only (well under a millisecond), so it may run on the event loop;
+    `info`: the header as inspect_image read it already (the request's pricing did).
     Raises ImageError (gateway.imaging.errors) like build_input.
     """
-    info = inspect_image(data, limits)
+    if info is None:
+        info = inspect_image(data, limits)
     if not model_can_decode(info):
         return None
     if plan.max_side is not None and max(info.width, info.height) > plan.max_side:

@@ -45,7 +45,7 @@ from gateway.core.record import record
 from gateway.core.work import Account, in_thread, remaining, stops
 from gateway.domain import Cost, Frame, ModelRef, Outcome, OutputError, Request, Work
 from gateway.errors import GatewayError, Kind
-from gateway.imaging.header import ImageLimits, inspect_image
+from gateway.imaging.header import ImageInfo, ImageLimits, inspect_image
 from gateway.logs import BAD_OUTPUTS
 from gateway.models import ModelConfig, ModelRegistry
 from gateway.proto.tfswire.v1 import tfserving_pb2 as tfs
@@ -282,6 +282,7 @@ class Pipeline:
         envelope: bytes,
         timings: dict[str, float],
         work: Work,
+        info: ImageInfo | None,
     ) -> ModelInput:
         started = time.perf_counter()
         try:
@@ -290,7 +291,7 @@ class Pipeline:
                                        envelope)  # fmt: skip
             if plan.mode is InputMode.ENCODED:
                 # Forwarding the caller's bytes needs only their header: no thread hop.
-                forwarded = forward_encoded(image, plan, envelope, self._image_limits)
+                forwarded = forward_encoded(image, plan, envelope, self._image_limits, info)
                 if forwarded is not None:
                     return forwarded
             elif self._limit.in_flight == 1 and decodes_quickly(image, plan, self._image_limits):
@@ -319,6 +320,7 @@ class Pipeline:
         options = task.resolve(request.options, config, config.rules(self.settings))
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
         work.deadline = deadline
+        info = None  # the image's header, read once: for its price and for its input
         for attempt in (1, 2):
             signature = self._client.signatures.known(model) or await self._client.signature(
                 model, self._timeout(deadline), request.trace
@@ -339,7 +341,7 @@ class Pipeline:
             with tracing.span("decode", request.trace, model=model.name):
                 model_input = await self._build_input(
                     request.image if pixels is None else pixels, plan.input, envelope, timings,
-                    work,
+                    work, info,
                 )  # fmt: skip
             started = time.perf_counter()
             try:
