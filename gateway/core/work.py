@@ -105,8 +105,12 @@ class Account:
         if not self._charged:
             self._limit.release(self._ticket, time.perf_counter() - self._started, None, None)
             return
-        reserved = _total(cost for cost, _ in self._charged)
-        used = _total(spent(cost, work) or cost for cost, work in self._charged)
+        if len(self._charged) == 1:  # one image's call: nothing to add up
+            reserved, work = self._charged[0]
+            used = spent(reserved, work) or reserved
+        else:
+            reserved = _total(cost for cost, _ in self._charged)
+            used = _total(spent(cost, work) or cost for cost, work in self._charged)
         self._limit.release(self._ticket, time.perf_counter() - self._started, reserved, used)
 
 
