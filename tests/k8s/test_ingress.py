@@ -42,7 +42,7 @@ NOT_ROUTED_PATHS = [
     # Batch jobs: through the ingress every outside caller has the ingress gateway's one
     # identity, so they would share each other's operations (components/ingress/README.md).
     "/vision.v1.BatchService/CreateBatchJob",
-    "/detection.v1.BatchService/CreateBatchJob",  # the first release's name, still served
+    "/detection.v1.BatchService/CreateBatchJob",  # the earlier name, still served
     "/google.longrunning.Operations/GetOperation",
     "/v1/uploads",
     "/v1/batchJobs",

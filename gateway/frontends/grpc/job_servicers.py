@@ -2,8 +2,8 @@
 auth context, conversions from gateway.jobs.spec.conversions, the work in
 gateway.jobs.control.service, failures through the door's status table.
 
-The first release's name of the service, detection.v1.BatchService, is served too until the
-next release: its messages have the same fields as vision.v1's, so the same servicer reads and
+The service's earlier name, detection.v1.BatchService, is served too until the next
+release: its messages have the same fields as vision.v1's, so the same servicer reads and
 writes the same bytes under the old path (CHANGELOG.md, "Moving to vision.v1")."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _answers_errors(method: Unary[S, R, T]) -> Unary[S, R, T]:
 
 
 class BatchServicer(bpb_grpc.BatchServiceServicer):
-    """`legacy`: serving the first release's detection.v1.BatchService (Job.legacy_api)."""
+    """`legacy`: serving the earlier name, detection.v1.BatchService (Job.legacy_api)."""
 
     def __init__(self, jobs: JobService, legacy: bool = False) -> None:
         self._jobs = jobs

@@ -24,7 +24,7 @@ from gateway.proto.detection.v1 import batch_pb2 as legacy_bpb
 from gateway.proto.vision.v1 import batch_pb2 as bpb
 
 _STATE = bpb.BatchJobMetadata.State
-# The first release's names of the Operation's metadata and response (Job.legacy_api): the
+# The earlier names of the Operation's metadata and response (Job.legacy_api): the
 # same fields, so the same bytes under another type URL.
 _LEGACY_NAMES = {
     bpb.BatchJobMetadata.DESCRIPTOR.full_name: legacy_bpb.BatchJobMetadata.DESCRIPTOR.full_name,
@@ -171,8 +171,8 @@ def options_of(request: bpb.CreateBatchJobRequest, binding: Binding) -> dict[str
 def to_request(
     request: bpb.CreateBatchJobRequest, bindings: Bindings, legacy_api: bool = False
 ) -> CreateJob:
-    """The service's CreateJob; `legacy_api`: the request came through the first release's
-    detection.v1.BatchService (Job.legacy_api)."""
+    """The service's CreateJob; `legacy_api`: the request came through the jobs API's
+    earlier name, detection.v1.BatchService (Job.legacy_api)."""
     binding = binding_of(request.task, bindings, request.pipeline)
     model = to_model_ref(request.model)
     if request.pipeline:

@@ -58,10 +58,10 @@ class Job:
     # Times the job's runner process died without ending its run (local executor): past
     # GATEWAY_BATCH_RUNNER_MAX_DEATHS the job fails as a poison job.
     runner_deaths: int = 0
-    # Created through the first release's detection.v1.BatchService: its Operation packs
-    # detection.v1 types, as that release did, until the next release (CHANGELOG.md). Written
-    # only when set, so that the records of jobs created through vision.v1 stay readable by
-    # the first release's replicas while both run.
+    # Created through the jobs API's earlier name, detection.v1.BatchService: its Operation
+    # packs detection.v1 types, as that name's clients expect, until the next release
+    # (CHANGELOG.md). Written only when set, so that the records of jobs created through
+    # vision.v1 stay readable by replicas of the earlier version during a rolling upgrade.
     legacy_api: bool = False
 
     @property

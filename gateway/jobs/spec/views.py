@@ -33,7 +33,7 @@ class JobView:
 class CreateJob:
     """CreateBatchJob as the service takes it: the spec (input empty for an upload, output
     empty for the job's own area), the request's own fields, and whether it came through the
-    first release's detection.v1.BatchService (Job.legacy_api)."""
+    jobs API's earlier name, detection.v1.BatchService (Job.legacy_api)."""
 
     spec: JobSpec
     upload_id: str = ""

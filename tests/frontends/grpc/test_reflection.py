@@ -24,7 +24,7 @@ from tests.support.localserver import HOST, closed_port
 # Every task's service (one per built-in task) and the gateway's own.
 SERVICES = {binding.service_name for binding in BUILT_IN} | {
     "vision.v1.BatchService",
-    "detection.v1.BatchService",  # the first release's name, served until the next
+    "detection.v1.BatchService",  # the earlier name, served until the next release
     "google.longrunning.Operations",
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",

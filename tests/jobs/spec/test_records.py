@@ -1,7 +1,7 @@
 """A job's record: what the job store keeps, read back as written. A job created through the
-first release's detection.v1.BatchService says so (`legacy_api`); any other job's record has
-no such key, so the first release's replicas, which refuse keys they do not know, can read it
-while both releases share a store."""
+jobs API's earlier name, detection.v1.BatchService, says so (`legacy_api`); any other job's
+record has no such key, so replicas of the earlier version, which refuse keys they do not
+know, can read it while both share a store during a rolling upgrade."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from gateway.jobs.spec import JobSpec
 from gateway.jobs.spec.conversions import to_operation
 from gateway.jobs.spec.records import SUCCEEDED, Job
 from gateway.jobs.spec.views import JobView
-from gateway.proto.detection.v1 import batch_pb2 as first
+from gateway.proto.detection.v1 import batch_pb2 as earlier
 from gateway.proto.vision.v1 import batch_pb2 as bpb
 
-# The keys of a record as the first release wrote it.
-FIRST_RELEASE_KEYS = {
+# The keys of a record as the earlier version wrote it.
+EARLIER_KEYS = {
     "id", "caller", "spec", "executor", "units", "total", "request_id", "fingerprint",
     "upload_id", "default_output", "state", "error", "result", "final", "create_time",
     "start_time", "update_time", "end_time", "cancel_requested", "kube_job", "generation",
@@ -30,9 +30,9 @@ def job(**fields: object) -> Job:
                total=3, **fields)  # type: ignore[arg-type]  # fmt: skip
 
 
-def test_a_record_reads_back_as_written_and_names_its_api_only_when_it_is_the_first() -> None:
+def test_a_record_reads_back_as_written_and_names_its_api_only_when_it_is_the_earlier() -> None:
     current, legacy = job(), job(legacy_api=True)
-    assert set(json.loads(current.to_json())) == FIRST_RELEASE_KEYS
+    assert set(json.loads(current.to_json())) == EARLIER_KEYS
     assert json.loads(legacy.to_json())["legacy_api"] is True
     assert Job.from_json(current.to_json()) == current
     assert Job.from_json(legacy.to_json()) == legacy
@@ -47,10 +47,10 @@ def test_an_operation_packs_its_types_under_the_names_of_the_api_that_created_it
     current, legacy = operation(), operation(legacy_api=True)
     assert current.metadata.Is(bpb.BatchJobMetadata.DESCRIPTOR)
     assert current.response.Is(bpb.BatchJobResult.DESCRIPTOR)
-    assert legacy.metadata.Is(first.BatchJobMetadata.DESCRIPTOR)
-    assert legacy.response.Is(first.BatchJobResult.DESCRIPTOR)
+    assert legacy.metadata.Is(earlier.BatchJobMetadata.DESCRIPTOR)
+    assert legacy.response.Is(earlier.BatchJobResult.DESCRIPTOR)
     # The same bytes under either name.
     assert legacy.metadata.value == current.metadata.value
     assert legacy.response.value == current.response.value
-    result = first.BatchJobResult()
+    result = earlier.BatchJobResult()
     assert legacy.response.Unpack(result) and dict(result.code_counts) == {"OK": 3}

@@ -4,9 +4,9 @@ isort:skip_file
 Batch jobs over the API: hand over a dataset (or upload the images), get an operation back
 at once, come back later for progress and results (AIP-151 long-running operations).
 
-In the first release this was detection.v1.BatchService. The gateway still serves that
-name, with the same messages, until the next release (detection/v1/batch.proto,
-CHANGELOG.md "Moving to vision.v1").
+Until the move to vision.v1 this was detection.v1.BatchService (never in a release). The
+gateway still serves that name, with the same messages, until the next release
+(detection/v1/batch.proto, CHANGELOG.md "Moving to vision.v1").
 """
 
 from collections import abc as _abc

@@ -1,15 +1,15 @@
-"""The jobs API under its first release's name, detection.v1.BatchService, with the first
-release's own stubs and messages: served until the next release, each operation packing its
-metadata and response under the names of the API that created it (CHANGELOG.md, "Moving to
-vision.v1")."""
+"""The jobs API under its earlier name, detection.v1.BatchService, with that name's own
+stubs and messages (and the first release's detection.v1.ModelSpec): served until the next
+release, each operation packing its metadata and response under the names of the API that
+created it (CHANGELOG.md, "Moving to vision.v1")."""
 
 from __future__ import annotations
 
 from google.longrunning import operations_pb2 as lro
 from google.longrunning import operations_pb2_grpc as lro_grpc
 
-from gateway.proto.detection.v1 import batch_pb2 as first
-from gateway.proto.detection.v1 import batch_pb2_grpc as first_grpc
+from gateway.proto.detection.v1 import batch_pb2 as earlier
+from gateway.proto.detection.v1 import batch_pb2_grpc as earlier_grpc
 from gateway.proto.detection.v1 import detection_pb2
 from gateway.proto.vision.v1 import batch_pb2 as bpb
 from gateway.proto.vision.v1 import model_pb2
@@ -18,29 +18,30 @@ from tests.support.jobs import Client, gateway, make_images
 URL = "type.googleapis.com/"
 
 
-def test_the_first_releases_stubs_run_a_job_and_see_their_own_types(tfs, tmp_path, store) -> None:
+def test_the_earlier_names_stubs_run_a_job_and_see_their_own_types(tfs, tmp_path, store) -> None:
     images = make_images(tmp_path / "images", 3)
     dataset = str(tmp_path / "images")
     with gateway(tfs, store, tmp_path) as gw, gw.channel() as channel:
-        old = first_grpc.BatchServiceStub(channel)
-        request = first.CreateBatchJobRequest(
+        old = earlier_grpc.BatchServiceStub(channel)
+        request = earlier.CreateBatchJobRequest(
             input_uri=dataset,
             model=detection_pb2.ModelSpec(name="detector"),  # the first release's ModelSpec
             task="detect",
-            request_id="first-release-1",
+            request_id="earlier-name-1",
         )
         op = old.CreateBatchJob(request, timeout=30)
         assert op.metadata.type_url == URL + "detection.v1.BatchJobMetadata"
-        metadata = first.BatchJobMetadata()
+        metadata = earlier.BatchJobMetadata()
         assert op.metadata.Unpack(metadata) and metadata.input_uri == dataset
 
         client = Client(channel)  # vision.v1's stubs; Operations is the same service
         done = client.wait(op.name)
-        result = first.BatchJobResult()
+        result = earlier.BatchJobResult()
         assert done.response.Unpack(result), done.response.type_url
         assert dict(result.code_counts) == {"OK": 3}
 
-        lines = list(old.ReadBatchResults(first.ReadBatchResultsRequest(name=op.name), timeout=60))
+        read = earlier.ReadBatchResultsRequest(name=op.name)
+        lines = list(old.ReadBatchResults(read, timeout=60))
         assert [line.id for line in lines] == [p.name for p in images]
         found = detection_pb2.DetectionResult()
         assert lines[0].result.Unpack(found) and found.model.name == "detector"
@@ -51,7 +52,7 @@ def test_the_first_releases_stubs_run_a_job_and_see_their_own_types(tfs, tmp_pat
             input_uri=dataset,
             model=model_pb2.ModelSpec(name="detector"),
             task="detect",
-            request_id="first-release-1",
+            request_id="earlier-name-1",
         )
         assert again.name == op.name
         assert again.metadata.type_url == URL + "detection.v1.BatchJobMetadata"
