@@ -40,7 +40,17 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def committed(out: Path) -> int:
-    """Lines committed so far: finished output files plus checkpointed parts."""
+    """Lines committed so far: finished output files plus checkpointed parts. The runner
+    removes a part's directory once its output file is written, which may be in the middle
+    of a scan: the scan then starts again."""
+    while True:
+        try:
+            return _count(out)
+        except FileNotFoundError:
+            continue
+
+
+def _count(out: Path) -> int:
     total = 0
     for path in out.glob("*.jsonl"):
         if not path.name.startswith(".tmp-"):  # a write in progress, or a killed one's
