@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from tests.support import machinecache, tools
@@ -57,11 +58,16 @@ class ZooBuildError(RuntimeError):
     """The builder failed; the message quotes its log."""
 
 
-def zoo_key() -> str:
+def _key(paths: Iterable[Path]) -> str:
+    """A cache key: the hash of what makes the build, file after file."""
     digest = hashlib.sha256()
-    for path in (*SOURCES, CONSTRAINTS):
+    for path in paths:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def zoo_key() -> str:
+    return _key((*SOURCES, CONSTRAINTS))
 
 
 def _run(python: Path, script: Path, directory: Path) -> None:
@@ -99,10 +105,7 @@ def build_zoo() -> Path:
 
 
 def segmentation_key() -> str:
-    digest = hashlib.sha256()
-    for path in SEGMENTATION_SOURCES:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return _key(SEGMENTATION_SOURCES)
 
 
 def _build_segmentation(directory: Path) -> None:
