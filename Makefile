@@ -107,8 +107,12 @@ test-models: $(STAMP)
 	$(PY) -m tests.support.models
 
 # PYTEST_ARGS: more options for pytest (`python -m tests.support.suitetime` passes --junitxml).
+# WORKERS: pytest-xdist's workers, each taking whole test directories, longest first
+# (tests/support/workers.py); the suite waits on its servers about half the time, so two share
+# 2 cores well. WORKERS=0 runs it in one process.
+WORKERS ?= 2
 pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv ultralytics-venv peers test-models zoo
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 test: lint typecheck k8s-check pytest
 

@@ -60,6 +60,18 @@ def write_section(path: Path, name: str, text: str) -> None:
     path.write_text(new)
 
 
+def read_section(path: Path, name: str) -> str:
+    """The text of a section of `path` ("" when the file or the section is not there)."""
+    begin, end = f"<!-- begin {name} -->", f"{_END}{name} -->"
+    try:
+        text = path.read_text()
+    except OSError:
+        return ""
+    if begin not in text or end not in text:
+        return ""
+    return text.split(begin, 1)[1].split(end, 1)[0]
+
+
 def spread(values: Sequence[float], fmt: str = "{:.2f}") -> str:
     """ "median (min to max)" of repeated runs; just the value for one run."""
     if len(values) == 1:

@@ -14,8 +14,9 @@ from tests.support import models
 from tests.support.localserver import LocalServer, run_local_server
 
 # The run's last line: what was skipped and why (tests/support/skipsummary.py); the
-# session's `make run` (the `make_run` fixture, tests/support/makerun.py).
-pytest_plugins = ["tests.support.skipsummary", "tests.support.makerun"]
+# session's `make run` (the `make_run` fixture, tests/support/makerun.py); how `make test`'s
+# two workers share the directories (tests/support/workers.py).
+pytest_plugins = ["tests.support.skipsummary", "tests.support.makerun", "tests.support.workers"]
 
 TESTS = Path(__file__).parent
 E2E = TESTS / "e2e"
