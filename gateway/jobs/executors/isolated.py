@@ -180,8 +180,8 @@ class Runner:
                 process.kill()
             if process.returncode is None and end is None:
                 await _stop(link, process, budget, holds, max_image)
+            writer.close()  # the runner reads to the end of the stream, then exits
             status = await process.wait()
-            writer.close()
         if broken:
             raise RunnerDied(
                 f"the batch runner broke its protocol with the gateway ({broken})", False
@@ -255,6 +255,7 @@ async def _stop(
         TimeoutError, asyncio.IncompleteReadError, ConnectionError, ProtocolError
     ):
         await asyncio.wait_for(wind_down(), STOP_GRACE)
+    link.writer.close()  # the runner, its end frame sent, waits for this
     try:
         await asyncio.wait_for(asyncio.shield(process.wait()), STOP_GRACE)
     except TimeoutError:

@@ -43,6 +43,7 @@ from gateway.jobs.transports.over_pipe import (
 log = logging.getLogger("gateway.jobs")
 
 MEMORY_EXIT = 86  # the exit status that says "out of memory under the limit"
+ENDING_GRACE = 10.0  # seconds the runner waits, its end frame sent, for the gateway to close
 
 
 def _out_of_memory() -> None:
@@ -125,12 +126,22 @@ async def serve(fd: int) -> None:
     listener = asyncio.create_task(_listen(link, run))
     end = await _outcome(run)
     end["items_read"] = items.read
+    with contextlib.suppress(ConnectionError):
+        await link.send(end)
+    # The end frame is the last one: this side's writing ends there, and the runner keeps
+    # reading (answers still on their way are dropped) until the gateway closes its side.
+    # Closing with the gateway's frames unread would reset the link (ECONNRESET), and the
+    # gateway could see the reset before the end frame it has not read yet: a runner that
+    # ended well would count as dead.
+    with contextlib.suppress(OSError, RuntimeError):
+        writer.write_eof()
+    await asyncio.wait({listener}, timeout=ENDING_GRACE)
     listener.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await listener
-    with contextlib.suppress(ConnectionError):
-        await link.send(end)
     writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
 
 
 async def _listen(link: Link, run: asyncio.Task[Any]) -> None:
