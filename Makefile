@@ -38,7 +38,8 @@ ZOO_PACKAGES := tensorflow tf-models-official tensorflow-text tf-keras keras ker
 zoo-venv: $(ZOO_STAMP)
 
 $(ZOO_STAMP): constraints-zoo.txt
-	$(PYTHON) -m tests.support.machinecache zoo-venv $(ZOO_VENV) $(ZOO_PACKAGES)
+	$(PYTHON) -m tests.support.machinecache zoo-venv $(ZOO_VENV) constraints-zoo.txt \
+	  $(ZOO_PACKAGES)
 	touch $(ZOO_STAMP)
 
 # The zoo and the segmentation zoo (tests/zoo/cache.py), built once per machine and content of
@@ -51,6 +52,7 @@ zoo: $(STAMP) zoo-venv ultralytics-venv
 # both venvs above: the segmentation zoo's reference masks are its own functions'
 # (tests/zoo/ultralytics_masks.py). torchvision without its dependencies (its version is read,
 # the module never imported); of ultralytics' other dependencies, those its import needs.
+# Once per machine, like .venv-zoo: a link to ~/.cache/tfs-detection-gateway/ultralytics-venv/<key>.
 ULTRA_VENV  := .venv-ultralytics
 ULTRA_STAMP := $(ULTRA_VENV)/.installed
 
@@ -58,11 +60,9 @@ ULTRA_STAMP := $(ULTRA_VENV)/.installed
 ultralytics-venv: $(ULTRA_STAMP)
 
 $(ULTRA_STAMP): constraints-ultralytics.txt
-	test -x $(ULTRA_VENV)/bin/python || $(PYTHON) -m venv $(ULTRA_VENV)
-	$(ULTRA_VENV)/bin/python -m pip install --quiet -c constraints-ultralytics.txt torch numpy \
-		opencv-python-headless pyyaml pillow requests psutil
-	$(ULTRA_VENV)/bin/python -m pip install --quiet --no-deps -c constraints-ultralytics.txt \
-		ultralytics torchvision
+	$(PYTHON) -m tests.support.machinecache ultralytics-venv $(ULTRA_VENV) \
+	  constraints-ultralytics.txt torch numpy opencv-python-headless pyyaml pillow requests \
+	  psutil --no-deps ultralytics torchvision
 	touch $(ULTRA_STAMP)
 
 # Regenerates gateway/proto/ from proto/*.proto (committed; tests fail when it is stale).

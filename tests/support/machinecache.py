@@ -1,6 +1,7 @@
 """What the tests build once per machine, shared by every checkout and CI run on it: the
-reference SavedModels (tests/support/models.py), the model zoos (tests/zoo/cache.py) and the
-zoo exporters' venv (`make zoo-venv`), like the peers' venvs (bench/peers/venvs.py).
+reference SavedModels (tests/support/models.py), the model zoos (tests/zoo/cache.py), the
+zoo exporters' venv (`make zoo-venv`) and Ultralytics' (`make ultralytics-venv`), like the
+peers' venvs (bench/peers/venvs.py).
 
 Each lives in `~/.cache/tfs-detection-gateway/<kind>/<key>/`, the key being a hash of what
 makes it (sources, pinned versions), so a change builds a new one beside the old and nothing
@@ -10,7 +11,9 @@ names another directory instead. Entries unused for PRUNE_DAYS go when a new one
 
 Standard library only: `make zoo-venv` runs this with the system Python, before any venv.
 
-    python3 -m tests.support.machinecache zoo-venv .venv-zoo PACKAGE...
+    python3 -m tests.support.machinecache zoo-venv .venv-zoo constraints-zoo.txt PACKAGE...
+    python3 -m tests.support.machinecache ultralytics-venv .venv-ultralytics \
+        constraints-ultralytics.txt PACKAGE... --no-deps PACKAGE...
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPLETE = ".complete"
 USED = ".used"  # touched at each use: what prune() keeps
 PRUNE_DAYS = 7
+# The venvs kept here (`make zoo-venv`, `make ultralytics-venv`) and what main() calls them.
+VENVS = {"zoo-venv": "the zoo's venv", "ultralytics-venv": "Ultralytics' venv"}
+NO_DEPS = "--no-deps"
 
 
 def cache_root() -> Path:
@@ -89,7 +95,7 @@ def build_once(kind: str, key: str, build: Callable[[Path], None]) -> Path:
     return target
 
 
-def zoo_venv_key(constraints: Path, packages: Sequence[str]) -> str:
+def venv_key(constraints: Path, packages: Sequence[str]) -> str:
     digest = hashlib.sha256(platform.python_version().encode())
     digest.update(constraints.read_bytes() + b"\0" + " ".join(packages).encode())
     return digest.hexdigest()[:16]
@@ -99,24 +105,32 @@ def _pip(python: Path, *args: str) -> None:
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], check=True)
 
 
-def zoo_venv(link: Path, packages: Sequence[str], constraints: Path) -> Path:
-    """The exporters' venv at `link`. A directory already there that is not a link into the
+def _install(python: Path, constraints: Path, packages: Sequence[str]) -> None:
+    """pip installs `packages` under `constraints`; those after `--no-deps` without their
+    dependencies (`torch numpy --no-deps ultralytics`)."""
+    cut = packages.index(NO_DEPS) if NO_DEPS in packages else len(packages)
+    _pip(python, "--upgrade", "pip")
+    _pip(python, "-c", str(constraints), *packages[:cut])
+    if packages[cut + 1 :]:
+        _pip(python, "--no-deps", "-c", str(constraints), *packages[cut + 1 :])
+
+
+def shared_venv(kind: str, link: Path, constraints: Path, packages: Sequence[str]) -> Path:
+    """A venv with `packages` at `link`. A directory already there that is not a link into the
     cache (a checkout's own venv from before the cache) is updated in place, as it was; else
-    `link` becomes a symlink to the machine's venv for these pins, built when missing."""
+    `link` becomes a symlink to the machine's `<kind>/<key>` venv for these pins, built when
+    missing."""
     cache = cache_root()
     if link.exists() and not link.resolve().is_relative_to(cache.resolve()):
-        python = link / "bin" / "python"
-        _pip(python, "--upgrade", "pip")
-        _pip(python, "-c", str(constraints), *packages)
+        _install(link / "bin" / "python", constraints, packages)
         return link
 
     def build(directory: Path) -> None:
-        print(f"building {directory} (about 3.5 GB: TensorFlow, Model Garden) ...", flush=True)
+        print(f"building {directory} ({' '.join(packages)}) ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(directory)
-        _pip(directory / "bin" / "python", "--upgrade", "pip")
-        _pip(directory / "bin" / "python", "-c", str(constraints), *packages)
+        _install(directory / "bin" / "python", constraints, packages)
 
-    target = build_once("zoo-venv", zoo_venv_key(constraints, packages), build)
+    target = build_once(kind, venv_key(constraints, packages), build)
     if link.is_symlink() or not link.exists():
         scratch = link.with_name(f"{link.name}.link-{os.getpid()}")
         scratch.unlink(missing_ok=True)
@@ -126,10 +140,11 @@ def zoo_venv(link: Path, packages: Sequence[str], constraints: Path) -> Path:
 
 
 def main(argv: Sequence[str]) -> None:
-    if len(argv) < 3 or argv[0] != "zoo-venv":
+    if len(argv) < 4 or argv[0] not in VENVS:
         raise SystemExit(__doc__)
-    target = zoo_venv(Path(argv[1]), argv[2:], ROOT / "constraints-zoo.txt")
-    print(f"the zoo's venv: {target}")
+    kind, link, constraints, packages = argv[0], Path(argv[1]), Path(argv[2]), argv[3:]
+    target = shared_venv(kind, link, ROOT / constraints, packages)
+    print(f"{VENVS[kind]}: {target}")
 
 
 if __name__ == "__main__":
