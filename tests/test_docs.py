@@ -152,6 +152,18 @@ def test_measurements_are_told_from_settings(tmp_path: Path, text: str, expected
     assert [f.numbers for f in figures(page)] == expected
 
 
+def test_a_block_naming_a_measured_source_itself_quotes_every_number_with_a_unit(
+    tmp_path: Path,
+) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- source: bench/results.md#suite -->\n`make test` took 1,502.9 s.\n\n"
+        "A 60 s timeout.\n\n<!-- source: bench/soak-report.json -->\n\nA 32 MiB limit.\n"
+    )
+    # The settings after it, and those under a source held from a paragraph of its own, are not.
+    assert [f.numbers for f in figures(page)] == [("1502.9",)]
+
+
 def _source(text: str) -> docfigures.Source:
     text = docfigures._normal(text)
     return docfigures.Source(text, frozenset(docfigures.column_figures(text)), code=False)

@@ -4,7 +4,8 @@ A figure is what a measurement gives: a ratio (`1.05x`), a time in ms or µs, a 
 (`requests/s`), a range with a unit (`0.98 to 1.80 s`, `74-75 MB`), an approximate quantity
 (`about 9 MiB`, `~600 MB`, `near 80 MiB`) or a count out of a total (`2 of 9,475`). In
 docs/benchmarks.md every number with a unit counts, and so does every date (`2026-11-25 20:05`:
-when the quoted run was made). Settings and limits (`60 s`, `32 MiB`),
+when the quoted run was made); so does every number with a unit in a block that names a
+results section or the soak report itself (`took 1,502.9 s`). Settings and limits (`60 s`, `32 MiB`),
 inline code and code blocks are not figures. A paragraph, list or table is read as one text,
 so a figure split by a line break is still seen.
 
@@ -54,6 +55,7 @@ DATE = re.compile(r"(?<![\w-])(?P<low>\d{4}-\d{2}-\d{2})(?: (?P<high>\d{2}:\d{2}
 # Always figures, wherever they appear.
 MEASURED_UNITS = {"x", "ms", "µs", "requests/s", "req/s", "images/s"}
 SAME_UNIT = {"req/s": "requests/s"}
+MEASURED_SOURCES = ("bench/results.md#", "bench/soak-report.json")
 SOURCE = re.compile(r"<!--\s*source:\s*(?P<names>.+?)\s*-->")
 
 
@@ -70,10 +72,11 @@ def _plain(number: str) -> str:
     return number.lstrip("+−-").replace(",", "")
 
 
-def blocks(path: Path) -> list[tuple[list[int], str, tuple[str, ...]]]:
+def blocks(path: Path) -> list[tuple[list[int], str, tuple[str, ...], bool]]:
     """Each paragraph, list or table outside code blocks as (line number of each character's
-    line, its text with lines joined by spaces and inline code removed, the sources it names)."""
-    found: list[tuple[list[int], str, tuple[str, ...]]] = []
+    line, its text with lines joined by spaces and inline code removed, the sources it names,
+    whether it names them itself rather than holding an earlier paragraph's)."""
+    found: list[tuple[list[int], str, tuple[str, ...], bool]] = []
     lines: list[tuple[int, str]] = []
     fenced = False
     held: tuple[str, ...] = ()  # from a source comment on a paragraph of its own
@@ -90,7 +93,7 @@ def blocks(path: Path) -> list[tuple[list[int], str, tuple[str, ...]]]:
             if names and not SOURCE.sub("", text).strip():
                 held = names
             else:
-                found.append((where, SOURCE.sub(" ", text), names or held))
+                found.append((where, SOURCE.sub(" ", text), names or held, bool(names)))
         lines.clear()
 
     for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -111,11 +114,15 @@ def blocks(path: Path) -> list[tuple[list[int], str, tuple[str, ...]]]:
 
 def figures(path: Path, every_number: bool = False) -> list[Figure]:
     found = []
-    for where, text, sources in blocks(path):
+    for where, text, sources, own in blocks(path):
+        # A block that names a measured source itself (a results section, the soak report)
+        # quotes it: every number with a unit in it is a figure from there.
+        quoting = own and any(name.startswith(MEASURED_SOURCES) for name in sources)
         for match in FIGURE.finditer(text):
             unit = SAME_UNIT.get(match["unit"], match["unit"])
             is_range = match["high"] is not None
-            if not (every_number or unit in MEASURED_UNITS or is_range or match["about"]):
+            measured = unit in MEASURED_UNITS or is_range or match["about"]
+            if not (every_number or quoting or measured):
                 continue
             if re.search(r"\sx$", match[0]):  # "3 x GATEWAY_MAX_PIXELS": a product
                 continue
