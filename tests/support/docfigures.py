@@ -5,9 +5,9 @@ A figure is what a measurement gives: a ratio (`1.05x`), a time in ms or µs, a 
 (`about 9 MiB`, `~600 MB`, `near 80 MiB`) or a count out of a total (`2 of 9,475`). In
 docs/benchmarks.md every number with a unit counts, and so does every date (`2026-11-25 20:05`:
 when the quoted run was made); so does every number with a unit in a block that names a
-results section or the soak report itself (`took 1,502.9 s`). Settings and limits (`60 s`, `32 MiB`),
-inline code and code blocks are not figures. A paragraph, list or table is read as one text,
-so a figure split by a line break is still seen.
+results section or the soak report itself (`took 1,502.9 s`). Settings and limits (`60 s`,
+`32 MiB`), inline code and code blocks are not figures. A paragraph, list or table is read as
+one text, so a figure split by a line break is still seen.
 
 Every block that quotes a figure names its source in an HTML comment (invisible on the rendered
 page) inside the block, or on a paragraph of its own, which holds for the blocks after it up to
