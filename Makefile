@@ -52,7 +52,8 @@ zoo: $(STAMP) zoo-venv ultralytics-venv
 # both venvs above: the segmentation zoo's reference masks are its own functions'
 # (tests/zoo/ultralytics_masks.py). torchvision without its dependencies (its version is read,
 # the module never imported); of ultralytics' other dependencies, those its import needs.
-# Once per machine, like .venv-zoo: a link to ~/.cache/tfs-detection-gateway/ultralytics-venv/<key>.
+# Once per machine, like .venv-zoo: a link to
+# ~/.cache/tfs-detection-gateway/ultralytics-venv/<key>.
 ULTRA_VENV  := .venv-ultralytics
 ULTRA_STAMP := $(ULTRA_VENV)/.installed
 
@@ -108,8 +109,7 @@ test-models: $(STAMP)
 
 # PYTEST_ARGS: more options for pytest (`python -m tests.support.suitetime` passes --junitxml).
 # WORKERS: pytest-xdist's workers, each taking whole test directories, longest first
-# (tests/support/workers.py); the suite waits on its servers about half the time, so two share
-# 2 cores well. WORKERS=0 runs it in one process.
+# (tests/support/workers.py); WORKERS=0 runs the suite in one process.
 WORKERS ?= 2
 pytest: $(STAMP) $(K8S_NODE) http-test-tools zoo-venv ultralytics-venv peers test-models zoo
 	$(PY) -m pytest -n $(WORKERS) --dist loadscope $(PYTEST_ARGS)
