@@ -174,12 +174,24 @@ def _run(name: str, argv: Sequence[str], cwd: Path, env: dict[str, str], log: Pa
     return step
 
 
+def envtest(root: Path = ROOT) -> Path | None:
+    """envtest's binaries in ../shared beside the checkout `root`, or beside the main checkout
+    when `root` is a worktree of it (as .ci/run finds them beside its clone)."""
+    argv = ["git", "-C", str(root), "rev-parse", "--path-format=absolute", "--git-common-dir"]
+    common = subprocess.run(argv, capture_output=True, text=True).stdout.strip()
+    for checkout in (root, *([Path(common).parent] if common else [])):
+        envtest = checkout.parent / "shared" / "envtest" / "bin"
+        if envtest.is_dir():
+            return envtest
+    return None
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("CI", "1")  # as .ci/run: a missing tool fails instead of skipping
-    envtest = ROOT.parent / "shared" / "envtest" / "bin"
-    if "KUBEBUILDER_ASSETS" not in env and envtest.is_dir():
-        env["KUBEBUILDER_ASSETS"] = str(envtest)
+    assets = envtest()
+    if "KUBEBUILDER_ASSETS" not in env and assets is not None:
+        env["KUBEBUILDER_ASSETS"] = str(assets)
     env.pop("PYTHONPATH", None)  # the clone's own code, not this checkout's
     return env
 
